@@ -1,0 +1,555 @@
+"""`qmd`: the thin command line. Every command is one or two HTTP calls to `qmdd`.
+
+Imports stay light (click, httpx, stdlib): the daemon holds the index and models,
+so `qmd --help` and `qmd search` start as fast as Python allows. Paths typed by the
+user are resolved here, against the user's working directory, before they are sent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from . import formats
+from .connection import ClientError, Daemon
+
+FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
+
+
+class Ctx:
+    def __init__(self, index: str | None) -> None:
+        self.index = index
+        self._daemon: Daemon | None = None
+
+    @property
+    def daemon(self) -> Daemon:
+        if self._daemon is None:
+            self._daemon = Daemon(self.index)
+        return self._daemon
+
+    def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
+        return self.daemon.call(method, path, body, params)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def _out(text: str) -> None:
+    if text:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line, err=True)
+
+
+def format_options(fn: Callable) -> Callable:
+    fn = click.option("--format", "fmt", type=click.Choice(formats.FORMATS), default=None,
+                      help="Output format.")(fn)
+    for flag in reversed(FORMAT_FLAGS):
+        fn = click.option(f"--{flag}", f"as_{flag}", is_flag=True, help=f"Same as --format {flag}.")(fn)
+    return fn
+
+
+def pick_format(fmt: str | None, flags: dict[str, bool]) -> str:
+    if fmt:
+        return fmt
+    for flag in FORMAT_FLAGS:
+        if flags.get(f"as_{flag}"):
+            return flag
+    return "cli"
+
+
+def _style() -> formats.Style:
+    return formats.Style.detect(sys.stdout, editor_uri=os.environ.get("QMD_EDITOR_URI"))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--index", "index", default=None, metavar="NAME", help="Use a named index (own config and database).")
+@click.version_option(package_name="qmd", prog_name="qmd")
+@click.pass_context
+def cli(ctx: click.Context, index: str | None) -> None:
+    """qmd: on-device search for your markdown notes, docs and transcripts.
+
+    The first command starts the qmd daemon (qmdd) if none is running.
+
+    \b
+    Quick start:
+      qmd collection add ~/notes --name notes
+      qmd search "how do I raise money for a startup"
+      qmd get notes/fundraising.md:40:20
+    """
+    ctx.obj = Ctx(index)
+
+
+# -- search ----------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("query", nargs=-1, required=True)
+@click.option("-n", "limit", type=click.IntRange(min=1), default=None, help="Number of results [5; 20 for --json/--files].")
+@click.option("-c", "--collection", "collections", multiple=True, help="Search this collection (repeatable).")
+@click.option("--all", "all_results", is_flag=True, help="Return every match.")
+@click.option("--min-score", type=click.FloatRange(0, 1), default=0.0, show_default=True)
+@click.option("--full", is_flag=True, help="Show whole documents instead of passages.")
+@click.option("--line-numbers", is_flag=True, help="Number passage lines with their file line numbers.")
+@click.option("--full-path", is_flag=True, help="Show on-disk paths instead of qmd:// links.")
+@click.option("--explain", is_flag=True, help="Show how each score was made.")
+@format_options
+@pass_ctx
+def search(c: Ctx, query: tuple[str, ...], limit: int | None, collections: tuple[str, ...], all_results: bool,
+           min_score: float, full: bool, line_numbers: bool, full_path: bool, explain: bool, fmt: str | None,
+           **flags: bool) -> None:
+    """Keyword search (BM25). Syntax: words (prefix match), "exact phrases", -excluded.
+
+    Documents matching every word rank first; documents matching some still rank.
+    """
+    fmt = pick_format(fmt, flags)
+    limit = limit or (20 if fmt in ("json", "files") else 5)
+    res = c.call("POST", "/v1/search", {
+        "query": " ".join(query), "collections": list(collections) or None, "limit": limit,
+        "min_score": min_score, "all": all_results, "full": full, "explain": explain,
+    })
+    _warn(res.get("warnings", []))
+    text, warnings = formats.render_search(
+        res["results"], fmt, _style(), full=full, line_numbers=line_numbers, full_path=full_path,
+        cwd=os.getcwd(), below_min_score=res.get("below_min_score", False),
+    )
+    _warn(warnings)
+    _out(text)
+
+
+# -- retrieval -------------------------------------------------------------------
+
+
+def _split_range(name: str) -> tuple[str, int | None, int | None]:
+    """`path:from:count` / `path:from` suffixes (spec §16.2)."""
+    parts = name.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0], int(parts[1]), int(parts[2])
+    parts = name.rsplit(":", 1)
+    if len(parts) == 2 and parts[1].isdigit() and parts[0] and not parts[0].endswith(":"):
+        return parts[0], int(parts[1]), None
+    return name, None, None
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--from", "from_line", type=int, default=None, help="First line to show.")
+@click.option("-l", "--lines", "max_lines", type=click.IntRange(min=1), default=None, help="Number of lines.")
+@click.option("--line-numbers/--no-line-numbers", default=True, show_default=True)
+@click.option("--full-path", is_flag=True, help="Show the on-disk path in the header.")
+@pass_ctx
+def get(c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full_path: bool) -> None:
+    """Show a document: a path, qmd://collection/path, #docid, or path:from:count."""
+    base, f, n = _split_range(name)
+    doc = c.call("POST", "/v1/get", {
+        "name": base, "from_line": from_line if from_line is not None else f,
+        "max_lines": max_lines if max_lines is not None else n, "cwd": os.getcwd(),
+    })
+    _out(formats.render_document(doc, from_line=doc["from_line"], line_numbers=line_numbers,
+                                 full_path=full_path, cwd=os.getcwd()))
+
+
+@cli.command("multi-get")
+@click.argument("pattern")
+@click.option("-l", "--lines", "max_lines", type=click.IntRange(min=1), default=None, help="Keep the first N lines.")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=65536, show_default=True,
+              help="Skip documents larger than this.")
+@click.option("--line-numbers/--no-line-numbers", default=True, show_default=True)
+@click.option("--full-path", is_flag=True)
+@format_options
+@pass_ctx
+def multi_get(c: Ctx, pattern: str, max_lines: int | None, max_bytes: int, line_numbers: bool, full_path: bool,
+              fmt: str | None, **flags: bool) -> None:
+    """Show several documents: a glob ("notes/**/*.md"), or a comma list of names and #docids."""
+    res = c.call("POST", "/v1/multi-get", {"pattern": pattern, "max_bytes": max_bytes, "max_lines": max_lines,
+                                           "cwd": os.getcwd()})
+    items = res["items"]
+    errors = [i for i in items if i.get("error")]
+    found = [i for i in items if not i.get("error")]
+    _warn([e["reason"] for e in errors])
+    if line_numbers:
+        for i in found:
+            if i.get("body") is not None:
+                i["body"] = formats.add_line_numbers(i["body"])
+    text, warnings = formats.render_multi_get(found, pick_format(fmt, flags), _style(), full_path=full_path,
+                                              cwd=os.getcwd())
+    _warn(warnings)
+    _out(text)
+    if errors and not found and "," not in pattern:
+        sys.exit(1)
+
+
+def _fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _ago(iso: str | None) -> str:
+    if not iso:
+        return "never"
+    from datetime import datetime, timezone
+
+    secs = (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{int(secs // size)}{unit} ago"
+    return "just now"
+
+
+@cli.command()
+@click.argument("target", required=False)
+@pass_ctx
+def ls(c: Ctx, target: str | None) -> None:
+    """List collections, or the files of one (`ls notes`, `ls qmd://notes/sub`)."""
+    res = c.call("GET", "/v1/ls", params={"target": target} if target else None)
+    if not target:
+        if not res["collections"]:
+            _out("No collections. Add one with: qmd collection add <folder> --name <name>")
+            return
+        _out("Collections:\n" + "\n".join(f"  qmd://{x['name']}/  ({x['files']} files)" for x in res["collections"]))
+        return
+    if not res["files"]:
+        where = f"qmd://{res['collection']}/{res['prefix']}" if res["prefix"] else res["collection"]
+        _out(f"No files found under {where}")
+        return
+    lines = []
+    for f in res["files"]:
+        lines.append(f"{_fmt_bytes(f['bytes']):>9}  {f['modified_at'][:16].replace('T', ' ')}  {f['file']}")
+    _out("\n".join(lines))
+
+
+# -- indexing --------------------------------------------------------------------
+
+
+class ProgressBar:
+    """One line on stderr, redrawn in place; only on a TTY."""
+
+    def __init__(self) -> None:
+        self.enabled = sys.stderr.isatty()
+        self.drawn = False
+
+    def draw(self, done: int, total: int, rate: float) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * done / total) if total else width
+        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} files  {rate:.0f} files/s ")
+        sys.stderr.flush()
+        self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+            self.drawn = False
+
+
+def run_update(c: Ctx, collections: list[str] | None) -> None:
+    bar = ProgressBar()
+    t0 = time.monotonic()
+    total_skipped = 0
+    try:
+        for ev in c.daemon.stream("/v1/update", {"collections": collections}):
+            kind = ev["event"]
+            if kind == "collection":
+                bar.clear()
+                click.echo(f"[{ev['index']}/{ev['count']}] {ev['name']} ({ev['pattern']})")
+            elif kind == "hook":
+                bar.clear()
+                click.echo(f"    Running update command: {ev['command']}")
+            elif kind == "progress":
+                bar.draw(ev["done"], ev["total"], ev["files_per_s"])
+            elif kind == "summary":
+                bar.clear()
+                if ev.get("hook_output"):
+                    click.echo("\n".join("    " + line for line in ev["hook_output"].rstrip().splitlines()))
+                for w in ev["warnings"]:
+                    click.echo(f"  ⚠ {w}", err=True)
+                click.echo(f"  {ev['line']}")
+                for s in ev["skipped"][:20]:
+                    click.echo(f"  ⚠ Skipped {s['path']}: {s['reason']}", err=True)
+                if len(ev["skipped"]) > 20:
+                    click.echo(f"  ⚠ … and {len(ev['skipped']) - 20} more skipped (see 'qmd status')", err=True)
+                total_skipped += len(ev["skipped"])
+                if ev["orphans_cleaned"]:
+                    click.echo(f"  Cleaned up {ev['orphans_cleaned']} orphaned content hash(es)")
+                if ev["files"]:
+                    click.echo(f"  {ev['files']} files in {ev['seconds']:.2f}s")
+            elif kind == "done":
+                bar.clear()
+                n = len(ev["summaries"])
+                if n == 0:
+                    click.echo("No collections found. Run 'qmd collection add .' to index markdown files.")
+                    return
+                click.echo(f"✓ All collections updated ({time.monotonic() - t0:.1f}s, {total_skipped} skipped).")
+    except ClientError as e:
+        bar.clear()
+        if e.detail.get("exit_code") is not None:
+            if e.detail.get("output"):
+                click.echo("\n".join("    " + line for line in e.detail["output"].rstrip().splitlines()), err=True)
+            click.echo(f"✗ {e.message}", err=True)
+            sys.exit(int(e.detail["exit_code"]) or 1)
+        raise
+
+
+@cli.command()
+@click.option("-c", "--collection", "collections", multiple=True, help="Only these collections.")
+@pass_ctx
+def update(c: Ctx, collections: tuple[str, ...]) -> None:
+    """Re-index collections (running their update commands first)."""
+    run_update(c, list(collections) or None)
+
+
+@cli.command()
+@pass_ctx
+def status(c: Ctx) -> None:
+    """Index, daemon and collection health."""
+    s = c.call("GET", "/v1/status")
+    d = s["daemon"]
+    lines = [
+        "QMD Status", "",
+        f"Index:  {s['index_path']}",
+        f"Size:   {_fmt_bytes(s['size_bytes'])}",
+        f"Daemon: running (PID {d['pid']}, up {d['uptime']}s) at {d['url']}",
+        "", "Documents",
+        f"  Total:    {s['documents']} files indexed",
+        f"  Vectors:  {s['vector']['message']}",
+    ]
+    if s["collections"]:
+        lines += ["", "Collections"]
+        for col in s["collections"]:
+            excluded = "" if col["include_by_default"] else " [excluded]"
+            lines.append(f"  {col['name']} (qmd://{col['name']}/){excluded}")
+            lines.append(f"    Pattern:  {col['pattern']}")
+            lines.append(f"    Files:    {col['files']} (updated {_ago(col['updated_at'])})")
+            if col["contexts"]:
+                lines.append(f"    Contexts: {len(col['contexts'])}")
+            for w in (col.get("last_run") or {}).get("warnings", []):
+                lines.append(f"    ⚠ {w}")
+            if col["skipped"]:
+                lines.append(f"    Skipped:  {len(col['skipped'])}")
+                lines += [f"      {x['path']}: {x['reason']}" for x in col["skipped"][:10]]
+                if len(col["skipped"]) > 10:
+                    lines.append(f"      … and {len(col['skipped']) - 10} more")
+    else:
+        lines += ["", "No collections yet. Add one with: qmd collection add <folder> --name <name>"]
+    _out("\n".join(lines))
+
+
+# -- collections -----------------------------------------------------------------
+
+
+@cli.group()
+def collection() -> None:
+    """Add, list, remove and configure collections."""
+
+
+@collection.command("add")
+@click.argument("path", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
+@click.option("--name", default=None, help="Collection name [folder name].")
+@click.option("--mask", "--glob", "mask", default=None, help="Glob(s) of files to index [**/*.md]; comma list or {a,b}.")
+@pass_ctx
+def collection_add(c: Ctx, path: str, name: str | None, mask: str | None) -> None:
+    """Index a folder as a new collection."""
+    absolute = os.path.abspath(os.path.expanduser(path))
+    res = c.call("POST", "/v1/collections", {"path": absolute, "name": name, "pattern": mask})
+    click.echo(f"Creating collection '{res['name']}'...")
+    run_update(c, [res["name"]])
+    click.echo(f"✓ Collection '{res['name']}' created successfully")
+
+
+@collection.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def collection_list(c: Ctx, as_json: bool) -> None:
+    """List collections."""
+    colls = c.call("GET", "/v1/collections")["collections"]
+    if as_json:
+        import json
+
+        _out(json.dumps(colls, indent=2))
+        return
+    if not colls:
+        _out("No collections found. Run 'qmd collection add .' to create one.")
+        return
+    lines = [f"Collections ({len(colls)}):", ""]
+    for col in colls:
+        lines.append(f"{col['name']} (qmd://{col['name']}/)" + ("" if col["include_by_default"] else " [excluded]"))
+        lines.append(f"  Pattern:  {col['pattern']}")
+        if col["ignore"]:
+            lines.append(f"  Ignore:   {', '.join(col['ignore'])}")
+        lines.append(f"  Files:    {col['files']}")
+        lines.append(f"  Updated:  {_ago(col['updated_at'])}")
+        lines.append("")
+    _out("\n".join(lines).rstrip())
+
+
+@collection.command("show")
+@click.argument("name")
+@pass_ctx
+def collection_show(c: Ctx, name: str) -> None:
+    """Show one collection's settings."""
+    col = c.call("GET", f"/v1/collections/{_seg(name)}")
+    lines = [
+        f"Collection: {col['name']}",
+        f"  Path:     {col['path']}",
+        f"  Pattern:  {col['pattern']}",
+        f"  Ignore:   {', '.join(col['ignore']) or '(none)'}",
+        f"  Include:  {'yes (default)' if col['include_by_default'] else 'no'}",
+        f"  Update:   {col['update_command'] or '(none)'}",
+        f"  Files:    {col['files']}",
+        f"  Contexts: {len(col['contexts'])}",
+    ]
+    lines += [f"    /{k}: {v}" for k, v in col["contexts"].items()]
+    _out("\n".join(lines))
+
+
+def _seg(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
+@collection.command("remove")
+@click.argument("name")
+@pass_ctx
+def collection_remove(c: Ctx, name: str) -> None:
+    """Remove a collection and its documents from the index (files are untouched)."""
+    res = c.call("DELETE", f"/v1/collections/{_seg(name)}")
+    click.echo(f"✓ Removed collection '{name}'\n  Deleted {res['deleted_documents']} documents")
+
+
+@collection.command("rename")
+@click.argument("old")
+@click.argument("new")
+@pass_ctx
+def collection_rename(c: Ctx, old: str, new: str) -> None:
+    """Rename a collection."""
+    c.call("POST", f"/v1/collections/{_seg(old)}/rename", {"new_name": new})
+    click.echo(f"✓ Renamed collection '{old}' to '{new}'")
+
+
+@collection.command("include")
+@click.argument("name")
+@pass_ctx
+def collection_include(c: Ctx, name: str) -> None:
+    """Search this collection by default."""
+    c.call("PATCH", f"/v1/collections/{_seg(name)}", {"include_by_default": True})
+    click.echo(f"✓ Collection '{name}' is searched by default")
+
+
+@collection.command("exclude")
+@click.argument("name")
+@pass_ctx
+def collection_exclude(c: Ctx, name: str) -> None:
+    """Search this collection only when named with -c."""
+    c.call("PATCH", f"/v1/collections/{_seg(name)}", {"include_by_default": False})
+    click.echo(f"✓ Collection '{name}' is excluded from default searches (use -c {name})")
+
+
+@collection.command("update-cmd")
+@click.argument("name")
+@click.argument("command", nargs=-1)
+@pass_ctx
+def collection_update_cmd(c: Ctx, name: str, command: tuple[str, ...]) -> None:
+    """Set (or, with no command, clear) the bash command run before re-indexing."""
+    cmd = " ".join(command).strip()
+    body = {"update_command": cmd} if cmd else {"clear_update_command": True}
+    c.call("PATCH", f"/v1/collections/{_seg(name)}", body)
+    click.echo(f"✓ Update command for '{name}' set: {cmd}" if cmd else f"✓ Update command for '{name}' cleared")
+
+
+for _alias, _cmd in (("rm", collection_remove), ("mv", collection_rename), ("info", collection_show),
+                     ("set-update", collection_update_cmd)):
+    collection.add_command(_cmd, _alias)
+
+
+# -- contexts --------------------------------------------------------------------
+
+
+@cli.group()
+def context() -> None:
+    """Describe folders so results carry context (qmd:// paths, folders, or / for global)."""
+
+
+@context.command("add")
+@click.argument("args", nargs=-1, required=True)
+@pass_ctx
+def context_add(c: Ctx, args: tuple[str, ...]) -> None:
+    """context add [PATH] TEXT  (PATH defaults to the current folder)."""
+    target, text = (args[0], " ".join(args[1:])) if len(args) > 1 else (".", args[0])
+    res = c.call("POST", "/v1/contexts", {"target": target, "text": text, "cwd": os.getcwd()})
+    where = "global" if res["collection"] is None else f"qmd://{res['collection']}/{res['path']}"
+    click.echo(f"✓ Added context for {where}")
+
+
+@context.command("list")
+@pass_ctx
+def context_list(c: Ctx) -> None:
+    """List contexts."""
+    items = c.call("GET", "/v1/contexts")["contexts"]
+    if not items:
+        _out("No contexts configured. Add one with: qmd context add <path> \"description\"")
+        return
+    lines = ["Configured Contexts", ""]
+    last = object()
+    for it in items:
+        if it["collection"] != last:
+            lines.append("*" if it["collection"] is None else it["collection"])
+            last = it["collection"]
+        lines.append(f"  {it['path'] or '/ (root)'}")
+        lines.append(f"    {it['text']}")
+    _out("\n".join(lines))
+
+
+@context.command("rm")
+@click.argument("target")
+@pass_ctx
+def context_rm(c: Ctx, target: str) -> None:
+    """Remove a context."""
+    res = c.call("POST", "/v1/contexts/remove", {"target": target, "cwd": os.getcwd()})
+    where = "global" if res["collection"] is None else f"qmd://{res['collection']}/{res['path']}"
+    click.echo(f"✓ Removed context for {where}")
+
+
+context.add_command(context_rm, "remove")
+
+
+def main() -> None:
+    """Entry point: user errors are one line on stderr, never a traceback."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except ClientError as e:
+        click.echo(f"Error: {e.message}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as e:  # noqa: BLE001 - a bug must still not print a traceback at a user
+        click.echo(f"qmd: internal error: {type(e).__name__}: {e}. Please report it.", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Finding the daemon, and starting it when nothing answers.
+
+Autostart runs under an exclusive file lock, re-checking `/health` once the lock is
+held, so ten CLIs started at once start exactly one daemon. The daemon is started
+detached (own session, same environment, output to its log under the cache dir)
+and the CLI carries on only once `/health` answers for the right index.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from server.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths
+
+START_TIMEOUT_S = 30.0
+_WILDCARDS = {"", "0.0.0.0", "::", "[::]", "*"}
+
+
+class ClientError(Exception):
+    """Printed as one line on stderr; the CLI exits with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = 1, detail: dict | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.detail = detail or {}
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+class Daemon:
+    def __init__(self, index: str | None = None) -> None:
+        try:
+            self.paths = IndexPaths.resolve(index)
+        except ValueError as e:
+            raise ClientError(str(e)) from e
+        self.index_arg = index
+        self.bind_host = os.environ.get("QMD_HOST") or DEFAULT_HOST
+        port = os.environ.get("QMD_PORT") or str(DEFAULT_PORT)
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ClientError(f"QMD_PORT must be a port number, got {port!r}")
+        self.port = int(port)
+        host = self.bind_host
+        if host in _WILDCARDS or host == "localhost":
+            host = "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        self.url = f"http://{host}:{self.port}"
+        headers = {}
+        if os.environ.get("QMD_TOKEN"):
+            headers["Authorization"] = f"Bearer {os.environ['QMD_TOKEN']}"
+        self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(600.0, connect=2.0), headers=headers)
+        self._checked = False
+
+    # -- liveness -------------------------------------------------------------
+
+    def health(self) -> dict | None:
+        try:
+            r = self.http.get("/health", timeout=2.0)
+        except httpx.TransportError:
+            return None
+        if r.status_code != 200:
+            raise ClientError(f"{self.url} answered /health with HTTP {r.status_code}: {r.text[:200]}")
+        try:
+            return r.json()
+        except ValueError:
+            raise ClientError(f"{self.url} is not a qmd daemon (bad /health answer)") from None
+
+    def _check_index(self, info: dict) -> None:
+        if info.get("index") != self.paths.name:
+            raise ClientError(
+                f"the qmd daemon at {self.url} serves index '{info.get('index')}', not '{self.paths.name}'. "
+                "Give this index its own port with QMD_PORT."
+            )
+
+    def ensure(self) -> None:
+        if self._checked:
+            return
+        info = self.health()
+        if info is None:
+            info = self._autostart()
+        self._check_index(info)
+        self._checked = True
+
+    def _autostart(self) -> dict:
+        if _truthy(os.environ.get("QMD_NO_AUTOSTART")):
+            raise ClientError(
+                f"no qmd daemon answers at {self.url}, and QMD_NO_AUTOSTART is set. Start one with 'qmdd'."
+            )
+        self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.lockfile, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                info = self.health()
+                if info is not None:
+                    return info
+                return self._spawn_and_wait()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _spawn_and_wait(self) -> dict:
+        cmd = [sys.executable, "-m", "server.main", "--host", self.bind_host, "--port", str(self.port)]
+        if self.index_arg:
+            cmd += ["--index", self.paths.name]
+        with open(self.paths.logfile, "ab") as log:
+            log.write(f"\n--- started by qmd at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                close_fds=True, cwd="/",
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ClientError(
+                    f"the qmd daemon failed to start (exit {proc.returncode}). Last lines of "
+                    f"{self.paths.logfile}:\n{_tail(self.paths.logfile)}"
+                )
+            info = self.health()
+            if info is not None:
+                return info
+            time.sleep(0.05)
+        raise ClientError(f"the qmd daemon did not answer within {START_TIMEOUT_S:.0f}s; see {self.paths.logfile}")
+
+    # -- requests -------------------------------------------------------------
+
+    def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
+        self.ensure()
+        try:
+            r = self.http.request(method, path, json=body, params=params)
+        except httpx.TransportError as e:
+            raise ClientError(f"lost the connection to the qmd daemon at {self.url}: {e}") from e
+        return _decode(r)
+
+    def stream(self, path: str, body: Any) -> Iterator[dict]:
+        """POST and yield NDJSON events; an `error` event becomes a ClientError."""
+        self.ensure()
+        try:
+            with self.http.stream("POST", path, json=body) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    _decode(r)
+                for line in r.iter_lines():
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("event") == "error":
+                        raise ClientError(ev.get("error", "update failed"), detail=ev)
+                    yield ev
+        except httpx.TransportError as e:
+            raise ClientError(f"lost the connection to the qmd daemon at {self.url}: {e}") from e
+
+
+def _decode(r: httpx.Response) -> Any:
+    try:
+        data = r.json()
+    except ValueError:
+        data = None
+    if r.status_code >= 400:
+        message = data.get("error") if isinstance(data, dict) else None
+        raise ClientError(message or f"HTTP {r.status_code}: {r.text[:300]}", detail=data if isinstance(data, dict) else {})
+    return data
+
+
+def _tail(path: os.PathLike[str] | str, lines: int = 15) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 8192))
+            return "\n".join(fh.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

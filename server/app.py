@@ -1,0 +1,122 @@
+"""The FastAPI application: routes behind the guard, errors as clear 4xx answers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import __version__
+from .engine import Engine
+from .errors import QmdError
+from .guard import GuardSettings, OriginHostGuard
+from .routes import router
+
+MAX_BODY_BYTES = 1024 * 1024
+log = logging.getLogger("qmd.server")
+
+
+class BodyLimit:
+    """Answer 413 for request bodies over `limit` bytes, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._reject(send)
+            return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return msg
+
+        async def tracking_send(msg: Message) -> None:
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        await JSONResponse(
+            {"error": f"request body too large: the limit is {self.limit} bytes"}, status_code=413
+        )(
+            {"type": "http"}, _no_receive, send
+        )
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _describe(errors: list[dict[str, Any]]) -> str:
+    """Turn pydantic errors into one sentence that says what to fix."""
+    parts: list[str] = []
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        where = ".".join(loc) or "body"
+        kind = err.get("type", "")
+        if kind == "extra_forbidden":
+            parts.append(f"unknown field '{where}'")
+        elif kind == "missing":
+            parts.append(f"missing required field '{where}'")
+        elif kind == "json_invalid":
+            parts.append(f"malformed JSON: {err.get('ctx', {}).get('error', err.get('msg'))}")
+        else:
+            parts.append(f"{where}: {err.get('msg')}")
+    return "; ".join(dict.fromkeys(parts))
+
+
+def create_app(engine: Engine, guard: GuardSettings) -> ASGIApp:
+    app = FastAPI(
+        title="qmd",
+        version=__version__,
+        description="On-device search for markdown: keyword search now, vectors and reranking next.",
+    )
+    app.state.engine = engine
+    app.state.log = log
+    app.include_router(router)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        message = _describe(errors)
+        extra = [".".join(str(x) for x in e["loc"] if x != "body") for e in errors if e.get("type") == "extra_forbidden"]
+        return JSONResponse({"error": message, "unknown_fields": extra} if extra else {"error": message}, status_code=400)
+
+    @app.exception_handler(QmdError)
+    async def _qmd(_: Request, exc: QmdError) -> JSONResponse:
+        return JSONResponse({"error": exc.message, **exc.detail}, status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _fault(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+
+    return OriginHostGuard(BodyLimit(app), guard)

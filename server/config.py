@@ -1,0 +1,216 @@
+"""The user's `index.yml`: collections, contexts, models.
+
+The YAML file is the source of truth; the daemon re-reads it whenever it changes on
+disk (so a hand edit takes effect without a restart) and writes it atomically
+(temp file + rename) so a crash never leaves half a config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InvalidInput, NotFound
+from .paths import home
+
+DEFAULT_PATTERN = "**/*.md"
+_NAME_RE = re.compile(r"^[\w][\w.\-]{0,99}$")
+
+
+def validate_collection_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidInput(
+            f"invalid collection name {name!r}: use letters, digits, '_', '-' or '.' "
+            "(no '/', no spaces, at most 100 characters, not starting with '.' or '-')"
+        )
+    return name
+
+
+def expand_path(raw: str, base: Path | None = None) -> Path:
+    """`~` expanded; relative paths resolved against `base` (default: home)."""
+    p = Path(os.path.expanduser(raw))
+    if not p.is_absolute():
+        p = (base or home()) / p
+    return Path(os.path.normpath(p))
+
+
+def normalize_context_key(key: str) -> str:
+    """Context keys are stored without leading/trailing slashes; '' is the collection root."""
+    return key.strip().strip("/")
+
+
+@dataclass(frozen=True)
+class Collection:
+    name: str
+    path: str
+    pattern: str = DEFAULT_PATTERN
+    ignore: tuple[str, ...] = ()
+    update: str | None = None
+    include_by_default: bool = True
+    context: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        return expand_path(self.path)
+
+    def to_yaml(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "pattern": self.pattern}
+        if self.ignore:
+            out["ignore"] = list(self.ignore)
+        if self.update:
+            out["update"] = self.update
+        if not self.include_by_default:
+            out["includeByDefault"] = False
+        if self.context:
+            out["context"] = dict(self.context)
+        return out
+
+    @classmethod
+    def from_yaml(cls, name: str, raw: Any, source: Path) -> "Collection":
+        if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
+            raise InvalidInput(f"{source}: collection {name!r} needs a 'path' string")
+        ignore = raw.get("ignore") or []
+        if isinstance(ignore, str):
+            ignore = [ignore]
+        context = raw.get("context") or {}
+        if not isinstance(context, dict):
+            raise InvalidInput(f"{source}: collection {name!r}: 'context' must be a mapping")
+        return cls(
+            name=str(name),
+            path=raw["path"],
+            pattern=str(raw.get("pattern") or DEFAULT_PATTERN),
+            ignore=tuple(str(g) for g in ignore),
+            update=str(raw["update"]) if raw.get("update") else None,
+            include_by_default=raw.get("includeByDefault", True) is not False,
+            context={normalize_context_key(str(k)): str(v) for k, v in context.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Config:
+    collections: dict[str, Collection] = field(default_factory=dict)
+    global_context: str | None = None
+    editor_uri: str | None = None
+    models: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, name: str) -> Collection:
+        try:
+            return self.collections[name]
+        except KeyError:
+            known = ", ".join(sorted(self.collections)) or "none yet"
+            raise NotFound(f"Collection not found: {name} (known: {known})") from None
+
+    def default_names(self) -> list[str]:
+        return [c.name for c in self.collections.values() if c.include_by_default]
+
+    def with_collection(self, coll: Collection) -> "Config":
+        return replace(self, collections={**self.collections, coll.name: coll})
+
+    def without_collection(self, name: str) -> "Config":
+        return replace(self, collections={k: v for k, v in self.collections.items() if k != name})
+
+    def context_for(self, collection: str, path: str) -> str | None:
+        """Global context plus every context whose key is a path-segment prefix of `path`.
+
+        Unlike the original, `docs` does not match `docs-old/x.md` (spec §26.11).
+        """
+        parts: list[str] = [self.global_context] if self.global_context else []
+        coll = self.collections.get(collection)
+        if coll:
+            for key in sorted(coll.context, key=len):
+                if key == "" or path == key or path.startswith(key + "/"):
+                    parts.append(coll.context[key])
+        return "\n\n".join(parts) if parts else None
+
+    def to_yaml(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        if self.global_context:
+            out["global_context"] = self.global_context
+        if self.editor_uri:
+            out["editor_uri"] = self.editor_uri
+        if self.models:
+            out["models"] = dict(self.models)
+        out["collections"] = {n: c.to_yaml() for n, c in self.collections.items()}
+        return out
+
+    @classmethod
+    def from_yaml(cls, raw: Any, source: Path) -> "Config":
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"{source}: expected a mapping at the top level")
+        raw = dict(raw)
+        colls_raw = raw.pop("collections", None) or {}
+        if not isinstance(colls_raw, dict):
+            raise InvalidInput(f"{source}: 'collections' must be a mapping")
+        editor = None
+        for alias in ("editor_uri", "editor_uri_template", "editorUri", "editor-uri"):
+            if alias in raw:
+                editor = editor or raw.pop(alias)
+        models = raw.pop("models", None) or {}
+        return cls(
+            collections={str(n): Collection.from_yaml(str(n), c, source) for n, c in colls_raw.items()},
+            global_context=raw.pop("global_context", None),
+            editor_uri=editor,
+            models={str(k): str(v) for k, v in models.items()} if isinstance(models, dict) else {},
+            extra=raw,
+        )
+
+
+class ConfigFile:
+    """Loads `index.yml` when it changed on disk; saves atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        self._stamp: tuple[int, int] | None = None
+        self._config = Config()
+
+    def _current_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def load(self) -> Config:
+        with self._lock:
+            stamp = self._current_stamp()
+            if stamp != self._stamp:
+                self._config = self._read() if stamp else Config()
+                self._stamp = stamp
+            return self._config
+
+    def _read(self) -> Config:
+        try:
+            raw = yaml.safe_load(self.path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise InvalidInput(f"Failed to parse {self.path}: {e}") from e
+        return Config.from_yaml(raw, self.path)
+
+    def save(self, config: Config) -> None:
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            text = yaml.safe_dump(
+                config.to_yaml(), sort_keys=False, allow_unicode=True, width=10**6, indent=2
+            )
+            fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".yml", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self._config = config
+            self._stamp = self._current_stamp()

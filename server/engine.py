@@ -1,0 +1,410 @@
+"""The engine: one index, its config and every operation on them.
+
+Knows nothing of HTTP. Routes (and tests, and a future library API) call these
+methods; they return plain data and raise `errors.QmdError` subclasses for anything
+the caller should fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from .db import sqlite3
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from . import __version__
+from .config import DEFAULT_PATTERN, Collection, Config, ConfigFile, expand_path, normalize_context_key, validate_collection_name
+from .documents import DocRow, find_document, glob_documents, is_comma_list, parse_virtual, safe_relpath
+from .errors import Conflict, InvalidInput, NotFound, QmdError
+from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
+from .paths import DEFAULT_INDEX, IndexPaths
+from .search import SearchOutcome, file_uri, search
+from .store import Store
+
+
+class Engine:
+    def __init__(self, paths: IndexPaths) -> None:
+        self.paths = paths
+        self.config_file = ConfigFile(paths.config)
+        self.store = Store(paths.db)
+        self.started = time.time()
+        self._mutate = threading.RLock()
+        self._update = threading.Lock()
+        self._synced: Config | None = None
+        self.config  # noqa: B018 - validates the YAML and mirrors it into the index at start
+
+    # -- config -------------------------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        cfg = self.config_file.load()
+        if cfg is not self._synced:
+            self.store.write(lambda conn: _sync_collections(conn, cfg))
+            self._synced = cfg
+        return cfg
+
+    def _save(self, cfg: Config) -> None:
+        self.config_file.save(cfg)
+        self.config  # noqa: B018 - re-sync the mirror
+
+    @property
+    def index_label(self) -> str | None:
+        """The index name shown in `qmd://…?index=NAME` links (None for the default)."""
+        return None if self.paths.name == DEFAULT_INDEX else self.paths.name
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- collections --------------------------------------------------------
+
+    def create_collection(self, path: str, name: str | None = None, pattern: str | None = None) -> Collection:
+        """Validate and record a new collection; indexing it is a separate `update`."""
+        root = expand_path(path)
+        if not root.exists():
+            raise InvalidInput(f"Folder not found: {root}")
+        if not root.is_dir():
+            raise InvalidInput(f"Not a folder: {root}")
+        root = Path(os.path.realpath(root))
+        name = validate_collection_name(name or root.name or "root")
+        pattern = (pattern or DEFAULT_PATTERN).strip()
+        if not split_mask(pattern):
+            raise InvalidInput(f"empty mask {pattern!r}: give a glob such as '**/*.md'")
+        with self._mutate:
+            cfg = self.config
+            if name in cfg.collections:
+                raise Conflict(f"Collection '{name}' already exists. Pick another --name, or remove it first.")
+            for other in cfg.collections.values():
+                if other.root == root and other.pattern == pattern:
+                    raise Conflict(f"Folder {root} is already collection '{other.name}' with mask '{pattern}'.")
+            coll = Collection(name=name, path=str(root), pattern=pattern)
+            self._save(cfg.with_collection(coll))
+        return coll
+
+    def remove_collection(self, name: str) -> int:
+        with self._mutate, self._update:
+            self.config.get(name)
+            deleted = self.store.write(lambda conn: _delete_collection(conn, name))
+            self._save(self.config.without_collection(name))
+        return deleted
+
+    def rename_collection(self, old: str, new: str) -> None:
+        validate_collection_name(new)
+        with self._mutate, self._update:
+            cfg = self.config
+            coll = cfg.get(old)
+            if new in cfg.collections:
+                raise Conflict(f"Collection '{new}' already exists.")
+            self.store.write(lambda conn: _rename_collection(conn, old, new))
+            self._save(cfg.without_collection(old).with_collection(replace(coll, name=new)))
+
+    def set_collection(self, name: str, *, include: bool | None = None, update_cmd: str | None = None,
+                       clear_update: bool = False) -> Collection:
+        with self._mutate:
+            cfg = self.config
+            coll = cfg.get(name)
+            if include is not None:
+                coll = replace(coll, include_by_default=include)
+            if update_cmd is not None or clear_update:
+                coll = replace(coll, update=(update_cmd or "").strip() or None)
+            self._save(cfg.with_collection(coll))
+        return coll
+
+    def describe_collections(self) -> list[dict]:
+        cfg = self.config
+        with self.store.read() as conn:
+            counts = dict(
+                conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 GROUP BY collection").fetchall()
+            )
+            runs = {r[0]: (r[1], json.loads(r[2])) for r in conn.execute("SELECT collection, updated_at, summary FROM collection_runs")}
+            skipped: dict[str, list[dict]] = {}
+            for r in conn.execute("SELECT collection, path, reason FROM skipped_files ORDER BY collection, path"):
+                skipped.setdefault(r[0], []).append({"path": r[1], "reason": r[2]})
+        return [
+            {
+                "name": c.name, "uri": f"qmd://{c.name}/", "path": str(c.root), "pattern": c.pattern,
+                "ignore": list(c.ignore), "update_command": c.update,
+                "include_by_default": c.include_by_default, "contexts": dict(c.context),
+                "files": counts.get(c.name, 0),
+                "updated_at": runs.get(c.name, (None,))[0],
+                "last_run": runs.get(c.name, (None, None))[1],
+                "skipped": skipped.get(c.name, []),
+            }
+            for c in cfg.collections.values()
+        ]
+
+    # -- contexts -----------------------------------------------------------
+
+    def _context_target(self, target: str, cwd: str | None) -> tuple[str | None, str]:
+        """(collection or None for global, key)."""
+        t = target.strip()
+        if t == "/":
+            return None, ""
+        cfg = self.config
+        virtual = parse_virtual(t)
+        if virtual:
+            cfg.get(virtual[0])
+            return virtual[0], normalize_context_key(safe_relpath(virtual[1]))
+        p = expand_path(t, Path(cwd) if cwd else None)
+        real = os.path.realpath(p)
+        best: tuple[int, str, str] | None = None
+        for c in cfg.collections.values():
+            root = os.path.realpath(c.root)
+            if real == root or real.startswith(root + os.sep):
+                rel = os.path.relpath(real, root).replace(os.sep, "/")
+                cand = (len(root), c.name, "" if rel == "." else rel)
+                best = max(best, cand) if best else cand
+        if not best:
+            raise NotFound(f"Path is not in any indexed collection: {p}")
+        return best[1], best[2]
+
+    def add_context(self, target: str, text: str, cwd: str | None) -> dict:
+        text = text.strip()
+        if not text:
+            raise InvalidInput("context text is empty")
+        with self._mutate:
+            coll_name, key = self._context_target(target, cwd)
+            cfg = self.config
+            if coll_name is None:
+                cfg = replace(cfg, global_context=text)
+            else:
+                coll = cfg.get(coll_name)
+                cfg = cfg.with_collection(replace(coll, context={**coll.context, key: text}))
+            self._save(cfg)
+        return {"collection": coll_name, "path": key, "text": text}
+
+    def remove_context(self, target: str, cwd: str | None) -> dict:
+        with self._mutate:
+            coll_name, key = self._context_target(target, cwd)
+            cfg = self.config
+            if coll_name is None:
+                if not cfg.global_context:
+                    raise NotFound(f"No context found for: {target}")
+                cfg = replace(cfg, global_context=None)
+            else:
+                coll = cfg.get(coll_name)
+                if key not in coll.context:
+                    raise NotFound(f"No context found for: {target}")
+                cfg = cfg.with_collection(replace(coll, context={k: v for k, v in coll.context.items() if k != key}))
+            self._save(cfg)
+        return {"collection": coll_name, "path": key}
+
+    def list_contexts(self) -> list[dict]:
+        cfg = self.config
+        out = [{"collection": None, "path": "", "text": cfg.global_context}] if cfg.global_context else []
+        for c in cfg.collections.values():
+            out.extend({"collection": c.name, "path": k, "text": v} for k, v in sorted(c.context.items()))
+        return out
+
+    # -- indexing -----------------------------------------------------------
+
+    def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> list[Summary]:
+        """Run each collection's hook, then re-index it. A failing hook aborts the run."""
+        cfg = self.config
+        names = collections or list(cfg.collections)
+        colls = [cfg.get(n) for n in names]
+        out: list[Summary] = []
+        with self._update:
+            for i, coll in enumerate(colls, 1):
+                if progress:
+                    progress({"event": "collection", "index": i, "count": len(colls), "name": coll.name,
+                              "pattern": coll.pattern, "path": str(coll.root)})
+                hook_output = None
+                if coll.update:
+                    if progress:
+                        progress({"event": "hook", "collection": coll.name, "command": coll.update})
+                    hook_output = run_hook(coll)
+                summary = index_collection(self.store, coll, progress)
+                summary.hook_output = hook_output
+                out.append(summary)
+                if progress:
+                    progress({"event": "summary", **summary_dict(summary)})
+        return out
+
+    # -- search and retrieval -----------------------------------------------
+
+    def search(self, query: str, **kw: object) -> SearchOutcome:
+        return search(self.store, self.config, query, index_name=self.index_label, **kw)  # type: ignore[arg-type]
+
+    def get(self, name: str, *, from_line: int | None = None, max_lines: int | None = None,
+            cwd: str | None = None) -> dict:
+        if max_lines is not None and max_lines < 1:
+            raise InvalidInput("-l/--lines must be at least 1")
+        cfg = self.config
+        with self.store.read() as conn:
+            doc = find_document(conn, cfg, name, cwd)
+        lines = doc.body.split("\n")
+        start = max(1, from_line or 1)
+        end = len(lines) if max_lines is None else min(len(lines), start - 1 + max_lines)
+        return {
+            **self._doc_fields(doc, cfg),
+            "from_line": start,
+            "to_line": max(end, start - 1),
+            "total_lines": len(lines),
+            "body": "\n".join(lines[start - 1 : end]),
+        }
+
+    def _doc_fields(self, doc: DocRow, cfg: Config) -> dict:
+        coll = cfg.collections.get(doc.collection)
+        return {
+            "file": file_uri(doc.collection, doc.path, self.index_label),
+            "docid": doc.hash[:6],
+            "collection": doc.collection,
+            "path": doc.path,
+            "abs_path": str(coll.root / doc.path) if coll else None,
+            "title": doc.title,
+            "context": cfg.context_for(doc.collection, doc.path),
+            "modified_at": doc.modified_at,
+        }
+
+    def multi_get(self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None,
+                  cwd: str | None = None) -> list[dict]:
+        if max_bytes < 1:
+            raise InvalidInput("--max-bytes must be at least 1")
+        cfg = self.config
+        items: list[dict] = []
+        with self.store.read() as conn:
+            if is_comma_list(pattern) or (pattern.strip().startswith("#") and "," not in pattern):
+                docs = []
+                for name in (p.strip() for p in pattern.split(",")):
+                    if not name:
+                        continue
+                    try:
+                        docs.append(find_document(conn, cfg, name, cwd))
+                    except QmdError as e:
+                        items.append({"file": name, "skipped": True, "reason": e.message, "error": True})
+            else:
+                docs = glob_documents(conn, cfg, pattern)
+                if not docs:
+                    raise NotFound(f"No files matched pattern: {pattern}")
+        for doc in docs:
+            size = len(doc.body.encode("utf-8"))
+            item = {**self._doc_fields(doc, cfg), "bytes": size, "skipped": False, "reason": None}
+            if size > max_bytes:
+                item.update(skipped=True, body=None,
+                            reason=f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)")
+            else:
+                body = doc.body
+                if max_lines is not None:
+                    lines = body.split("\n")
+                    if len(lines) > max_lines:
+                        body = "\n".join(lines[:max_lines]) + f"\n\n[... truncated {len(lines) - max_lines} more lines]"
+                item["body"] = body
+            items.append(item)
+        return items
+
+    def ls(self, target: str | None = None) -> dict:
+        cfg = self.config
+        if not target:
+            return {"collections": [{"name": c["name"], "files": c["files"]} for c in self.describe_collections()]}
+        virtual = parse_virtual(target)
+        if virtual:
+            coll_name, prefix = virtual
+        else:
+            coll_name, _, prefix = target.strip().strip("/").partition("/")
+        cfg.get(coll_name)
+        prefix = safe_relpath(prefix) if prefix else ""
+        with self.store.read() as conn:
+            rows = conn.execute(
+                "SELECT d.path, d.modified_at, LENGTH(CAST(c.doc AS BLOB)) AS bytes, d.hash FROM documents d "
+                "JOIN content c ON c.hash = d.hash WHERE d.collection = ? AND d.active = 1 "
+                "AND (? = '' OR d.path = ? OR substr(d.path, 1, ?) = ?) ORDER BY d.path",
+                (coll_name, prefix, prefix, len(prefix) + 1, prefix + "/"),
+            ).fetchall()
+        return {
+            "collection": coll_name,
+            "prefix": prefix,
+            "files": [
+                {"file": file_uri(coll_name, r["path"], self.index_label), "path": r["path"],
+                 "bytes": r["bytes"], "modified_at": r["modified_at"], "docid": r["hash"][:6]}
+                for r in rows
+            ],
+        }
+
+    # -- status -------------------------------------------------------------
+
+    def status(self) -> dict:
+        collections = self.describe_collections()
+        with self.store.read() as conn:
+            total = conn.execute("SELECT COUNT(*) FROM documents WHERE active = 1").fetchone()[0]
+            hashes = conn.execute("SELECT COUNT(DISTINCT hash) FROM documents WHERE active = 1").fetchone()[0]
+        try:
+            size = self.paths.db.stat().st_size + _size(Path(str(self.paths.db) + "-wal"))
+        except OSError:
+            size = 0
+        return {
+            "version": __version__,
+            "index": self.paths.name,
+            "index_path": str(self.paths.db),
+            "config_path": str(self.paths.config),
+            "size_bytes": size,
+            "documents": total,
+            "unique_contents": hashes,
+            "sqlite_version": sqlite3.sqlite_version,
+            "sqlite_vec": self.store.vec_version,
+            "vector": {
+                "available": False,
+                "pending": hashes,
+                "message": f"vector search unavailable — {hashes} documents pending (embeddings are not built yet)",
+            },
+            "collections": collections,
+            "global_context": self.config.global_context,
+        }
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def summary_dict(s: Summary) -> dict:
+    d = asdict(s)
+    d["skipped"] = [{"path": p, "reason": r} for p, r in s.skipped]
+    d["line"] = s.line()
+    return d
+
+
+def _sync_collections(conn: sqlite3.Connection, cfg: Config) -> None:
+    """Mirror the YAML collections into `store_collections` (spec §2.2)."""
+    conn.execute("DELETE FROM store_collections")
+    conn.executemany(
+        "INSERT INTO store_collections(name, path, pattern, ignore_patterns, include_by_default, update_command, context)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (c.name, str(c.root), c.pattern, json.dumps(list(c.ignore)), int(c.include_by_default), c.update,
+             json.dumps(c.context))
+            for c in cfg.collections.values()
+        ],
+    )
+    if cfg.global_context:
+        conn.execute("INSERT OR REPLACE INTO store_config(key, value) VALUES ('global_context', ?)", (cfg.global_context,))
+    else:
+        conn.execute("DELETE FROM store_config WHERE key = 'global_context'")
+
+
+def _delete_collection(conn: sqlite3.Connection, name: str) -> int:
+    ids = [r[0] for r in conn.execute("SELECT id FROM documents WHERE collection = ?", (name,))]
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
+    deleted = conn.execute("DELETE FROM documents WHERE collection = ? AND active = 1", (name,)).rowcount
+    conn.execute("DELETE FROM documents WHERE collection = ?", (name,))
+    conn.execute("DELETE FROM skipped_files WHERE collection = ?", (name,))
+    conn.execute("DELETE FROM collection_runs WHERE collection = ?", (name,))
+    delete_orphan_content(conn)
+    return deleted
+
+
+def _rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
+    conn.execute("UPDATE documents SET collection = ? WHERE collection = ?", (new, old))
+    conn.execute(
+        "UPDATE documents_fts SET filepath = ? || '/' || (SELECT path FROM documents WHERE id = documents_fts.rowid) "
+        "WHERE rowid IN (SELECT id FROM documents WHERE collection = ? AND active = 1)",
+        (new, new),
+    )
+    for table in ("skipped_files", "collection_runs"):
+        conn.execute(f"UPDATE {table} SET collection = ? WHERE collection = ?", (new, old))

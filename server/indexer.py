@@ -1,0 +1,459 @@
+"""Files → index: discovery, incremental re-indexing, update hooks.
+
+An index must never lie about its corpus (seeds/001): a deleted file leaves the
+index, an emptied or now-binary file stops matching, and an empty walk (a typo'd
+path, an unmounted disk, a mask that matches nothing) never prunes. Work is
+incremental: a file whose size and mtime are unchanged is not even read.
+
+Reading and hashing run on the calling thread while the previous batch is being
+written by the store's writer thread, so disk I/O and FTS indexing overlap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from .db import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from wcmatch import glob as wglob
+
+from .config import Collection
+from .errors import HookFailed
+from .lexical import norm_cjk
+from .store import Store, utcnow
+
+BUILTIN_EXCLUDED_DIRS = frozenset({"node_modules", ".git", ".cache", "vendor", "dist", "build"})
+GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.EXTGLOB
+DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
+BATCH_FILES = 400
+BATCH_BYTES = 16 * 1024 * 1024
+HOOK_TIMEOUT_S = 600
+
+Progress = Callable[[dict], None]
+
+
+def max_file_bytes() -> int:
+    raw = os.environ.get("QMD_MAX_FILE_BYTES", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_FILE_BYTES
+
+
+def split_mask(mask: str) -> list[str]:
+    """Split on commas outside `{...}` and `[...]` (spec §6.1): `a.md,*.txt` is two globs."""
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for ch in mask:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]" and depth:
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+# -- titles -------------------------------------------------------------------
+
+_FRONTMATTER_RE = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
+_FM_TITLE_RE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
+_HEADING_RE = re.compile(r"^##?[ \t]+(.+)$", re.M)
+_H2_RE = re.compile(r"^##[ \t]+(.+)$", re.M)
+_ORG_TITLE_RE = re.compile(r"^#\+TITLE:[ \t]*(.+)$", re.M | re.I)
+_ORG_HEADING_RE = re.compile(r"^\*+[ \t]+(.+)$", re.M)
+
+
+def extract_title(path: str, text: str) -> str:
+    """Frontmatter `title:`, else the original's rule (first H1/H2, skipping "Notes"),
+    else the file name without extension."""
+    name = path.rsplit("/", 1)[-1]
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    head = text[:65536]
+    if ext in ("md", "markdown", "mdx"):
+        fm = _FRONTMATTER_RE.match(head)
+        if fm:
+            t = _FM_TITLE_RE.search(fm.group(1))
+            if t and t.group(1).strip("'\" "):
+                return t.group(1).strip().strip("'\"").strip()
+        m = _HEADING_RE.search(head)
+        if m:
+            title = m.group(1).strip()
+            if title in ("Notes", "📝 Notes"):
+                h2 = _H2_RE.search(head)
+                if h2:
+                    return h2.group(1).strip()
+            return title
+    elif ext == "org":
+        m = _ORG_TITLE_RE.search(head) or _ORG_HEADING_RE.search(head)
+        if m:
+            return m.group(1).strip()
+    return stem
+
+
+# -- discovery ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    rel: str
+    abs: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Walk:
+    files: list[Found] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    root_missing: bool = False
+
+
+def discover(coll: Collection) -> Walk:
+    """List the collection's files: masks and ignores applied, dot- and built-in
+    folders pruned, symlinked folders not followed, file symlinks kept only when
+    they resolve inside the root."""
+    walk = Walk()
+    root = coll.root
+    if not root.is_dir():
+        walk.root_missing = True
+        return walk
+    real_root = os.path.realpath(root)
+    include = wglob.compile(split_mask(coll.pattern) or ["**/*.md"], flags=GLOB_FLAGS)
+    ignore = wglob.compile(list(coll.ignore), flags=GLOB_FLAGS) if coll.ignore else None
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and d not in BUILTIN_EXCLUDED_DIRS
+        )
+        reldir = os.path.relpath(dirpath, root)
+        reldir = "" if reldir == "." else reldir.replace(os.sep, "/") + "/"
+        for fname in sorted(filenames):
+            if fname.startswith("."):
+                continue
+            rel = reldir + fname
+            if not include.match(rel) or (ignore is not None and ignore.match(rel)):
+                continue
+            abs_path = os.path.join(dirpath, fname)
+            real = os.path.realpath(abs_path)
+            if real != real_root and not real.startswith(real_root + os.sep):
+                walk.skipped.append((rel, "outside the collection (symlink)"))
+                continue
+            try:
+                st = os.stat(abs_path)
+            except OSError as e:
+                walk.skipped.append((rel, f"unreadable ({e.strerror or e})"))
+                continue
+            if not os.path.isfile(real):
+                continue
+            walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
+    return walk
+
+
+# -- reading --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loaded:
+    found: Found
+    text: str
+    hash: str
+    title: str
+
+
+class Skip(Exception):
+    """A file that cannot be indexed; `keep` means its previous version stays."""
+
+    def __init__(self, reason: str, *, keep: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.keep = keep
+
+
+def load_file(found: Found, limit: int) -> Loaded:
+    if found.size > limit:
+        raise Skip(f"too large ({found.size} bytes > {limit}; raise QMD_MAX_FILE_BYTES)")
+    try:
+        with open(found.abs, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise Skip(f"unreadable ({e.strerror or e})", keep=True) from e
+    if len(data) > limit:
+        raise Skip(f"too large (> {limit} bytes; raise QMD_MAX_FILE_BYTES)")
+    if b"\x00" in data[:8192]:
+        raise Skip("binary (NUL bytes)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Skip(f"not UTF-8 (invalid byte at offset {e.start})") from e
+    if not text.strip():
+        raise Skip("empty")
+    return Loaded(found, text, hashlib.sha256(data).hexdigest(), extract_title(found.rel, text))
+
+
+# -- one collection -------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    collection: str
+    indexed: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    orphans_cleaned: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    hook_output: str | None = None
+    seconds: float = 0.0
+    files: int = 0
+    bytes_read: int = 0
+
+    def line(self) -> str:
+        return (
+            f"Indexed: {self.indexed} new, {self.updated} updated, "
+            f"{self.unchanged} unchanged, {self.removed} removed"
+        )
+
+
+@dataclass(frozen=True)
+class _Existing:
+    id: int
+    hash: str
+    size: int
+    mtime_ns: int
+    title: str
+    active: bool
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, timezone.utc).isoformat(timespec="seconds")
+
+
+def _fts_put(conn: sqlite3.Connection, doc_id: int, filepath: str, title: str, body: str) -> None:
+    conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (doc_id,))
+    conn.execute(
+        "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
+        (doc_id, filepath, norm_cjk(title), norm_cjk(body)),
+    )
+
+
+def _deactivate(conn: sqlite3.Connection, ids: list[int]) -> None:
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        conn.execute(f"UPDATE documents SET active = 0 WHERE id IN ({marks})", chunk)
+        conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({marks})", chunk)
+
+
+def run_hook(coll: Collection) -> str:
+    """Run the collection's `update` command in its folder; raise HookFailed on non-zero."""
+    assert coll.update
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", coll.update],
+            cwd=coll.root,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=HOOK_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HookFailed(f"Update command for '{coll.name}' could not run: {e}", collection=coll.name) from e
+    output = (proc.stdout or "") + (proc.stderr or "")
+    if proc.returncode != 0:
+        raise HookFailed(
+            f"Update command for '{coll.name}' failed with exit code {proc.returncode}: {coll.update}",
+            collection=coll.name,
+            exit_code=proc.returncode,
+            output=output,
+        )
+    return output
+
+
+def index_collection(
+    store: Store, coll: Collection, progress: Progress | None = None
+) -> Summary:
+    """Bring the index in line with the collection's files on disk."""
+    t0 = time.monotonic()
+    summary = Summary(coll.name)
+    walk = discover(coll)
+    summary.skipped.extend(walk.skipped)
+    with store.read() as conn:
+        existing = {
+            r["path"]: _Existing(r["id"], r["hash"], r["size"], r["mtime_ns"], r["title"], bool(r["active"]))
+            for r in conn.execute(
+                "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?",
+                (coll.name,),
+            )
+        }
+    active_count = sum(1 for e in existing.values() if e.active)
+    if not walk.files:
+        why = (
+            f"the folder {coll.root} is missing or not a directory"
+            if walk.root_missing
+            else f"no file matches '{coll.pattern}' under {coll.root}"
+        )
+        if active_count:
+            summary.warnings.append(
+                f"{why}; keeping its {active_count} indexed document(s) — an empty walk never prunes. "
+                f"If the files are really gone, run 'qmd collection remove {coll.name}'."
+            )
+        else:
+            summary.warnings.append(why)
+        _record_run(store, summary, walk_empty=True)
+        summary.seconds = time.monotonic() - t0
+        return summary
+
+    limit = max_file_bytes()
+    seen: set[str] = set()
+    batch: list[tuple[str, object]] = []
+    batch_bytes = 0
+    pending: list[Future] = []
+    total = len(walk.files)
+    last_tick = 0.0
+
+    def flush() -> None:
+        nonlocal batch, batch_bytes
+        if not batch:
+            return
+        ops, batch, batch_bytes = batch, [], 0
+        pending.append(store.submit(lambda conn: _apply(conn, coll.name, ops)))
+        while len(pending) > 1:
+            pending.pop(0).result()
+
+    for n, found in enumerate(walk.files, 1):
+        seen.add(found.rel)
+        old = existing.get(found.rel)
+        if old and old.active and old.size == found.size and old.mtime_ns == found.mtime_ns:
+            summary.unchanged += 1
+        else:
+            try:
+                loaded = load_file(found, limit)
+            except Skip as s:
+                summary.skipped.append((found.rel, s.reason))
+                if not s.keep and old and old.active:
+                    batch.append(("deactivate", old.id))
+                    summary.removed += 1
+            else:
+                summary.bytes_read += len(loaded.text)
+                batch_bytes += len(loaded.text)
+                if old is None:
+                    summary.indexed += 1
+                    batch.append(("insert", loaded))
+                elif old.hash == loaded.hash and old.active:
+                    if old.title != loaded.title:
+                        summary.updated += 1
+                        batch.append(("update", (old.id, loaded)))
+                    else:
+                        summary.unchanged += 1
+                        batch.append(("stat", (old.id, found)))
+                else:
+                    if old.active:
+                        summary.updated += 1
+                    else:
+                        summary.indexed += 1
+                    batch.append(("update", (old.id, loaded)))
+        if len(batch) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
+            flush()
+        now = time.monotonic()
+        if progress and (now - last_tick >= 0.1 or n == total):
+            last_tick = now
+            elapsed = max(now - t0, 1e-6)
+            progress({"event": "progress", "collection": coll.name, "done": n, "total": total,
+                      "files_per_s": round(n / elapsed, 1)})
+    flush()
+    for fut in pending:
+        fut.result()
+
+    gone = [e.id for p, e in existing.items() if e.active and p not in seen]
+    summary.removed += len(gone)
+    summary.files = total
+    summary.orphans_cleaned = store.write(lambda conn: _finish(conn, gone))
+    summary.seconds = time.monotonic() - t0
+    _record_run(store, summary, walk_empty=False)
+    return summary
+
+
+def _apply(conn: sqlite3.Connection, collection: str, ops: list[tuple[str, object]]) -> None:
+    now = utcnow()
+    deactivate: list[int] = []
+    for kind, payload in ops:
+        if kind == "deactivate":
+            deactivate.append(payload)  # type: ignore[arg-type]
+            continue
+        if kind == "stat":
+            doc_id, found = payload  # type: ignore[misc]
+            conn.execute(
+                "UPDATE documents SET size = ?, mtime_ns = ? WHERE id = ?",
+                (found.size, found.mtime_ns, doc_id),
+            )
+            continue
+        if kind == "insert":
+            loaded: Loaded = payload  # type: ignore[assignment]
+            doc_id = None
+        else:
+            doc_id, loaded = payload  # type: ignore[misc]
+        f = loaded.found
+        conn.execute(
+            "INSERT OR IGNORE INTO content(hash, doc, created_at) VALUES (?, ?, ?)",
+            (loaded.hash, loaded.text, now),
+        )
+        mtime = _iso(f.mtime_ns)
+        if doc_id is None:
+            cur = conn.execute(
+                "INSERT INTO documents(collection, path, title, hash, created_at, modified_at, active, size, mtime_ns)"
+                " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)",
+                (collection, f.rel, loaded.title, loaded.hash, now, mtime, f.size, f.mtime_ns),
+            )
+            doc_id = cur.lastrowid
+        else:
+            conn.execute(
+                "UPDATE documents SET title = ?, hash = ?, modified_at = ?, active = 1, size = ?, mtime_ns = ?"
+                " WHERE id = ?",
+                (loaded.title, loaded.hash, mtime, f.size, f.mtime_ns, doc_id),
+            )
+        _fts_put(conn, doc_id, f"{collection}/{f.rel}", loaded.title, loaded.text)
+    if deactivate:
+        _deactivate(conn, deactivate)
+
+
+def _finish(conn: sqlite3.Connection, gone: list[int]) -> int:
+    _deactivate(conn, gone)
+    return delete_orphan_content(conn)
+
+
+def delete_orphan_content(conn: sqlite3.Connection) -> int:
+    """Bodies no document row points at any more (inactive rows keep theirs)."""
+    return conn.execute(
+        "DELETE FROM content WHERE hash NOT IN (SELECT DISTINCT hash FROM documents)"
+    ).rowcount
+
+
+def _record_run(store: Store, summary: Summary, *, walk_empty: bool) -> None:
+    def fn(conn: sqlite3.Connection) -> None:
+        now = utcnow()
+        if not walk_empty:
+            conn.execute("DELETE FROM skipped_files WHERE collection = ?", (summary.collection,))
+        conn.executemany(
+            "INSERT OR REPLACE INTO skipped_files(collection, path, reason, seen_at) VALUES (?, ?, ?, ?)",
+            [(summary.collection, p, r, now) for p, r in summary.skipped],
+        )
+        conn.execute(
+            "INSERT OR REPLACE INTO collection_runs(collection, updated_at, summary) VALUES (?, ?, ?)",
+            (summary.collection, now, json.dumps({"line": summary.line(), "warnings": summary.warnings})),
+        )
+
+    store.write(fn)

@@ -1,0 +1,349 @@
+"""Lexical search: the lex query language, CJK normalisation and disjunctive BM25 ranking.
+
+This is qmd's keyword engine (spec §10.1/§10.2) with three deliberate changes.
+
+Every query item becomes exactly one double-quoted FTS5 string.
+    A plain word is ``"word"*`` (prefix match), a quoted phrase ``"w1 w2"``; a
+    token that carries punctuation between its words (``multi-agent``,
+    ``2026.4.10``, ``node.js``, ``src/app.py``) is ONE phrase of those words,
+    because unicode61 indexes them as adjacent tokens, so a phrase is as precise
+    as the text the user typed; CJK text is a phrase of single characters,
+    mirroring :func:`norm_cjk` on the index side. The content of a string is
+    sanitised to letters, marks, numbers, ``'`` and ``_`` (so it never holds a
+    ``"``) and lowercased, and the operators are written by this module alone,
+    so no user input can produce an FTS5 syntax error.
+
+Natural-language questions still find something.
+    The original ANDs every item, so ``how do I raise money for a startup``
+    returns nothing unless one document has all seven words. Here English stop
+    words are dropped while a content word remains, and the search is
+    disjunctive: documents matching every item rank first, then documents
+    matching fewer items.
+
+Score (what ``LexHit.score`` holds)::
+
+    b     = |bm25| / (1 + |bm25|)          # the original's normalisation, in [0, 1)
+    score = (matched - 1 + b) / total      # matched = positive items the document contains,
+                                           # total   = positive items in the query
+
+A one-item query therefore scores exactly ``b`` (as the original does); every
+document matching ``k`` items scores in ``[(k-1)/total, k/total)``, so it
+outranks every document matching fewer items, and sorting by score descending
+is the same as sorting by (items matched desc, BM25 best first).
+
+Ranking is exact: the returned hits are the top ``limit`` of all matching
+documents under that order, computed inside SQLite (see :func:`search_fts`).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import unicodedata
+from dataclasses import dataclass
+from itertools import groupby
+
+__all__ = ["LexHit", "LexQuery", "STOP_WORDS", "lex_score", "norm_cjk", "parse_lex", "search_fts"]
+
+# Han, Hiragana, Katakana and Hangul blocks (the scripts of spec §10.1), as code-point ranges.
+# Listed by block rather than by exact script property so the regex stays a plain character
+# class; the few symbols this over-covers (e.g. the katakana middle dot) are separators to
+# both the tokenizer and the query sanitiser, so spacing them out changes nothing.
+_CJK_RANGES: tuple[tuple[int, int], ...] = (
+    (0x1100, 0x11FF),  # Hangul Jamo
+    (0x2E80, 0x2FDF),  # CJK Radicals Supplement, Kangxi Radicals
+    (0x3005, 0x3005),  # ideographic iteration mark
+    (0x3007, 0x3007),  # ideographic number zero
+    (0x3021, 0x3029),  # Hangzhou numerals
+    (0x3038, 0x303B),  # more Hangzhou numerals, vertical iteration mark
+    (0x3041, 0x30FF),  # Hiragana, Katakana
+    (0x3131, 0x318F),  # Hangul Compatibility Jamo
+    (0x31F0, 0x31FF),  # Katakana Phonetic Extensions
+    (0x32D0, 0x32FE),  # circled Katakana
+    (0x3300, 0x3357),  # squared Katakana words
+    (0x3400, 0x4DBF),  # CJK Extension A
+    (0x4E00, 0x9FFF),  # CJK Unified Ideographs
+    (0xA960, 0xA97F),  # Hangul Jamo Extended-A
+    (0xAC00, 0xD7FF),  # Hangul Syllables, Hangul Jamo Extended-B
+    (0xF900, 0xFAFF),  # CJK Compatibility Ideographs
+    (0xFF66, 0xFF9F),  # halfwidth Katakana
+    (0xFFA0, 0xFFDC),  # halfwidth Hangul
+    (0x1AFF0, 0x1B16F),  # Kana Extended-B, Kana Supplement, Kana Extended-A, Small Kana Extension
+    (0x20000, 0x323AF),  # CJK Extensions B-H, Compatibility Ideographs Supplement
+)
+
+
+def _regex_range(lo: int, hi: int) -> str:
+    """Render one code-point range for a regex character class, escaped so no range end is special."""
+    def esc(cp: int) -> str:
+        return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
+
+    return esc(lo) if lo == hi else f"{esc(lo)}-{esc(hi)}"
+
+
+_CJK_RUN = re.compile("[" + "".join(_regex_range(lo, hi) for lo, hi in _CJK_RANGES) + "]+")
+
+# The intent stop list of spec §15.1 plus the one-letter words it filters by length.
+# Only applied to unquoted, non-negated single words, and only while a content word remains.
+STOP_WORDS: frozenset[str] = frozenset(
+    """
+    a i
+    am an as at be by do he if in is it me my no of on or so to up us we all and any are but can
+    did for get has her him his how its let may not our out the too was who why you also does
+    find from have into more need show some tell that them this want what when will with your
+    about looking notes search where which
+    """.split()
+)
+
+# Letters to Python's Unicode 14 database that SQLite's unicode61 tables (Unicode 6.1 categories)
+# still class as spacing marks, i.e. separators. A word made only of these would tokenize to
+# nothing, and an empty phrase silently empties any AND it takes part in.
+_SQLITE_SEPARATOR_LETTERS = frozenset(
+    chr(cp) for cp in (*range(0x19B0, 0x19C1), 0x19C8, 0x19C9, 0x1CF2, 0x1CF3)
+)
+
+
+def _space_cjk_run(match: re.Match[str]) -> str:
+    """Surround a CJK run with spaces and space its characters, so each one is its own token."""
+    return " " + " ".join(match.group()) + " "
+
+
+def norm_cjk(text: str) -> str:
+    """Make every CJK character its own token (spec's normCJK), for index and query text alike.
+
+    unicode61 would index an unbroken CJK sentence as one giant token that no query can hit;
+    single-character tokens plus phrase queries give exact substring search instead. Returns
+    ``text`` itself when it holds no CJK, so indexing plain-ASCII corpora costs one
+    ``isascii`` pass and no copy.
+    """
+    if text.isascii():
+        return text
+    spaced, count = _CJK_RUN.subn(_space_cjk_run, text)
+    return spaced if count else text
+
+
+def _is_word_char(ch: str) -> bool:
+    """Whether ``ch`` survives sanitising: letters, marks, numbers, ``'`` and ``_``.
+
+    Marks are kept (the spec drops them) because unicode61 splits words at many of them, e.g.
+    Devanagari vowel signs: dropping them would glue the pieces into a word that is not in the
+    index, while keeping them lets the tokenizer split the query exactly as it split the text.
+    """
+    return ch in "'_" or unicodedata.category(ch)[0] in "LMN"
+
+
+def _has_token(word: str) -> bool:
+    """Whether unicode61 will produce at least one token from ``word`` (it needs a letter or number)."""
+    return any(
+        unicodedata.category(ch)[0] in "LN" and ch not in _SQLITE_SEPARATOR_LETTERS for ch in word
+    )
+
+
+def _words(text: str) -> list[str]:
+    """Split ``text`` into sanitised lowercase words, the way the index tokenized the same text.
+
+    Any character that is not a word character separates words, so ``node.js``,
+    ``multi-agent`` and ``hello!world`` give two words each, like their indexed tokens.
+    Apostrophes at the edges of a word are quotation, not part of it.
+    """
+    words = []
+    for is_word, run in groupby(norm_cjk(text), key=_is_word_char):
+        if is_word:
+            word = "".join(run).strip("'").lower()
+            if _has_token(word):
+                words.append(word)
+    return words
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One parsed query item before stop-word and limit handling."""
+
+    expr: str
+    words: tuple[str, ...]
+    negated: bool
+    stop_word: bool
+
+
+# One query item: an optional negating "-" glued to a quoted phrase (closing quote optional)
+# or to a bare term that runs to the next whitespace or quote. A "-" followed by whitespace
+# or by nothing is not a negation; it falls through to the term branch and sanitises away.
+_ITEM = re.compile(r'(-(?=\S))?(?:"([^"]*)(?:"|\Z)|([^\s"]+))')
+
+
+def _parse_items(query: str) -> list[_Item]:
+    """Scan ``query`` left to right into items, dropping those that sanitise to nothing."""
+    items = []
+    for m in _ITEM.finditer(query):
+        negated = m.group(1) is not None
+        phrase, term = m.group(2), m.group(3)
+        text = phrase if phrase is not None else term
+        words = _words(text)
+        if not words:
+            continue
+        plain = term is not None and len(words) == 1 and not _CJK_RUN.search(term)
+        expr = f'"{words[0]}"*' if plain else '"' + " ".join(words) + '"'
+        stop_word = plain and not negated and words[0] in STOP_WORDS
+        items.append(_Item(expr, tuple(words), negated, stop_word))
+    return items
+
+
+@dataclass(frozen=True)
+class LexQuery:
+    """A parsed lex query: one FTS5 expression per item, ready to combine with AND / OR / NOT."""
+
+    positives: tuple[str, ...]
+    """FTS5 expressions of the items to find, one per item."""
+    negatives: tuple[str, ...]
+    """FTS5 expressions of the items to exclude."""
+    terms: tuple[str, ...]
+    """Lowercased words of the positive items (phrases split), for snippets and highlighting."""
+    dropped_stopwords: tuple[str, ...]
+    """Stop words left out of the search because content words remained."""
+    truncated: bool
+    """More than ``max_terms`` distinct positive (or negative) items were given; the first won."""
+
+    def _exclusion(self) -> str:
+        """The ``NOT …`` suffix: one group, so the expression depth stays constant however many."""
+        if not self.negatives:
+            return ""
+        if len(self.negatives) == 1:
+            return f" NOT {self.negatives[0]}"
+        return " NOT (" + " OR ".join(self.negatives) + ")"
+
+    def match_any(self) -> str | None:
+        """Documents containing at least one positive item and no negative one; None when unsearchable.
+
+        The positives are parenthesised because FTS5 binds NOT tighter than OR:
+        ``a OR b NOT c`` means ``a OR (b NOT c)``.
+        """
+        if not self.positives:
+            return None
+        if len(self.positives) == 1:
+            return self.positives[0] + self._exclusion()
+        return "(" + " OR ".join(self.positives) + ")" + self._exclusion()
+
+    def match_all(self) -> str | None:
+        """Documents containing every positive item and no negative one; None when unsearchable.
+
+        No parentheses needed: NOT binds tighter than AND, and ``a AND (b NOT c)`` selects the
+        same documents as ``(a AND b) NOT c``.
+        """
+        if not self.positives:
+            return None
+        return " AND ".join(self.positives) + self._exclusion()
+
+    def match_item(self, i: int) -> str:
+        """The FTS5 expression of positive item ``i`` alone, to test which items a document has."""
+        return self.positives[i]
+
+
+def _unique(values: list[str]) -> list[str]:
+    """Drop repeats, keeping first occurrences in order."""
+    return list(dict.fromkeys(values))
+
+
+def parse_lex(query: str, max_terms: int = 32) -> LexQuery:
+    """Parse lex syntax (spec §10.1, with the changes in the module docstring) into a LexQuery.
+
+    Never raises for any string: every item is a quoted FTS5 string with no ``"`` inside, and
+    items that sanitise to nothing are dropped. Positive and negative items are each capped at
+    ``max_terms`` (first ones win) because every item costs an index scan; the negatives are
+    also capped so a pasted wall of ``-x`` cannot build a huge query.
+    """
+    if max_terms < 1:
+        raise ValueError(f"max_terms must be at least 1, got {max_terms}")
+    items = _parse_items(query)
+    positive_items = [item for item in items if not item.negated]
+    dropped: list[str] = []
+    if any(not item.stop_word for item in positive_items):
+        dropped = _unique([item.words[0] for item in positive_items if item.stop_word])
+        positive_items = [item for item in positive_items if not item.stop_word]
+    positives = _unique([item.expr for item in positive_items])
+    negatives = _unique([item.expr for item in items if item.negated])
+    truncated = len(positives) > max_terms or len(negatives) > max_terms
+    positives, negatives = positives[:max_terms], negatives[:max_terms]
+    kept = set(positives)
+    terms = _unique([w for item in positive_items if item.expr in kept for w in item.words])
+    return LexQuery(
+        positives=tuple(positives),
+        negatives=tuple(negatives),
+        terms=tuple(terms),
+        dropped_stopwords=tuple(dropped),
+        truncated=truncated,
+    )
+
+
+@dataclass(frozen=True)
+class LexHit:
+    """One document found by :func:`search_fts`."""
+
+    doc_id: int
+    """``documents.id`` (= ``documents_fts.rowid``)."""
+    bm25: float
+    """Raw FTS5 bm25 with column weights (1.5, 4.0, 1.0): negative, lower is better."""
+    matched: int
+    """How many positive items the document contains."""
+    total: int
+    """How many positive items the query has."""
+    score: float
+    """``(matched - 1 + b) / total`` with ``b = |bm25| / (1 + |bm25|)``; see the module docstring."""
+
+
+_BM25 = "bm25(documents_fts, 1.5, 4.0, 1.0)"
+_SCOPE = " AND +documents_fts.rowid IN (SELECT id FROM documents WHERE collection = ?)"
+
+
+def lex_score(bm25: float, matched: int, total: int) -> float:
+    """The score formula of the module docstring: items matched first, normalised BM25 within."""
+    b = abs(bm25) / (1.0 + abs(bm25))
+    return (matched - 1 + b) / total
+
+
+def search_fts(
+    conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int
+) -> list[LexHit]:
+    """Return the best ``limit`` documents for ``query``: most items matched first, then BM25.
+
+    Expects ``documents_fts`` (rowid = ``documents.id``, active documents only) and
+    ``documents``. The collection filter sits inside the FTS statement, so a large collection
+    can never fill the limit before a small one is looked at.
+
+    Two statements at most. The AND query comes first: when it fills ``limit``, those are the
+    answer (full matches outrank everything), and it is the cheap case. Otherwise one statement
+    counts, per document, how many items it matches (a UNION ALL of one rowid scan per item,
+    grouped) and joins that to the OR query's bm25, ordering by (count desc, bm25) inside
+    SQLite. bm25 depends only on the document and the query's phrase list, which the AND and OR
+    queries share, so values from either statement are comparable.
+    """
+    if limit <= 0 or not query.positives:
+        return []
+    total = len(query.positives)
+    scope_args: tuple[str, ...] = () if collection is None else (collection,)
+    scope = "" if collection is None else _SCOPE
+    full = conn.execute(
+        f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{scope}"
+        " ORDER BY s, rowid LIMIT ?",
+        (query.match_all(), *scope_args, limit),
+    ).fetchall()
+    if total == 1 or len(full) == limit:
+        rows = [(doc_id, bm25, total) for doc_id, bm25 in full]
+    else:
+        per_item = " UNION ALL ".join(
+            ["SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"] * total
+        )
+        rows = conn.execute(
+            f"WITH hits(id) AS ({per_item}),"
+            " matched(id, k) AS (SELECT id, count(*) FROM hits GROUP BY id)"
+            f" SELECT documents_fts.rowid, {_BM25} AS s, matched.k"
+            " FROM documents_fts CROSS JOIN matched ON matched.id = documents_fts.rowid"
+            f" WHERE documents_fts MATCH ?{scope}"
+            " ORDER BY matched.k DESC, s, documents_fts.rowid LIMIT ?",
+            (*query.positives, query.match_any(), *scope_args, limit),
+        ).fetchall()
+    hits = [
+        LexHit(doc_id, bm25, matched, total, lex_score(bm25, matched, total))
+        for doc_id, bm25, matched in rows
+    ]
+    hits.sort(key=lambda hit: (-hit.score, hit.doc_id))
+    return hits

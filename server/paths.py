@@ -1,0 +1,82 @@
+"""Where qmd keeps its files.
+
+Stdlib only: the thin CLI imports this module to find the daemon's pidfile, log and
+lock, and must stay fast to start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_INDEX = "index"
+DEFAULT_PORT = 8181
+DEFAULT_HOST = "localhost"
+_INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def home() -> Path:
+    return Path(os.environ.get("HOME") or os.path.expanduser("~") or "/tmp")
+
+
+def cache_root(environ: dict[str, str] | os._Environ = os.environ) -> Path:
+    base = environ.get("XDG_CACHE_HOME") or str(home() / ".cache")
+    return Path(base) / "qmd"
+
+
+def config_root(environ: dict[str, str] | os._Environ = os.environ) -> Path:
+    if environ.get("QMD_CONFIG_DIR"):
+        return Path(environ["QMD_CONFIG_DIR"])
+    base = environ.get("XDG_CONFIG_HOME") or str(home() / ".config")
+    return Path(base) / "qmd"
+
+
+def normalize_index_name(name: str | None, cwd: str | None = None) -> str:
+    """Map `--index NAME` to a file-safe name (spec §1.1: a NAME with `/` is a path)."""
+    if not name:
+        return DEFAULT_INDEX
+    if "/" in name:
+        resolved = os.path.normpath(os.path.join(cwd or os.getcwd(), name))
+        name = resolved.replace("/", "_").lstrip("_")
+    if not _INDEX_NAME_RE.match(name):
+        raise ValueError(
+            f"invalid index name {name!r}: use letters, digits, '.', '_' or '-' (at most 100)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class IndexPaths:
+    """Every file that belongs to one named index."""
+
+    name: str
+    db: Path
+    config: Path
+    cache_dir: Path
+
+    @property
+    def _suffix(self) -> str:
+        return "" if self.name == DEFAULT_INDEX else f"-{self.name}"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.cache_dir / f"qmdd{self._suffix}.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.cache_dir / f"qmdd{self._suffix}.log"
+
+    @property
+    def lockfile(self) -> Path:
+        return self.cache_dir / f"qmdd{self._suffix}.lock"
+
+    @classmethod
+    def resolve(
+        cls, index: str | None = None, environ: dict[str, str] | os._Environ = os.environ
+    ) -> "IndexPaths":
+        name = normalize_index_name(index)
+        cache = cache_root(environ)
+        db = Path(environ["INDEX_PATH"]) if environ.get("INDEX_PATH") else cache / f"{name}.sqlite"
+        return cls(name=name, db=db, config=config_root(environ) / f"{name}.yml", cache_dir=cache)

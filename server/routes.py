@@ -1,0 +1,203 @@
+"""HTTP routes: validate (pydantic), call the engine, shape the answer.
+
+`/health`, `/query` and `/search` are the public surface of spec §21; `/v1/...` is
+the versioned API the thin CLI speaks. Long jobs (`update`) stream NDJSON events so
+the CLI can draw a progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from . import __version__
+from .api import (
+    CollectionCreate, CollectionPatch, ContextAdd, ContextRemove, GetRequest, Health,
+    MultiGetRequest, QueryRequest, QueryResponse, QueryResult, RenameRequest, SearchRequest,
+    SkippedStage, UpdateRequest,
+)
+from .engine import Engine, summary_dict
+from .errors import QmdError
+from .snippets import snippet_header
+
+router = APIRouter()
+
+
+def engine_of(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+@router.get("/health", response_model=Health, tags=["public"])
+def health(request: Request) -> Health:
+    e = engine_of(request)
+    return Health(status="ok", uptime=int(time.time() - e.started), pid=os.getpid(),
+                  version=__version__, index=e.paths.name)
+
+
+def _numbered(hit: dict) -> str:
+    lines = hit["snippet"].split("\n")
+    body = "\n".join(f"{hit['start_line'] + i}: {line}" for i, line in enumerate(lines))
+    return snippet_header(hit["start_line"], len(lines), hit["total_lines"]) + "\n" + body
+
+
+@router.post("/query", response_model=QueryResponse, tags=["public"])
+@router.post("/search", response_model=QueryResponse, tags=["public"])
+def query(body: QueryRequest, request: Request) -> QueryResponse:
+    """Typed searches (spec §21.1). `lex` runs; `vec`/`hyde` are reported as skipped
+    until the index has embeddings, never dropped silently."""
+    e = engine_of(request)
+    skipped: list[SkippedStage] = []
+    warnings: list[str] = []
+    best: dict[str, dict] = {}
+    pending = e.status()["vector"]["pending"]
+    for sub in body.searches:
+        if sub.type != "lex":
+            skipped.append(SkippedStage(
+                stage=sub.type,
+                reason=f"vector search unavailable — {pending} documents pending (no embeddings yet): {sub.query!r} did not run",
+            ))
+            continue
+        out = e.search(sub.query, collections=body.collections, limit=body.limit,
+                       min_score=body.minScore, max_len=300)
+        warnings.extend(out.warnings)
+        for hit in out.hits:
+            key = hit["file"]
+            if key not in best or hit["score"] > best[key]["score"]:
+                best[key] = hit
+    if body.rerank:
+        skipped.append(SkippedStage(stage="rerank", reason="no rerank model is loaded in this version"))
+    if body.intent:
+        warnings.append("intent was not applied: keyword-only search does not use it yet")
+    hits = sorted(best.values(), key=lambda h: -h["score"])[: body.limit]
+    return QueryResponse(
+        results=[
+            QueryResult(docid="#" + h["docid"], file=h["file"], title=h["title"], score=round(h["score"], 2),
+                        context=h["context"], line=h["line"], lines=f"{h['start_line']}-{h['end_line']}",
+                        snippet=_numbered(h))
+            for h in hits
+        ],
+        skipped=skipped,
+        warnings=list(dict.fromkeys(warnings)),
+    )
+
+
+@router.post("/v1/search", tags=["cli"])
+def cli_search(body: SearchRequest, request: Request) -> dict:
+    out = engine_of(request).search(
+        body.query, collections=body.collections, limit=body.limit, min_score=body.min_score,
+        all_results=body.all, full=body.full, explain=body.explain,
+    )
+    return {"results": out.hits, "below_min_score": out.below_min_score, "warnings": out.warnings}
+
+
+@router.get("/v1/status", tags=["cli"])
+def status(request: Request) -> dict:
+    e = engine_of(request)
+    return {**e.status(), "daemon": {"pid": os.getpid(), "uptime": int(time.time() - e.started),
+                                      "url": str(request.base_url).rstrip("/")}}
+
+
+@router.get("/v1/collections", tags=["cli"])
+def list_collections(request: Request) -> dict:
+    return {"collections": engine_of(request).describe_collections()}
+
+
+@router.post("/v1/collections", status_code=201, tags=["cli"])
+def create_collection(body: CollectionCreate, request: Request) -> dict:
+    c = engine_of(request).create_collection(body.path, body.name, body.pattern)
+    return {"name": c.name, "path": str(c.root), "pattern": c.pattern}
+
+
+@router.get("/v1/collections/{name}", tags=["cli"])
+def show_collection(name: str, request: Request) -> dict:
+    e = engine_of(request)
+    e.config.get(name)
+    return next(c for c in e.describe_collections() if c["name"] == name)
+
+
+@router.patch("/v1/collections/{name}", tags=["cli"])
+def patch_collection(name: str, body: CollectionPatch, request: Request) -> dict:
+    c = engine_of(request).set_collection(
+        name, include=body.include_by_default, update_cmd=body.update_command,
+        clear_update=body.clear_update_command,
+    )
+    return {"name": c.name, "include_by_default": c.include_by_default, "update_command": c.update}
+
+
+@router.delete("/v1/collections/{name}", tags=["cli"])
+def delete_collection(name: str, request: Request) -> dict:
+    return {"name": name, "deleted_documents": engine_of(request).remove_collection(name)}
+
+
+@router.post("/v1/collections/{name}/rename", tags=["cli"])
+def rename_collection(name: str, body: RenameRequest, request: Request) -> dict:
+    engine_of(request).rename_collection(name, body.new_name)
+    return {"old": name, "new": body.new_name}
+
+
+@router.post("/v1/update", tags=["cli"])
+def update(body: UpdateRequest, request: Request) -> StreamingResponse:
+    """Streams NDJSON events: `collection`, `hook`, `progress`, `summary`, then `done`
+    (or `error`). Names are checked before the stream starts, so a typo is a 404."""
+    e = engine_of(request)
+    for name in body.collections or []:
+        e.config.get(name)
+    events: queue.Queue[dict | None] = queue.Queue()
+
+    def job() -> None:
+        try:
+            summaries = e.update(body.collections, progress=events.put)
+            events.put({"event": "done", "summaries": [summary_dict(s) for s in summaries]})
+        except QmdError as err:
+            events.put({"event": "error", "status": err.status, "error": err.message, **err.detail})
+        except Exception as err:  # noqa: BLE001 - reported to the client, logged by the server
+            request.app.state.log.exception("update failed")
+            events.put({"event": "error", "status": 500, "error": f"internal error: {err}"})
+        finally:
+            events.put(None)
+
+    threading.Thread(target=job, name="qmd-update", daemon=True).start()
+
+    def stream() -> Iterator[bytes]:
+        while (ev := events.get()) is not None:
+            yield (json.dumps(ev) + "\n").encode()
+
+    return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
+@router.get("/v1/contexts", tags=["cli"])
+def list_contexts(request: Request) -> dict:
+    return {"contexts": engine_of(request).list_contexts()}
+
+
+@router.post("/v1/contexts", tags=["cli"])
+def add_context(body: ContextAdd, request: Request) -> dict:
+    return engine_of(request).add_context(body.target, body.text, body.cwd)
+
+
+@router.post("/v1/contexts/remove", tags=["cli"])
+def remove_context(body: ContextRemove, request: Request) -> dict:
+    return engine_of(request).remove_context(body.target, body.cwd)
+
+
+@router.post("/v1/get", tags=["cli"])
+def get(body: GetRequest, request: Request) -> dict:
+    return engine_of(request).get(body.name, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd)
+
+
+@router.post("/v1/multi-get", tags=["cli"])
+def multi_get(body: MultiGetRequest, request: Request) -> dict:
+    items = engine_of(request).multi_get(body.pattern, max_bytes=body.max_bytes, max_lines=body.max_lines, cwd=body.cwd)
+    return {"items": items}
+
+
+@router.get("/v1/ls", tags=["cli"])
+def ls(request: Request, target: str | None = None) -> dict:
+    return engine_of(request).ls(target)

@@ -1,0 +1,59 @@
+"""The passage a result points at: its best line and a short line range around it.
+
+A result is a pointer (seeds/002): `path:start-end` must name real lines of the
+file, so line numbers here are absolute and 1-based, and the snippet text is exactly
+those lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BEFORE = 1
+AFTER = 3
+
+
+@dataclass(frozen=True)
+class Passage:
+    line: int  # best matching line
+    start_line: int
+    end_line: int  # inclusive
+    total_lines: int
+    text: str
+    matched: bool  # some query term occurs in the passage
+
+
+def best_passage(body: str, terms: tuple[str, ...] | list[str], max_len: int = 500) -> Passage:
+    """Score each line by how many query terms it contains (spec §15.2) and take the
+    first best line, one line before and two after. Long passages are cut at
+    `max_len` characters with `...`."""
+    lines = body.split("\n")
+    needles = [t.lower() for t in terms if t]
+    best, best_score = 0, 0
+    if needles:
+        for i, line in enumerate(lines):
+            low = line.lower()
+            score = sum(1 for t in needles if t in low)
+            if score > best_score:
+                best, best_score = i, score
+                if score == len(needles):
+                    break
+    start = max(0, best - BEFORE)
+    end = min(len(lines), best + AFTER)
+    text = "\n".join(lines[start:end])
+    if len(text) > max_len:
+        text = text[: max_len - 3] + "..."
+    return Passage(
+        line=best + 1,
+        start_line=start + 1,
+        end_line=end,
+        total_lines=len(lines),
+        text=text,
+        matched=best_score > 0,
+    )
+
+
+def snippet_header(start: int, count: int, total_lines: int) -> str:
+    """Unified-diff style `@@ -start,count @@ (B before, A after)` (spec §15.2)."""
+    after = max(0, total_lines - (start + count - 1))
+    return f"@@ -{start},{count} @@ ({start - 1} before, {after} after)"

@@ -1,0 +1,202 @@
+"""The SQLite index: schema, one writer thread, concurrent readers.
+
+Following datasette: every write is a function handed to a single writer thread
+through a queue and run inside one `BEGIN IMMEDIATE` transaction, so writes never
+contend and a failed write rolls back whole. Reads use per-thread connections in WAL
+mode and never block on the writer, so no request ever sees "database is locked".
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from .db import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TypeVar
+
+log = logging.getLogger("qmd.store")
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS content (
+    hash TEXT PRIMARY KEY,
+    doc TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS documents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    collection TEXT NOT NULL,
+    path TEXT NOT NULL,
+    title TEXT NOT NULL,
+    hash TEXT NOT NULL REFERENCES content(hash) ON DELETE CASCADE,
+    created_at TEXT NOT NULL,
+    modified_at TEXT NOT NULL,
+    active INTEGER NOT NULL DEFAULT 1,
+    size INTEGER NOT NULL DEFAULT 0,
+    mtime_ns INTEGER NOT NULL DEFAULT 0,
+    UNIQUE(collection, path)
+);
+CREATE INDEX IF NOT EXISTS idx_documents_collection ON documents(collection, active);
+CREATE INDEX IF NOT EXISTS idx_documents_hash ON documents(hash);
+CREATE INDEX IF NOT EXISTS idx_documents_path ON documents(path, active);
+CREATE TABLE IF NOT EXISTS llm_cache (
+    hash TEXT PRIMARY KEY,
+    result TEXT,
+    created_at TEXT
+);
+CREATE TABLE IF NOT EXISTS store_collections (
+    name TEXT PRIMARY KEY,
+    path TEXT NOT NULL,
+    pattern TEXT NOT NULL DEFAULT '**/*.md',
+    ignore_patterns TEXT,
+    include_by_default INTEGER NOT NULL DEFAULT 1,
+    update_command TEXT,
+    context TEXT
+);
+CREATE TABLE IF NOT EXISTS store_config (
+    key TEXT PRIMARY KEY,
+    value TEXT
+);
+CREATE TABLE IF NOT EXISTS skipped_files (
+    collection TEXT NOT NULL,
+    path TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    seen_at TEXT NOT NULL,
+    PRIMARY KEY (collection, path)
+);
+CREATE TABLE IF NOT EXISTS collection_runs (
+    collection TEXT PRIMARY KEY,
+    updated_at TEXT NOT NULL,
+    summary TEXT NOT NULL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS documents_fts
+    USING fts5(filepath, title, body, tokenize='porter unicode61');
+"""
+
+
+def utcnow() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    if readonly:
+        conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+def _load_vec(conn: sqlite3.Connection) -> str | None:
+    """sqlite-vec is optional for keyword search; return its version or None."""
+    try:
+        import sqlite_vec
+
+        conn.enable_load_extension(True)
+        sqlite_vec.load(conn)
+        conn.enable_load_extension(False)
+        return str(conn.execute("SELECT vec_version()").fetchone()[0])
+    except Exception as e:  # noqa: BLE001 - any failure means "no vectors", announced by status
+        log.warning("sqlite-vec could not be loaded: %s", e)
+        return None
+
+
+class Store:
+    """Owns the index file. Use `read()` for queries and `write(fn)` for changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future] | None] = (
+            queue.Queue()
+        )
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        wconn = _connect(path, readonly=False)
+        mode = wconn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
+        self.vec_version = _load_vec(wconn)
+        wconn.executescript(SCHEMA)
+        wconn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._writer = threading.Thread(
+            target=self._write_loop, args=(wconn,), name="qmd-writer", daemon=True
+        )
+        self._writer.start()
+
+    # -- writes -------------------------------------------------------------
+
+    def _write_loop(self, conn: sqlite3.Connection) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            fn, fut = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                result = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException as e:  # noqa: BLE001 - the caller gets the exception
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+        try:
+            conn.execute("PRAGMA optimize")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> "Future[T]":
+        """Queue `fn(conn)` to run in one transaction on the writer thread."""
+        if self._closed:
+            raise RuntimeError("the index is closed")
+        fut: Future[T] = Future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Like `submit`, and wait for the result (re-raising the writer's exception)."""
+        return self.submit(fn).result()
+
+    # -- reads --------------------------------------------------------------
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path, readonly=True)
+            if self.vec_version:
+                _load_vec(conn)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        yield conn
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._writer.join(timeout=30)
+        with self._readers_lock:
+            for conn in self._readers:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+            self._readers.clear()
