@@ -21,7 +21,12 @@ log = logging.getLogger("qmd.server")
 
 
 class BodyLimit:
-    """Answer 413 for request bodies over `limit` bytes, declared or streamed."""
+    """Answer 413 for request bodies over `limit` bytes.
+
+    A declared Content-Length is checked up front; a chunked body is read (at most
+    `limit` bytes) before the app sees it, then replayed, so an oversized upload is
+    a 413 whatever the route does with its body.
+    """
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -33,42 +38,38 @@ class BodyLimit:
             return
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._reject(send)
-            return
-        seen = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return msg
-
-        async def tracking_send(msg: Message) -> None:
-            nonlocal started
-            started = started or msg["type"] == "http.response.start"
-            await send(msg)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.limit:
                 await self._reject(send)
+                return
+            await self.app(scope, receive, send)
+            return
+        if b"chunked" not in headers.get(b"transfer-encoding", b""):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                break
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._reject(send)
+                return
+            if not msg.get("more_body"):
+                break
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay_receive() -> Message:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, replay_receive, send)
 
     async def _reject(self, send: Send) -> None:
-        await JSONResponse(
-            {"error": f"request body too large: the limit is {self.limit} bytes"}, status_code=413
-        )(
-            {"type": "http"}, _no_receive, send
-        )
-
-
-class _TooLarge(Exception):
-    pass
+        response = JSONResponse({"error": f"request body too large: the limit is {self.limit} bytes"}, status_code=413)
+        await response({"type": "http"}, _no_receive, send)
 
 
 async def _no_receive() -> Message:

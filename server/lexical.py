@@ -291,7 +291,6 @@ class LexHit:
 
 
 _BM25 = "bm25(documents_fts, 1.5, 4.0, 1.0)"
-_SCOPE = " AND +documents_fts.rowid IN (SELECT id FROM documents WHERE collection = ?)"
 
 
 def lex_score(bm25: float, matched: int, total: int) -> float:
@@ -300,47 +299,88 @@ def lex_score(bm25: float, matched: int, total: int) -> float:
     return (matched - 1 + b) / total
 
 
+def _full_matches(
+    conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int
+) -> list[tuple[int, float, int]]:
+    """Best ``limit`` documents containing every positive item, as (doc_id, bm25, matched).
+
+    The scope test is written ``+rowid`` so SQLite keeps it a filter: as a plain rowid
+    constraint the planner hands it to FTS5 as one lookup per document of the collection, and
+    each lookup re-reads the query's doclists (measured: 200 ms instead of 1.5 ms on 5k docs).
+    """
+    scope = "" if collection is None else (
+        " AND +rowid IN (SELECT id FROM documents WHERE collection = ?)"
+    )
+    rows = conn.execute(
+        f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{scope}"
+        " ORDER BY s, rowid LIMIT ?",
+        (query.match_all(), *(() if collection is None else (collection,)), limit),
+    ).fetchall()
+    total = len(query.positives)
+    return [(doc_id, bm25, total) for doc_id, bm25 in rows]
+
+
+def _ranked_matches(
+    conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int
+) -> list[tuple[int, float, int]]:
+    """Best ``limit`` documents containing any positive item, by (items matched desc, bm25).
+
+    One statement: ``matched`` counts per document the items it contains (one rowid scan per
+    item, negatives excluded, collection applied); ``floor`` is the fewest items a document
+    can match and still make the top ``limit``; bm25, the expensive part, is then computed
+    only for documents at or above that floor, while the OR query's scan supplies it with the
+    full phrase list. A query with one very common word thus scores the few hundred documents
+    that also hold a rarer one, not every document holding the common word.
+    """
+    exclusion = query._exclusion()
+    per_item = " UNION ALL ".join(
+        ["SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"] * len(query.positives)
+    )
+    scope = "" if collection is None else (
+        " WHERE id IN (SELECT id FROM documents WHERE collection = ?)"
+    )
+    return conn.execute(
+        f"WITH hits(id) AS ({per_item}),"
+        f" matched(id, k) AS MATERIALIZED (SELECT id, count(*) FROM hits{scope} GROUP BY id),"
+        " levels(k, n) AS (SELECT k, count(*) FROM matched GROUP BY k),"
+        " floor(k) AS (SELECT coalesce(max(k), 1) FROM levels AS l"
+        "  WHERE (SELECT sum(n) FROM levels WHERE k >= l.k) >= ?)"
+        f" SELECT documents_fts.rowid, {_BM25} AS s, matched.k"
+        " FROM documents_fts CROSS JOIN matched ON matched.id = documents_fts.rowid"
+        " WHERE documents_fts MATCH ? AND matched.k >= (SELECT k FROM floor)"
+        " ORDER BY matched.k DESC, s, documents_fts.rowid LIMIT ?",
+        (
+            *(item + exclusion for item in query.positives),
+            *(() if collection is None else (collection,)),
+            limit,
+            query.match_any(),
+            limit,
+        ),
+    ).fetchall()
+
+
 def search_fts(
     conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int
 ) -> list[LexHit]:
     """Return the best ``limit`` documents for ``query``: most items matched first, then BM25.
 
     Expects ``documents_fts`` (rowid = ``documents.id``, active documents only) and
-    ``documents``. The collection filter sits inside the FTS statement, so a large collection
-    can never fill the limit before a small one is looked at.
+    ``documents``. The collection filter sits inside each statement, so a large collection
+    can never fill the limit before a small one is looked at. The result is exact, not a
+    candidate-pool approximation: a document matching two of three items is never missed
+    because documents matching one item had better bm25.
 
-    Two statements at most. The AND query comes first: when it fills ``limit``, those are the
-    answer (full matches outrank everything), and it is the cheap case. Otherwise one statement
-    counts, per document, how many items it matches (a UNION ALL of one rowid scan per item,
-    grouped) and joins that to the OR query's bm25, ordering by (count desc, bm25) inside
-    SQLite. bm25 depends only on the document and the query's phrase list, which the AND and OR
-    queries share, so values from either statement are comparable.
+    The AND query runs first: when it fills ``limit`` those are the answer (full matches
+    outrank everything) and it is the cheap case. Otherwise one statement ranks every
+    partial match. bm25 depends only on the document and the query's phrase list, which the
+    AND and OR expressions share, so values from the two statements are comparable.
     """
     if limit <= 0 or not query.positives:
         return []
     total = len(query.positives)
-    scope_args: tuple[str, ...] = () if collection is None else (collection,)
-    scope = "" if collection is None else _SCOPE
-    full = conn.execute(
-        f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{scope}"
-        " ORDER BY s, rowid LIMIT ?",
-        (query.match_all(), *scope_args, limit),
-    ).fetchall()
-    if total == 1 or len(full) == limit:
-        rows = [(doc_id, bm25, total) for doc_id, bm25 in full]
-    else:
-        per_item = " UNION ALL ".join(
-            ["SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"] * total
-        )
-        rows = conn.execute(
-            f"WITH hits(id) AS ({per_item}),"
-            " matched(id, k) AS (SELECT id, count(*) FROM hits GROUP BY id)"
-            f" SELECT documents_fts.rowid, {_BM25} AS s, matched.k"
-            " FROM documents_fts CROSS JOIN matched ON matched.id = documents_fts.rowid"
-            f" WHERE documents_fts MATCH ?{scope}"
-            " ORDER BY matched.k DESC, s, documents_fts.rowid LIMIT ?",
-            (*query.positives, query.match_any(), *scope_args, limit),
-        ).fetchall()
+    rows = _full_matches(conn, query, collection, limit)
+    if total > 1 and len(rows) < limit:
+        rows = _ranked_matches(conn, query, collection, limit)
     hits = [
         LexHit(doc_id, bm25, matched, total, lex_score(bm25, matched, total))
         for doc_id, bm25, matched in rows

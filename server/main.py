@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -106,6 +107,10 @@ def main(host: str, port: int, index_name: str | None, log_level: str) -> None:
         sys.exit(1)
     write_pidfile(paths, host, port)
     click.echo(f"qmdd {__version__} listening on http://{host}:{port} (index {paths.db}, pid {os.getpid()})", err=True)
+    # uvicorn re-raises the signal it shut down on; with these handlers in place that
+    # re-raise lands here instead of killing the process before the cleanup below.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: click.echo(f"qmdd: shutting down ({signal.Signals(s).name})", err=True))
     try:
         config = uvicorn.Config(create_app(engine, guard), log_level=log_level, access_log=log_level == "debug",
                                 timeout_graceful_shutdown=10, lifespan="off")
