@@ -1,0 +1,266 @@
+"""The `qmd` CLI as a user runs it: a subprocess talking to a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Daemon, Env, write
+
+HEAVY = ("fastapi", "uvicorn", "starlette", "llama_cpp", "sqlite_vec", "numpy", "mcp", "pydantic", "yaml",
+         "sqlite3", "pysqlite3", "wcmatch")
+
+
+def test_cli_imports_nothing_heavy() -> None:
+    code = f"import sys, client.cli; print([m for m in {HEAVY!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_help_lists_commands(env: Env) -> None:
+    out = env.ok("--help")
+    for cmd in ("collection", "context", "get", "ls", "multi-get", "search", "status", "update"):
+        assert cmd in out
+    assert "--name" in env.ok("collection", "add", "--help")
+
+
+@pytest.fixture
+def added(env: Env, daemon: Daemon, notes: Path) -> Path:
+    env.ok("collection", "add", str(notes), "--name", "notes")
+    return notes
+
+
+# -- collections ------------------------------------------------------------------------
+
+
+def test_collection_add_relative_path_and_list(env: Env, daemon: Daemon, notes: Path) -> None:
+    out = env.ok("collection", "add", ".", cwd=notes)
+    assert "Creating collection 'notes'" in out and "4 new, 0 updated, 0 unchanged, 0 removed" in out
+    assert "✓ Collection 'notes' created successfully" in out
+    listing = env.ok("collection", "list")
+    assert "notes (qmd://notes/)" in listing and "Files:    4" in listing
+    cols = json.loads(env.ok("collection", "list", "--json"))
+    assert cols[0]["path"] == str(notes.resolve())
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("collection", "add", "/no/such/folder"), "Folder not found"),
+        (("collection", "add", "{notes}/ideas.md"), "Not a folder"),
+        (("collection", "add", "{notes}", "--name", "a/b"), "invalid collection name"),
+        (("collection", "add", "{notes}", "--name", "notes"), "already exists"),
+        (("collection", "remove", "nope"), "Collection not found: nope"),
+        (("collection", "rename", "nope", "x"), "Collection not found: nope"),
+        (("collection", "show", "nope"), "Collection not found: nope"),
+        (("search", "x", "-c", "nope"), "Collection not found: nope"),
+        (("get", "../../etc/passwd"), "outside every collection"),
+        (("get", "/etc/passwd"), "outside every collection"),
+        (("context", "rm", "qmd://notes/none"), "No context found"),
+        (("context", "add", "/tmp", "text"), "not in any indexed collection"),
+        (("multi-get", "nothing/*.md"), "No files matched pattern"),
+    ],
+)
+def test_errors_are_one_clear_line(env: Env, added: Path, args: tuple[str, ...], needle: str) -> None:
+    cfg = env.config / "qmd" / "index.yml"
+    before = cfg.read_text()
+    r = env.qmd(*(a.replace("{notes}", str(added)) for a in args), cwd=added)
+    assert r.returncode == 1, r
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert cfg.read_text() == before
+
+
+def test_collection_rename_remove_show(env: Env, added: Path) -> None:
+    env.ok("collection", "rename", "notes", "journal")
+    assert "qmd://journal/fundraising.md" in env.ok("search", "angel")
+    show = env.ok("collection", "show", "journal")
+    assert "Collection: journal" in show and "Include:  yes (default)" in show
+    out = env.ok("collection", "remove", "journal")
+    assert "Deleted 4 documents" in out
+    assert "No results found." in env.ok("search", "angel")
+
+
+def test_include_exclude(env: Env, added: Path, tmp_path: Path) -> None:
+    other = write(tmp_path / "other", {"angel.md": "# Angel\n\nangel angel angel\n"})
+    env.ok("collection", "add", str(other), "--name", "other")
+    env.ok("collection", "exclude", "other")
+    files = [h["file"] for h in env.json("search", "angel", "--json")]
+    assert files and all(f.startswith("qmd://notes/") for f in files)
+    named = [h["file"] for h in env.json("search", "angel", "--json", "-c", "other")]
+    assert named == ["qmd://other/angel.md"]
+    both = {h["file"].split("/")[2] for h in env.json("search", "angel", "--json", "-c", "other", "-c", "notes")}
+    assert both == {"notes", "other"}
+    assert "[excluded]" in env.ok("collection", "list")
+    env.ok("collection", "include", "other")
+    assert "qmd://other/angel.md" in env.ok("search", "angel", "--files")
+
+
+def test_update_cmd_set_and_clear(env: Env, added: Path) -> None:
+    env.ok("collection", "update-cmd", "notes", "echo", "hello")
+    assert "Update:   echo hello" in env.ok("collection", "show", "notes")
+    out = env.ok("update")
+    assert "Running update command: echo hello" in out and "    hello" in out
+    env.ok("collection", "update-cmd", "notes")
+    assert "Update:   (none)" in env.ok("collection", "show", "notes")
+
+
+# -- get / multi-get / ls ----------------------------------------------------------------
+
+
+def test_get_forms(env: Env, added: Path) -> None:
+    want = "7: Angel investors fund early startups."
+    docid = env.json("search", "angel", "--json")[0]["docid"]
+    for name in ("qmd://notes/fundraising.md", "notes/fundraising.md", "fundraising.md", docid, docid[1:],
+                 f'"{docid}"', str(added / "fundraising.md"), "qmd:////notes/fundraising.md", "//notes/fundraising.md"):
+        out = env.ok("get", name, cwd=added)
+        assert out.startswith(f"qmd://notes/fundraising.md  {docid}\n"), (name, out)
+        assert want in out
+    assert env.ok("get", "./fundraising.md", cwd=added).count("\n") > 5
+
+
+def test_get_ranges_and_numbers(env: Env, added: Path) -> None:
+    out = env.ok("get", "notes/fundraising.md:7:2")
+    assert out.splitlines()[-2:] == ["7: Angel investors fund early startups.", "8: We raise money from angels and VCs."]
+    out = env.ok("get", "notes/fundraising.md", "--from", "8", "-l", "1")
+    assert out.splitlines()[-1] == "8: We raise money from angels and VCs."
+    out = env.ok("get", "notes/fundraising.md:8", "-l", "1", "--no-line-numbers")
+    assert out.splitlines()[-1] == "We raise money from angels and VCs."
+
+
+def test_get_miss_suggests(env: Env, added: Path) -> None:
+    r = env.qmd("get", "fundrasing.md")
+    assert r.returncode == 1
+    assert "Document not found: fundrasing.md" in r.stderr and "qmd://notes/fundraising.md" in r.stderr
+
+
+def test_multi_get(env: Env, added: Path) -> None:
+    items = env.json("multi-get", "notes/**/*.md", "--json")
+    assert sorted(i["file"] for i in items) == [
+        "qmd://notes/cooking/bread.md", "qmd://notes/fundraising.md", "qmd://notes/ideas.md",
+        "qmd://notes/work/meeting-2026-04-10.md",
+    ]
+    docid = env.json("search", "sourdough", "--json")[0]["docid"]
+    items = env.json("multi-get", f"fundraising.md, {docid}", "--json")
+    assert [i["file"] for i in items] == ["qmd://notes/fundraising.md", "qmd://notes/cooking/bread.md"]
+    items = env.json("multi-get", "qmd://notes/*.md", "--json", "--max-bytes", "60")
+    skipped = {i["file"]: i for i in items if i.get("skipped")}
+    assert "qmd://notes/fundraising.md" in skipped and "File too large" in skipped["qmd://notes/fundraising.md"]["reason"]
+    out = env.ok("multi-get", "notes/fundraising.md", "-l", "2")
+    assert "[... truncated" in out
+    r = env.qmd("multi-get", "fundraising.md,missing.md")
+    assert r.returncode == 0 and "Document not found: missing.md" in r.stderr
+    assert "qmd://notes/fundraising.md" in r.stdout
+
+
+def test_ls(env: Env, added: Path) -> None:
+    assert "qmd://notes/  (4 files)" in env.ok("ls")
+    out = env.ok("ls", "notes")
+    assert "qmd://notes/cooking/bread.md" in out and "qmd://notes/ideas.md" in out
+    out = env.ok("ls", "qmd://notes/work")
+    assert out.strip().endswith("qmd://notes/work/meeting-2026-04-10.md") and "ideas" not in out
+    assert "No files found" in env.ok("ls", "notes/zzz")
+
+
+# -- contexts ------------------------------------------------------------------------------
+
+
+def test_contexts(env: Env, added: Path) -> None:
+    env.ok("context", "add", "/", "My personal notes")
+    env.ok("context", "add", "qmd://notes/cooking", "Recipes I have tried")
+    env.ok("context", "add", "Work meetings", cwd=added / "work")
+    listing = env.ok("context", "list")
+    assert "Recipes I have tried" in listing and "Work meetings" in listing and "My personal notes" in listing
+    hit = env.json("search", "sourdough", "--json")[0]
+    assert hit["context"] == "My personal notes\n\nRecipes I have tried"
+    assert "Folder Context: My personal notes" in env.ok("get", "notes/work/meeting-2026-04-10.md")
+    env.ok("context", "rm", "qmd://notes/cooking")
+    env.ok("context", "rm", "/")
+    assert "context" not in env.json("search", "sourdough", "--json")[0]
+
+
+# -- search ---------------------------------------------------------------------------------
+
+
+def test_search_formats(env: Env, added: Path) -> None:
+    q = ("search", "angel investors")
+    hits = env.json(*q, "--json")
+    assert hits[0]["file"] == "qmd://notes/fundraising.md" and hits[0]["lines"] == "6-9"
+    assert env.ok(*q, "--csv").startswith("docid,score,file,title,context,line,snippet\n")
+    assert env.ok(*q, "--files").startswith(f"{hits[0]['docid']},")
+    assert "**docid:** `" in env.ok(*q, "--md")
+    assert env.ok(*q, "--xml").startswith("<file docid=")
+    assert env.ok(*q, "--format", "json") == env.ok(*q, "--json")
+    cli = env.ok(*q)
+    assert cli.startswith(f"qmd://notes/fundraising.md:7 {hits[0]['docid']}\n") and "\x1b" not in cli
+    r = env.qmd(*q, "--format", "yaml")
+    assert r.returncode == 2 and "yaml" in r.stderr
+
+
+def test_search_limits_and_scores(env: Env, added: Path) -> None:
+    assert len(env.json("search", "a", "--json", "-n", "1")) == 1
+    all_hits = env.json("search", "bread startup investors", "--json", "--all")
+    assert len(all_hits) >= 3
+    scores = [h["score"] for h in all_hits]
+    assert scores == sorted(scores, reverse=True)
+    assert env.ok("search", "angel", "--min-score", "0.99") == "No results found above minimum score threshold.\n"
+    assert env.ok("search", "zzzzqqq") == "No results found.\n"
+    assert env.ok("search", "zzzzqqq", "--json") == "[]\n"
+
+
+def test_status(env: Env, added: Path) -> None:
+    out = env.ok("status")
+    assert "Total:    4 files indexed" in out
+    assert "vector search unavailable — 4 documents pending" in out
+    info = json.loads((env.cache / "qmd" / "qmdd.pid").read_text())
+    assert f"Daemon: running (PID {info['pid']}" in out
+    assert "notes (qmd://notes/)" in out
+
+
+# -- autostart -------------------------------------------------------------------------------
+
+
+def _daemons_on(port: int) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"server.main" in cmd and str(port).encode() in cmd:
+                pids.append(int(p.name))
+    return pids
+
+
+def test_autostart_ten_clis_start_one_daemon(env: Env, notes: Path) -> None:
+    procs = [subprocess.Popen([sys.executable, "-m", "client.cli", "status"], env=env.vars, cwd=env.home,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(10)]
+    try:
+        results = [p.communicate(timeout=60) for p in procs]
+        assert all(p.returncode == 0 for p in procs), results
+        pids = {line for out, _ in results for line in out.splitlines() if line.startswith("Daemon:")}
+        assert len(pids) == 1, pids
+        assert len(_daemons_on(env.port)) == 1
+        info = json.loads((env.cache / "qmd" / "qmdd.pid").read_text())
+        assert f"PID {info['pid']}" in next(iter(pids))
+        env.ok("collection", "add", str(notes), "--name", "notes")
+        assert "fundraising.md" in env.ok("search", "angel")
+    finally:
+        for pid in _daemons_on(env.port):
+            os.kill(pid, 15)
+        time.sleep(0.5)
+
+
+def test_no_autostart_is_a_clear_error(env: Env) -> None:
+    r = env.qmd("status", env={"QMD_NO_AUTOSTART": "1"})
+    assert r.returncode == 1
+    assert "no qmd daemon answers" in r.stderr and "QMD_NO_AUTOSTART" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not _daemons_on(env.port)
