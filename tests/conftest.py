@@ -142,17 +142,20 @@ def write(root: Path, files: dict[str, str | bytes]) -> Path:
     return root
 
 
+NOTES: dict[str, str | bytes] = {
+    "fundraising.md": "# Raising a seed round\n\nIntro line.\n\n## Investors\n\n"
+                      "Angel investors fund early startups.\nWe raise money from angels and VCs.\n"
+                      "Keep the pitch deck short.\n",
+    "cooking/bread.md": "# Sourdough bread\n\nMix flour, water and salt.\nBake at 230C for 40 minutes.\n",
+    "work/meeting-2026-04-10.md": "# Meeting notes\n\nDiscussed release 2026.4.10 and the multi-agent memory design.\n",
+    "ideas.md": "# Ideas\n\nA startup that sells bread to investors.\n",
+}
+
+
 @pytest.fixture
 def notes(tmp_path: Path) -> Path:
     """A small corpus of notes with known line positions."""
-    return write(tmp_path / "notes", {
-        "fundraising.md": "# Raising a seed round\n\nIntro line.\n\n## Investors\n\n"
-                          "Angel investors fund early startups.\nWe raise money from angels and VCs.\n"
-                          "Keep the pitch deck short.\n",
-        "cooking/bread.md": "# Sourdough bread\n\nMix flour, water and salt.\nBake at 230C for 40 minutes.\n",
-        "work/meeting-2026-04-10.md": "# Meeting notes\n\nDiscussed release 2026.4.10 and the multi-agent memory design.\n",
-        "ideas.md": "# Ideas\n\nA startup that sells bread to investors.\n",
-    })
+    return write(tmp_path / "notes", NOTES)
 
 
 @pytest.fixture
