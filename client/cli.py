@@ -1,6 +1,6 @@
 """`qmd`: the thin command line. Every command is one or two HTTP calls to `qmdd`.
 
-Imports stay light (click, httpx, stdlib): the daemon holds the index and models,
+Imports stay light (click and the stdlib): the daemon holds the index and models,
 so `qmd --help` and `qmd search` start as fast as Python allows. Paths typed by the
 user are resolved here, against the user's working directory, before they are sent.
 """
@@ -269,12 +269,13 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
             elif kind == "hook":
                 bar.clear()
                 click.echo(f"    Running update command: {ev['command']}")
+            elif kind == "hook_done":
+                if ev["output"].strip():
+                    click.echo("\n".join("    " + line for line in ev["output"].rstrip().splitlines()))
             elif kind == "progress":
                 bar.draw(ev["done"], ev["total"], ev["files_per_s"])
             elif kind == "summary":
                 bar.clear()
-                if ev.get("hook_output"):
-                    click.echo("\n".join("    " + line for line in ev["hook_output"].rstrip().splitlines()))
                 for w in ev["warnings"]:
                     click.echo(f"  ⚠ {w}", err=True)
                 click.echo(f"  {ev['line']}")

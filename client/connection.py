@@ -9,19 +9,22 @@ and the CLI carries on only once `/health` answers for the right index.
 from __future__ import annotations
 
 import fcntl
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
-
-import httpx
+from urllib.parse import urlencode
 
 from server.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths
 
 START_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = 600.0
 _WILDCARDS = {"", "0.0.0.0", "::", "[::]", "*"}
 
 
@@ -39,6 +42,66 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+class Response:
+    """A finished HTTP exchange: status and body bytes."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Http:
+    """A keep-alive HTTP/1.1 connection to the daemon.
+
+    The stdlib client, not httpx: importing httpx costs about 40 ms, half of the
+    budget for a whole `qmd search` round trip (it must not be slower than the
+    original's 81 ms cold start).
+    """
+
+    def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
+        self.host, self.port, self.headers = host, port, headers
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=CONNECT_TIMEOUT_S)
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sock.settimeout(READ_TIMEOUT_S)
+            self._conn = conn
+        return self._conn
+
+    def open(self, method: str, path: str, body: Any = None) -> http.client.HTTPResponse:
+        """Send a request and return the response with its body unread.
+
+        A kept-alive connection the server has closed is retried once on a new one."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {**self.headers, **({"Content-Type": "application/json"} if data is not None else {})}
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=data, headers=headers)
+                return conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def request(self, method: str, path: str, body: Any = None) -> Response:
+        r = self.open(method, path, body)
+        return Response(r.status, r.read())
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
 class Daemon:
     def __init__(self, index: str | None = None) -> None:
         try:
@@ -54,24 +117,24 @@ class Daemon:
         host = self.bind_host
         if host in _WILDCARDS or host == "localhost":
             host = "127.0.0.1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        self.url = f"http://{host}:{self.port}"
-        headers = {}
+        host = host.strip("[]")
+        self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        headers = {"Accept": "application/json"}
         if os.environ.get("QMD_TOKEN"):
             headers["Authorization"] = f"Bearer {os.environ['QMD_TOKEN']}"
-        self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(600.0, connect=2.0), headers=headers)
+        self.http = Http(host, self.port, headers)
         self._checked = False
 
     # -- liveness -------------------------------------------------------------
 
     def health(self) -> dict | None:
         try:
-            r = self.http.get("/health", timeout=2.0)
-        except httpx.TransportError:
+            r = self.http.request("GET", "/health")
+        except OSError:
+            self.http.close()
             return None
-        if r.status_code != 200:
-            raise ClientError(f"{self.url} answered /health with HTTP {r.status_code}: {r.text[:200]}")
+        if r.status != 200:
+            raise ClientError(f"{self.url} answered /health with HTTP {r.status}: {r.body[:200]!r}")
         try:
             return r.json()
         except ValueError:
@@ -137,9 +200,11 @@ class Daemon:
 
     def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
         self.ensure()
+        if params:
+            path += "?" + urlencode(params)
         try:
-            r = self.http.request(method, path, json=body, params=params)
-        except httpx.TransportError as e:
+            r = self.http.request(method, path, body)
+        except OSError as e:
             raise ClientError(f"lost the connection to the qmd daemon at {self.url}: {e}") from e
         return _decode(r)
 
@@ -147,29 +212,29 @@ class Daemon:
         """POST and yield NDJSON events; an `error` event becomes a ClientError."""
         self.ensure()
         try:
-            with self.http.stream("POST", path, json=body) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    _decode(r)
-                for line in r.iter_lines():
-                    if not line.strip():
-                        continue
-                    ev = json.loads(line)
-                    if ev.get("event") == "error":
-                        raise ClientError(ev.get("error", "update failed"), detail=ev)
-                    yield ev
-        except httpx.TransportError as e:
+            r = self.http.open("POST", path, body)
+            if r.status >= 400:
+                _decode(Response(r.status, r.read()))
+            while line := r.readline():
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
+                if ev.get("event") == "error":
+                    raise ClientError(ev.get("error", "update failed"), detail=ev)
+                yield ev
+        except OSError as e:
             raise ClientError(f"lost the connection to the qmd daemon at {self.url}: {e}") from e
 
 
-def _decode(r: httpx.Response) -> Any:
+def _decode(r: Response) -> Any:
     try:
         data = r.json()
     except ValueError:
         data = None
-    if r.status_code >= 400:
+    if r.status >= 400:
         message = data.get("error") if isinstance(data, dict) else None
-        raise ClientError(message or f"HTTP {r.status_code}: {r.text[:300]}", detail=data if isinstance(data, dict) else {})
+        text = r.body[:300].decode("utf-8", "replace")
+        raise ClientError(message or f"HTTP {r.status}: {text}", detail=data if isinstance(data, dict) else {})
     return data
 
 

@@ -77,7 +77,7 @@ class Engine:
             if name in cfg.collections:
                 raise Conflict(f"Collection '{name}' already exists. Pick another --name, or remove it first.")
             for other in cfg.collections.values():
-                if other.root == root and other.pattern == pattern:
+                if os.path.realpath(other.root) == str(root) and other.pattern == pattern:
                     raise Conflict(f"Folder {root} is already collection '{other.name}' with mask '{pattern}'.")
             coll = Collection(name=name, path=str(root), pattern=pattern)
             self._save(cfg.with_collection(coll))
@@ -211,13 +211,13 @@ class Engine:
                 if progress:
                     progress({"event": "collection", "index": i, "count": len(colls), "name": coll.name,
                               "pattern": coll.pattern, "path": str(coll.root)})
-                hook_output = None
                 if coll.update:
                     if progress:
                         progress({"event": "hook", "collection": coll.name, "command": coll.update})
-                    hook_output = run_hook(coll)
+                    output = run_hook(coll)
+                    if progress:
+                        progress({"event": "hook_done", "collection": coll.name, "output": output})
                 summary = index_collection(self.store, coll, progress)
-                summary.hook_output = hook_output
                 out.append(summary)
                 if progress:
                     progress({"event": "summary", **summary_dict(summary)})

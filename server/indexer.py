@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import re
-from .db import sqlite3
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -28,6 +28,7 @@ from wcmatch import glob as wglob
 
 from .config import Collection
 from .errors import HookFailed
+from .db import sqlite3
 from .lexical import norm_cjk
 from .store import Store, utcnow
 
@@ -69,25 +70,30 @@ def split_mask(mask: str) -> list[str]:
 
 _FRONTMATTER_RE = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
 _FM_TITLE_RE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
-_HEADING_RE = re.compile(r"^##?[ \t]+(.+)$", re.M)
-_H2_RE = re.compile(r"^##[ \t]+(.+)$", re.M)
-_ORG_TITLE_RE = re.compile(r"^#\+TITLE:[ \t]*(.+)$", re.M | re.I)
-_ORG_HEADING_RE = re.compile(r"^\*+[ \t]+(.+)$", re.M)
+_HEADING_RE = re.compile(r"^##?[ \t]+(.*\S)", re.M)
+_H2_RE = re.compile(r"^##[ \t]+(.*\S)", re.M)
+_ORG_TITLE_RE = re.compile(r"^#\+TITLE:[ \t]*(.*\S)", re.M | re.I)
+_ORG_HEADING_RE = re.compile(r"^\*+[ \t]+(.*\S)", re.M)
 
 
 def extract_title(path: str, text: str) -> str:
     """Frontmatter `title:`, else the original's rule (first H1/H2, skipping "Notes"),
-    else the file name without extension."""
+    else the file name without extension.
+
+    Headings are looked for after the frontmatter, where a YAML comment (`# draft`)
+    would otherwise become the title; blank headings (`#` alone) are not titles.
+    """
     name = path.rsplit("/", 1)[-1]
     stem = name.rsplit(".", 1)[0] if "." in name else name
     ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    head = text[:65536]
+    head = text[:65536].removeprefix("\ufeff")
     if ext in ("md", "markdown", "mdx"):
         fm = _FRONTMATTER_RE.match(head)
         if fm:
             t = _FM_TITLE_RE.search(fm.group(1))
             if t and t.group(1).strip("'\" "):
                 return t.group(1).strip().strip("'\"").strip()
+            head = head[fm.end() :]
         m = _HEADING_RE.search(head)
         if m:
             title = m.group(1).strip()
@@ -119,6 +125,15 @@ class Walk:
     files: list[Found] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     root_missing: bool = False
+    # Folders (relative) that exist but could not be listed: their indexed documents
+    # are kept, as an unreadable file's are, not pruned as deleted. ("" is the root,
+    # whose failure leaves the walk empty, which never prunes anyway.)
+    unlisted: list[str] = field(default_factory=list)
+
+
+def _inside(real: str, real_root: str) -> bool:
+    """True if the resolved `real` is the root or below it (also for a root of `/`)."""
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
 def discover(coll: Collection) -> Walk:
@@ -133,7 +148,16 @@ def discover(coll: Collection) -> Walk:
     real_root = os.path.realpath(root)
     include = wglob.compile(split_mask(coll.pattern) or ["**/*.md"], flags=GLOB_FLAGS)
     ignore = wglob.compile(list(coll.ignore), flags=GLOB_FLAGS) if coll.ignore else None
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+
+    def unlistable(err: OSError) -> None:
+        rel = os.path.relpath(err.filename or root, root).replace(os.sep, "/")
+        rel = "" if rel == "." else rel
+        walk.unlisted.append(rel)
+        walk.skipped.append(
+            (rel or ".", f"folder could not be listed ({err.strerror or err}); its indexed files are kept")
+        )
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=False):
         dirnames[:] = sorted(
             d for d in dirnames if not d.startswith(".") and d not in BUILTIN_EXCLUDED_DIRS
         )
@@ -146,18 +170,17 @@ def discover(coll: Collection) -> Walk:
             if not include.match(rel) or (ignore is not None and ignore.match(rel)):
                 continue
             abs_path = os.path.join(dirpath, fname)
-            real = os.path.realpath(abs_path)
-            if real != real_root and not real.startswith(real_root + os.sep):
+            if not _inside(os.path.realpath(abs_path), real_root):
                 walk.skipped.append((rel, "outside the collection (symlink)"))
                 continue
             try:
                 st = os.stat(abs_path)
             except OSError as e:
-                walk.skipped.append((rel, f"unreadable ({e.strerror or e})"))
+                kind = "dangling symlink" if os.path.islink(abs_path) else "unreadable"
+                walk.skipped.append((rel, f"{kind} ({e.strerror or e})"))
                 continue
-            if not os.path.isfile(real):
-                continue
-            walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
+            if stat.S_ISREG(st.st_mode):
+                walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
     return walk
 
 
@@ -170,6 +193,7 @@ class Loaded:
     text: str
     hash: str
     title: str
+    nbytes: int
 
 
 class Skip(Exception):
@@ -182,6 +206,9 @@ class Skip(Exception):
 
 
 def load_file(found: Found, limit: int) -> Loaded:
+    """Read, check and hash one file. Files that cannot be searched as text (too large,
+    binary, not UTF-8, blank) raise `Skip` so they leave the index instead of matching
+    on stale text; only an unreadable file keeps its previous version."""
     if found.size > limit:
         raise Skip(f"too large ({found.size} bytes > {limit}; raise QMD_MAX_FILE_BYTES)")
     try:
@@ -199,7 +226,7 @@ def load_file(found: Found, limit: int) -> Loaded:
         raise Skip(f"not UTF-8 (invalid byte at offset {e.start})") from e
     if not text.strip():
         raise Skip("empty")
-    return Loaded(found, text, hashlib.sha256(data).hexdigest(), extract_title(found.rel, text))
+    return Loaded(found, text, hashlib.sha256(data).hexdigest(), extract_title(found.rel, text), len(data))
 
 
 # -- one collection -------------------------------------------------------------
@@ -215,7 +242,6 @@ class Summary:
     orphans_cleaned: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    hook_output: str | None = None
     seconds: float = 0.0
     files: int = 0
     bytes_read: int = 0
@@ -274,10 +300,17 @@ def run_hook(coll: Collection) -> str:
         raise HookFailed(f"Update command for '{coll.name}' could not run: {e}", collection=coll.name) from e
     output = (proc.stdout or "") + (proc.stderr or "")
     if proc.returncode != 0:
+        # A signal death is a negative returncode here; report it as a shell does (128+N)
+        # so the CLI's own exit status stays meaningful.
+        code = proc.returncode if proc.returncode > 0 else 128 - proc.returncode
+        how = (
+            f"exit code {code}" if proc.returncode > 0
+            else f"signal {-proc.returncode} (exit code {code})"
+        )
         raise HookFailed(
-            f"Update command for '{coll.name}' failed with exit code {proc.returncode}: {coll.update}",
+            f"Update command for '{coll.name}' failed with {how}: {coll.update}",
             collection=coll.name,
-            exit_code=proc.returncode,
+            exit_code=code,
             output=output,
         )
     return output
@@ -301,11 +334,12 @@ def index_collection(
         }
     active_count = sum(1 for e in existing.values() if e.active)
     if not walk.files:
-        why = (
-            f"the folder {coll.root} is missing or not a directory"
-            if walk.root_missing
-            else f"no file matches '{coll.pattern}' under {coll.root}"
-        )
+        if walk.root_missing:
+            why = f"the folder {coll.root} is missing or not a directory"
+        elif walk.skipped:
+            why = f"nothing under {coll.root} could be indexed ({len(walk.skipped)} skipped)"
+        else:
+            why = f"no file matches '{coll.pattern}' under {coll.root}"
         if active_count:
             summary.warnings.append(
                 f"{why}; keeping its {active_count} indexed document(s) — an empty walk never prunes. "
@@ -348,8 +382,8 @@ def index_collection(
                     batch.append(("deactivate", old.id))
                     summary.removed += 1
             else:
-                summary.bytes_read += len(loaded.text)
-                batch_bytes += len(loaded.text)
+                summary.bytes_read += loaded.nbytes
+                batch_bytes += loaded.nbytes
                 if old is None:
                     summary.indexed += 1
                     batch.append(("insert", loaded))
@@ -378,7 +412,10 @@ def index_collection(
     for fut in pending:
         fut.result()
 
-    gone = [e.id for p, e in existing.items() if e.active and p not in seen]
+    gone = [
+        e.id for p, e in existing.items()
+        if e.active and p not in seen and not any(p.startswith(d + "/") for d in walk.unlisted)
+    ]
     summary.removed += len(gone)
     summary.files = total
     summary.orphans_cleaned = store.write(lambda conn: _finish(conn, gone))

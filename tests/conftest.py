@@ -90,10 +90,11 @@ class Daemon:
     def __init__(self, env: Env, *args: str, extra_env: dict | None = None) -> None:
         self.env = env
         self.output = env.base / f"qmdd-{env.port}.out"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.main", "--port", str(env.port), *args],
-            env={**env.vars, **(extra_env or {})}, stdout=open(self.output, "wb"), stderr=subprocess.STDOUT,
-        )
+        with open(self.output, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "server.main", "--port", str(env.port), *args],
+                env={**env.vars, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
+            )
         self.http = httpx.Client(base_url=env.url, timeout=60)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
