@@ -43,11 +43,12 @@ def _truthy(value: str | None) -> bool:
 
 
 class Response:
-    """A finished HTTP exchange: status and body bytes."""
+    """A finished HTTP exchange: status, the served index and body bytes."""
 
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, index: str | None = None) -> None:
         self.status = status
         self.body = body
+        self.index = index
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -94,7 +95,7 @@ class Http:
 
     def request(self, method: str, path: str, body: Any = None) -> Response:
         r = self.open(method, path, body)
-        return Response(r.status, r.read())
+        return Response(r.status, r.read(), r.getheader("x-qmd-index"))
 
     def close(self) -> None:
         if self._conn is not None:
@@ -123,7 +124,6 @@ class Daemon:
         if os.environ.get("QMD_TOKEN"):
             headers["Authorization"] = f"Bearer {os.environ['QMD_TOKEN']}"
         self.http = Http(host, self.port, headers)
-        self._checked = False
 
     # -- liveness -------------------------------------------------------------
 
@@ -140,21 +140,23 @@ class Daemon:
         except ValueError:
             raise ClientError(f"{self.url} is not a qmd daemon (bad /health answer)") from None
 
-    def _check_index(self, info: dict) -> None:
-        if info.get("index") != self.paths.name:
+    def _check_index(self, index: str | None) -> None:
+        if index != self.paths.name:
             raise ClientError(
-                f"the qmd daemon at {self.url} serves index '{info.get('index')}', not '{self.paths.name}'. "
+                f"the qmd daemon at {self.url} serves index '{index}', not '{self.paths.name}'. "
                 "Give this index its own port with QMD_PORT."
             )
 
-    def ensure(self) -> None:
-        if self._checked:
-            return
-        info = self.health()
-        if info is None:
-            info = self._autostart()
-        self._check_index(info)
-        self._checked = True
+    def _send(self, method: str, path: str, body: Any) -> Response:
+        """One request; when nothing listens, start the daemon and try once more."""
+        try:
+            r = self.http.request(method, path, body)
+        except ConnectionRefusedError:
+            self.http.close()
+            self._autostart()
+            r = self.http.request(method, path, body)
+        self._check_index(r.index)
+        return r
 
     def _autostart(self) -> dict:
         if _truthy(os.environ.get("QMD_NO_AUTOSTART")):
@@ -199,18 +201,17 @@ class Daemon:
     # -- requests -------------------------------------------------------------
 
     def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
-        self.ensure()
         if params:
             path += "?" + urlencode(params)
         try:
-            r = self.http.request(method, path, body)
+            r = self._send(method, path, body)
         except OSError as e:
             raise ClientError(f"lost the connection to the qmd daemon at {self.url}: {e}") from e
         return _decode(r)
 
     def stream(self, path: str, body: Any) -> Iterator[dict]:
         """POST and yield NDJSON events; an `error` event becomes a ClientError."""
-        self.ensure()
+        self._send("GET", "/health", None)
         try:
             r = self.http.open("POST", path, body)
             if r.status >= 400:

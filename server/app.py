@@ -76,6 +76,27 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
+class IndexHeader:
+    """Name the served index on every response (`x-qmd-index`), so a client that meant
+    another index notices without a separate /health round trip."""
+
+    def __init__(self, app: ASGIApp, index: str) -> None:
+        self.app = app
+        self.header = (b"x-qmd-index", index.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                msg = {**msg, "headers": [*msg.get("headers", []), self.header]}
+            await send(msg)
+
+        await self.app(scope, receive, send_with_header)
+
+
 def _describe(errors: list[dict[str, Any]]) -> str:
     """Turn pydantic errors into one sentence that says what to fix."""
     parts: list[str] = []
@@ -120,4 +141,4 @@ def create_app(engine: Engine, guard: GuardSettings) -> ASGIApp:
         log.exception("unhandled error")
         return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
-    return OriginHostGuard(BodyLimit(app), guard)
+    return OriginHostGuard(IndexHeader(BodyLimit(app), engine.paths.name), guard)

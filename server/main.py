@@ -34,8 +34,10 @@ def process_start_time(pid: int) -> str | None:
 
 def bind_socket(host: str, port: int) -> socket.socket:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, addr = sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, kind, proto, _, addr = sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0]
+    # proto must be IPPROTO_TCP: asyncio only sets TCP_NODELAY on accepted sockets whose
+    # proto says TCP, and without it every kept-alive response waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if family == socket.AF_INET6 and host in ("::", "[::]"):
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
