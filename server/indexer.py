@@ -170,15 +170,21 @@ def discover(coll: Collection) -> Walk:
             if not include.match(rel) or (ignore is not None and ignore.match(rel)):
                 continue
             abs_path = os.path.join(dirpath, fname)
-            if not _inside(os.path.realpath(abs_path), real_root):
-                walk.skipped.append((rel, "outside the collection (symlink)"))
-                continue
             try:
-                st = os.stat(abs_path)
+                st = os.lstat(abs_path)
             except OSError as e:
-                kind = "dangling symlink" if os.path.islink(abs_path) else "unreadable"
-                walk.skipped.append((rel, f"{kind} ({e.strerror or e})"))
+                walk.skipped.append((rel, f"unreadable ({e.strerror or e})"))
                 continue
+            # Folders are never followed, so only a file symlink can lead outside the root.
+            if stat.S_ISLNK(st.st_mode):
+                if not _inside(os.path.realpath(abs_path), real_root):
+                    walk.skipped.append((rel, "outside the collection (symlink)"))
+                    continue
+                try:
+                    st = os.stat(abs_path)
+                except OSError as e:
+                    walk.skipped.append((rel, f"dangling symlink ({e.strerror or e})"))
+                    continue
             if stat.S_ISREG(st.st_mode):
                 walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
     return walk

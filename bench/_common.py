@@ -1,0 +1,271 @@
+"""Shared pieces of the benchmarks: an isolated daemon, the CLI, /proc readings,
+percentiles, plain-text tables and JSON output. Stdlib + httpx only."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = Path(__file__).resolve().parent / "out"
+PYTHON = sys.executable
+
+try:
+    import httpx
+except ImportError:  # pragma: no cover - run with the project's venv
+    sys.exit(f"httpx is missing: run the benchmarks with the project's venv, e.g. {ROOT}/.venv/bin/python")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Isolated:
+    """Temporary HOME/XDG dirs and a free port: one qmd installation nobody else sees."""
+
+    def __init__(self, keep: bool = False) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="qmd-bench-"))
+        self.keep = keep
+        self.port = free_port()
+        self.cache = self.base / "cache"
+        self.config = self.base / "config"
+        self.home = self.base / "home"
+        for d in (self.cache, self.config, self.home):
+            d.mkdir(parents=True, exist_ok=True)
+        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        self.vars = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("QMD_", "XDG_", "INDEX_PATH"))},
+            "HOME": str(self.home),
+            "XDG_CACHE_HOME": str(self.cache),
+            "XDG_CONFIG_HOME": str(self.config),
+            "QMD_PORT": str(self.port),
+            "QMD_NO_AUTOSTART": "1",
+            "NO_COLOR": "1",
+            "PYTHONPATH": pythonpath,
+        }
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def db(self) -> Path:
+        return self.cache / "qmd" / "index.sqlite"
+
+    def db_bytes(self) -> dict[str, int]:
+        """Sizes of index.sqlite, its -wal and -shm, by suffix ('' for the main file)."""
+        return {p.name[len("index.sqlite"):]: p.stat().st_size
+                for p in self.db.parent.glob("index.sqlite*") if p.is_file()}
+
+    def cli(self, *args: str, qmd_script: bool = False, check: bool = True) -> tuple[float, subprocess.CompletedProcess[str]]:
+        """Run the CLI once as a fresh process; return (wall seconds, result)."""
+        cmd = [str(Path(PYTHON).parent / "qmd"), *args] if qmd_script else [PYTHON, "-m", "client.cli", *args]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=self.home, env=self.vars, capture_output=True, text=True, timeout=900)
+        wall = time.perf_counter() - t0
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+        return wall, r
+
+    def cleanup(self) -> None:
+        if not self.keep:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+class Daemon:
+    """`python -m server.main --port P` in the isolated environment, stopped with SIGTERM."""
+
+    def __init__(self, env: Isolated) -> None:
+        self.env = env
+        self.output = env.base / "qmdd.out"
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "server.main", "--port", str(env.port)],
+            cwd=env.home, env=env.vars, stdout=open(self.output, "wb"), stderr=subprocess.STDOUT,
+        )
+        self.http = httpx.Client(base_url=env.url, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"qmdd exited {self.proc.returncode}: {self.output.read_text()}")
+            try:
+                if self.http.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"qmdd did not answer /health within 60s: {self.output.read_text()}")
+            time.sleep(0.02)
+        self.startup_s = time.perf_counter() - t0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# -- /proc --------------------------------------------------------------------------
+
+def proc_status_kb(pid: int, field: str) -> int | None:
+    """A `kB` field of /proc/PID/status (VmRSS, VmHWM); None off Linux."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds the process has used (all its threads)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mb(kb: int | None) -> float | None:
+    return None if kb is None else round(kb / 1024, 1)
+
+
+# -- numbers ----------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank-with-interpolation percentile (p in 0..100)."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    if len(xs) == 1:
+        return xs[0]
+    k = (len(xs) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summary_ms(values: Sequence[float]) -> dict[str, float]:
+    """p50/p95/min/max/mean of second values, in milliseconds."""
+    return {
+        "n": len(values),
+        "p50_ms": round(percentile(values, 50) * 1000, 2),
+        "p95_ms": round(percentile(values, 95) * 1000, 2),
+        "min_ms": round(min(values) * 1000, 2),
+        "max_ms": round(max(values) * 1000, 2),
+        "mean_ms": round(statistics.fmean(values) * 1000, 2),
+    }
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None,
+          formats: Sequence[str | None] | None = None) -> str:
+    """Aligned plain text; numbers right-aligned, text left-aligned. `formats` holds an
+    optional format spec per column (e.g. ",.0f", ".3f") for numeric cells."""
+    def cell(v: Any, i: int) -> str:
+        if v is None:
+            return "-"
+        spec = formats[i] if formats and i < len(formats) else None
+        if spec and isinstance(v, (int, float)):
+            return format(v, spec)
+        if isinstance(v, float):
+            return f"{v:,.2f}" if abs(v) < 1000 else f"{v:,.0f}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        return str(v)
+
+    cells = [[cell(v, i) for i, v in enumerate(r)] for r in rows]
+    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) if rows else False
+               for i in range(len(headers))]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def fmt(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if numeric[i] else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append(fmt(headers))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(fmt(r) for r in cells)
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    try:
+        from server.db import sqlite3 as qsqlite
+
+        sqlite_version = qsqlite.sqlite_version
+        sqlite_module = qsqlite.__name__
+    except Exception:  # noqa: BLE001 - informational only
+        import sqlite3 as qsqlite  # type: ignore[no-redef]
+
+        sqlite_version, sqlite_module = qsqlite.sqlite_version, "sqlite3"
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "sqlite_module": sqlite_module,
+        "sqlite_version": sqlite_version,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "code": code_version(),
+    }
+
+
+def code_version() -> dict[str, Any]:
+    """Which code is measured: the checkout's HEAD and any files changed on top of it
+    (read-only git commands; empty when git is unavailable)."""
+    def git(*args: str) -> str:
+        try:
+            r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return r.stdout.rstrip() if r.returncode == 0 else ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines() if line[3:]]
+    return {"root": str(ROOT), "head": git("rev-parse", "--short", "HEAD").strip(), "changed": dirty}
+
+
+def code_line() -> str:
+    v = code_version()
+    changed = f" + uncommitted changes in {', '.join(v['changed'])}" if v["changed"] else ""
+    return f"code: {v['root']} @ {v['head'] or '?'}{changed}"
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
