@@ -264,3 +264,58 @@ def test_no_autostart_is_a_clear_error(env: Env) -> None:
     assert "no qmd daemon answers" in r.stderr and "QMD_NO_AUTOSTART" in r.stderr
     assert "Traceback" not in r.stderr
     assert not _daemons_on(env.port)
+
+
+def _run_on_tty(env: Env, *args: str) -> str:
+    """Run qmd with stdout and stderr on a pseudo-terminal; return what it drew."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    vars_ = {k: v for k, v in env.vars.items() if k != "NO_COLOR"}
+    proc = subprocess.Popen([sys.executable, "-m", "client.cli", *args], env=vars_, cwd=env.home,
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        if not ready:
+            break
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    assert proc.returncode == 0
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_tty_progress_colour_and_links(env: Env, daemon: Daemon, tmp_path: Path) -> None:
+    corpus = write(tmp_path / "many", {f"n{i}.md": f"# Note {i}\n\nsearchable words {i}\n" for i in range(400)})
+    out = _run_on_tty(env, "collection", "add", str(corpus), "--name", "many")
+    assert "files/s" in out and "400/400 files" in out
+    assert "400 new" in out
+    out = _run_on_tty(env, "search", "searchable", "-n", "1")
+    assert "\x1b]8;;vscode://file/" in out  # OSC 8 link to the file
+    assert "\x1b[" in out  # colour
+    plain = env.ok("search", "searchable", "-n", "1")
+    assert "\x1b" not in plain
+
+
+def test_named_index_has_its_own_files_and_daemon(env: Env, notes: Path) -> None:
+    try:
+        env.ok("--index", "work", "collection", "add", str(notes), "--name", "notes")
+        assert (env.cache / "qmd" / "work.sqlite").exists()
+        assert (env.config / "qmd" / "work.yml").exists()
+        assert not (env.config / "qmd" / "index.yml").exists()
+        assert "fundraising.md" in env.ok("--index", "work", "search", "angel")
+        r = env.qmd("search", "angel")  # default index, same port: refused clearly
+        assert r.returncode == 1 and "serves index 'work', not 'index'" in r.stderr
+    finally:
+        for pid in _daemons_on(env.port):
+            os.kill(pid, 15)
+        time.sleep(0.5)
