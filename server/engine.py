@@ -22,7 +22,7 @@ from .errors import Conflict, InvalidInput, NotFound, QmdError
 from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
 from .paths import DEFAULT_INDEX, IndexPaths
 from .search import SearchOutcome, file_uri, search
-from .store import Store
+from .store import Store, fts_delete, fts_put
 
 
 class Engine:
@@ -387,10 +387,7 @@ def _sync_collections(conn: sqlite3.Connection, cfg: Config) -> None:
 
 
 def _delete_collection(conn: sqlite3.Connection, name: str) -> int:
-    ids = [r[0] for r in conn.execute("SELECT id FROM documents WHERE collection = ?", (name,))]
-    for i in range(0, len(ids), 500):
-        chunk = ids[i : i + 500]
-        conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
+    fts_delete(conn, [r[0] for r in conn.execute("SELECT id FROM documents WHERE collection = ? AND active = 1", (name,))])
     deleted = conn.execute("DELETE FROM documents WHERE collection = ? AND active = 1", (name,)).rowcount
     conn.execute("DELETE FROM documents WHERE collection = ?", (name,))
     conn.execute("DELETE FROM skipped_files WHERE collection = ?", (name,))
@@ -401,10 +398,11 @@ def _delete_collection(conn: sqlite3.Connection, name: str) -> int:
 
 def _rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
     conn.execute("UPDATE documents SET collection = ? WHERE collection = ?", (new, old))
-    conn.execute(
-        "UPDATE documents_fts SET filepath = ? || '/' || (SELECT path FROM documents WHERE id = documents_fts.rowid) "
-        "WHERE rowid IN (SELECT id FROM documents WHERE collection = ? AND active = 1)",
-        (new, new),
+    rows = conn.execute(
+        "SELECT d.id, d.path, d.title, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
+        " WHERE d.collection = ? AND d.active = 1", (new,),
     )
+    for doc_id, path, title, body in rows.fetchall():
+        fts_put(conn, doc_id, f"{new}/{path}", title, body)
     for table in ("skipped_files", "collection_runs"):
         conn.execute(f"UPDATE {table} SET collection = ? WHERE collection = ?", (new, old))

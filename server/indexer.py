@@ -29,8 +29,7 @@ from wcmatch import glob as wglob
 from .config import Collection
 from .errors import HookFailed
 from .db import sqlite3
-from .lexical import norm_cjk
-from .store import Store, utcnow
+from .store import Store, fts_delete, fts_put, utcnow
 
 BUILTIN_EXCLUDED_DIRS = frozenset({"node_modules", ".git", ".cache", "vendor", "dist", "build"})
 GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.EXTGLOB
@@ -273,20 +272,12 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, timezone.utc).isoformat(timespec="seconds")
 
 
-def _fts_put(conn: sqlite3.Connection, doc_id: int, filepath: str, title: str, body: str) -> None:
-    conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (doc_id,))
-    conn.execute(
-        "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
-        (doc_id, filepath, norm_cjk(title), norm_cjk(body)),
-    )
-
-
 def _deactivate(conn: sqlite3.Connection, ids: list[int]) -> None:
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
         marks = ",".join("?" * len(chunk))
         conn.execute(f"UPDATE documents SET active = 0 WHERE id IN ({marks})", chunk)
-        conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({marks})", chunk)
+    fts_delete(conn, ids)
 
 
 def run_hook(coll: Collection) -> str:
@@ -468,7 +459,7 @@ def _apply(conn: sqlite3.Connection, collection: str, ops: list[tuple[str, objec
                 " WHERE id = ?",
                 (loaded.title, loaded.hash, mtime, f.size, f.mtime_ns, doc_id),
             )
-        _fts_put(conn, doc_id, f"{collection}/{f.rel}", loaded.title, loaded.text)
+        fts_put(conn, doc_id, f"{collection}/{f.rel}", loaded.title, loaded.text)
     if deactivate:
         _deactivate(conn, deactivate)
 

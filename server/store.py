@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 from .db import sqlite3
+from .lexical import norm_cjk
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -76,13 +77,35 @@ CREATE TABLE IF NOT EXISTS collection_runs (
     updated_at TEXT NOT NULL,
     summary TEXT NOT NULL
 );
-CREATE VIRTUAL TABLE IF NOT EXISTS documents_fts
-    USING fts5(filepath, title, body, tokenize='porter unicode61');
 """
+
+# The FTS table holds only the index, not a third copy of every body (bodies live in
+# `content`; snippets are cut from there): about a third of the index's size. Deleting
+# rows from such a table needs SQLite 3.43; older builds keep a copy.
+_FTS_OPTIONS = ", content='', contentless_delete=1" if sqlite3.sqlite_version_info >= (3, 43) else ""
+FTS_SCHEMA = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS documents_fts"
+    f" USING fts5(filepath, title, body, tokenize='porter unicode61'{_FTS_OPTIONS})"
+)
 
 
 def utcnow() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def fts_put(conn: sqlite3.Connection, doc_id: int, filepath: str, title: str, body: str) -> None:
+    """(Re)write one active document's FTS row; rowid = documents.id."""
+    conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (doc_id,))
+    conn.execute(
+        "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
+        (doc_id, filepath, norm_cjk(title), norm_cjk(body)),
+    )
+
+
+def fts_delete(conn: sqlite3.Connection, doc_ids: list[int]) -> None:
+    for i in range(0, len(doc_ids), 500):
+        chunk = doc_ids[i : i + 500]
+        conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
 
 
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
@@ -129,6 +152,7 @@ class Store:
             raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
         self.vec_version = _load_vec(wconn)
         wconn.executescript(SCHEMA)
+        wconn.execute(FTS_SCHEMA)
         wconn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._writer = threading.Thread(
             target=self._write_loop, args=(wconn,), name="qmd-writer", daemon=True
