@@ -14,8 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = Path(__file__).resolve().parent / "out"
@@ -67,10 +68,13 @@ class Isolated:
 
     def db_bytes(self) -> dict[str, int]:
         """Sizes of index.sqlite, its -wal and -shm, by suffix ('' for the main file)."""
-        return {p.name[len("index.sqlite"):]: p.stat().st_size
-                for p in self.db.parent.glob("index.sqlite*") if p.is_file()}
+        return {
+            p.name[len("index.sqlite") :]: p.stat().st_size for p in self.db.parent.glob("index.sqlite*") if p.is_file()
+        }
 
-    def cli(self, *args: str, qmd_script: bool = False, check: bool = True) -> tuple[float, subprocess.CompletedProcess[str]]:
+    def cli(
+        self, *args: str, qmd_script: bool = False, check: bool = True
+    ) -> tuple[float, subprocess.CompletedProcess[str]]:
         """Run the CLI once as a fresh process; return (wall seconds, result)."""
         cmd = [str(Path(PYTHON).parent / "qmd"), *args] if qmd_script else [PYTHON, "-m", "client.cli", *args]
         t0 = time.perf_counter()
@@ -94,7 +98,10 @@ class Daemon:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "server.main", "--port", str(env.port)],
-            cwd=env.home, env=env.vars, stdout=open(self.output, "wb"), stderr=subprocess.STDOUT,
+            cwd=env.home,
+            env=env.vars,
+            stdout=open(self.output, "wb"),
+            stderr=subprocess.STDOUT,
         )
         self.http = httpx.Client(base_url=env.url, timeout=120)
         deadline = time.monotonic() + 60
@@ -129,6 +136,7 @@ class Daemon:
 
 # -- /proc --------------------------------------------------------------------------
 
+
 def proc_status_kb(pid: int, field: str) -> int | None:
     """A `kB` field of /proc/PID/status (VmRSS, VmHWM); None off Linux."""
     try:
@@ -155,6 +163,7 @@ def mb(kb: int | None) -> float | None:
 
 # -- numbers ----------------------------------------------------------------------------
 
+
 def percentile(values: Sequence[float], p: float) -> float:
     """Nearest-rank-with-interpolation percentile (p in 0..100)."""
     xs = sorted(values)
@@ -180,10 +189,15 @@ def summary_ms(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None,
-          formats: Sequence[str | None] | None = None) -> str:
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    title: str | None = None,
+    formats: Sequence[str | None] | None = None,
+) -> str:
     """Aligned plain text; numbers right-aligned, text left-aligned. `formats` holds an
     optional format spec per column (e.g. ",.0f", ".3f") for numeric cells."""
+
     def cell(v: Any, i: int) -> str:
         if v is None:
             return "-"
@@ -197,12 +211,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | No
         return str(v)
 
     cells = [[cell(v, i) for i, v in enumerate(r)] for r in rows]
-    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) if rows else False
-               for i in range(len(headers))]
+    numeric = [
+        all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) if rows else False
+        for i in range(len(headers))
+    ]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
 
     def fmt(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if numeric[i] else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+        return "  ".join(
+            v.rjust(w) if numeric[i] else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths))
+        ).rstrip()
 
     lines = []
     if title:
@@ -247,6 +265,7 @@ def machine() -> dict[str, Any]:
 def code_version() -> dict[str, Any]:
     """Which code is measured: the checkout's HEAD and any files changed on top of it
     (read-only git commands; empty when git is unavailable)."""
+
     def git(*args: str) -> str:
         try:
             r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)

@@ -41,11 +41,19 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import corpus as corpus_mod  # noqa: E402
 from _common import (  # noqa: E402
-    Daemon, Isolated, code_line, machine, mb, proc_cpu_s, proc_status_kb, table, write_json,
+    Daemon,
+    Isolated,
+    code_line,
+    machine,
+    mb,
+    proc_cpu_s,
+    proc_status_kb,
+    table,
+    write_json,
 )
 
-
 # -- floors ---------------------------------------------------------------------------
+
 
 def list_files(root: Path) -> list[str]:
     out = []
@@ -95,8 +103,9 @@ def floor_fts5(root: Path, db: Path) -> tuple[float, float]:
         with open(p, "rb") as fh:
             text = fh.read().decode("utf-8")
         t1 = time.perf_counter()
-        conn.execute("INSERT INTO fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
-                     (i, os.path.relpath(p, root), "", text))
+        conn.execute(
+            "INSERT INTO fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)", (i, os.path.relpath(p, root), "", text)
+        )
         insert_s += time.perf_counter() - t1
     conn.execute("COMMIT")
     total = time.perf_counter() - t0
@@ -115,7 +124,7 @@ def floor_schema(root: Path, db: Path) -> float:
     now = "2026-01-01T00:00:00+00:00"
     for start in range(0, len(files), 400):
         conn.execute("BEGIN IMMEDIATE")
-        for p in files[start:start + 400]:
+        for p in files[start : start + 400]:
             with open(p, "rb") as fh:
                 data = fh.read()
             text = data.decode("utf-8")
@@ -124,9 +133,13 @@ def floor_schema(root: Path, db: Path) -> float:
             conn.execute("INSERT OR IGNORE INTO content(hash, doc, created_at) VALUES (?, ?, ?)", (digest, text, now))
             cur = conn.execute(
                 "INSERT INTO documents(collection, path, title, hash, created_at, modified_at, active, size, mtime_ns)"
-                " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)", ("bench", rel, rel, digest, now, now, len(data), 0))
-            conn.execute("INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
-                         (cur.lastrowid, "bench/" + rel, rel, text))
+                " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)",
+                ("bench", rel, rel, digest, now, now, len(data), 0),
+            )
+            conn.execute(
+                "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
+                (cur.lastrowid, "bench/" + rel, rel, text),
+            )
         conn.execute("COMMIT")
     total = time.perf_counter() - t0
     conn.close()
@@ -153,7 +166,7 @@ class CpuSampler:
             self.peak_kb = max(self.peak_kb, proc_status_kb(self.pid, "VmRSS") or 0)
             self._stop.wait(0.05)
 
-    def __enter__(self) -> "CpuSampler":
+    def __enter__(self) -> CpuSampler:
         self._t.start()
         return self
 
@@ -214,6 +227,7 @@ def pick(paths: list[str], fraction: float, seed: int, avoid: set[str] = frozens
 
 # -- in-process phase breakdown -------------------------------------------------------------
 
+
 class TimingConn:
     """Wraps a sqlite3 connection; times `execute` by statement kind."""
 
@@ -261,7 +275,7 @@ def phases(root: Path, work: Path) -> dict:
         sql: dict[str, list[float]] = {}
         t0 = time.perf_counter()
         for i in range(0, len(loaded), BATCH_FILES):
-            ops = [("insert", x) for x in loaded[i:i + BATCH_FILES]]
+            ops = [("insert", x) for x in loaded[i : i + BATCH_FILES]]
             store.write(lambda conn, ops=ops: _apply(TimingConn(conn, sql), "bench", ops))
         rows["SQLite writes (_apply, 400/txn)"] = time.perf_counter() - t0
         for key, (secs, n) in sorted(sql.items(), key=lambda kv: -kv[1][0]):
@@ -273,8 +287,12 @@ def phases(root: Path, work: Path) -> dict:
 
         t0 = time.perf_counter()
         with store.read() as conn:
-            n = len(conn.execute("SELECT id, path, hash, size, mtime_ns, title, active FROM documents"
-                                 " WHERE collection = ?", ("bench",)).fetchall())
+            n = len(
+                conn.execute(
+                    "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?",
+                    ("bench",),
+                ).fetchall()
+            )
         rows["load existing rows (incremental)"] = time.perf_counter() - t0
         assert n == len(loaded), (n, len(loaded))
     finally:
@@ -284,12 +302,17 @@ def phases(root: Path, work: Path) -> dict:
 
 # -- main ---------------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--phases", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time the indexer's phases in-process (default: on)")
+    ap.add_argument(
+        "--phases",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the indexer's phases in-process (default: on)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (corpus, index, logs)")
     args = ap.parse_args(argv)
 
@@ -299,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         root = env.base / "corpus"
         stats = corpus_mod.generate(root, args.files, args.seed)
         total_mb = stats.mb
-        print(f"corpus: {stats.files} files, {total_mb:.1f} MB (mean {stats.bytes / stats.files / 1000:.1f} KB, "
-              f"largest {stats.largest / 1000:.0f} KB), seed {args.seed}, generated in {stats.seconds:.1f}s")
+        print(
+            f"corpus: {stats.files} files, {total_mb:.1f} MB (mean {stats.bytes / stats.files / 1000:.1f} KB, "
+            f"largest {stats.largest / 1000:.0f} KB), seed {args.seed}, generated in {stats.seconds:.1f}s"
+        )
         print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, sqlite {_sqlite().sqlite_version}")
         print(code_line(), flush=True)
 
@@ -341,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         hwm = proc_status_kb(daemon.pid, "VmHWM")
         db_bytes = env.db_bytes()
         if status.get("documents") != stats.files:
-            print(f"WARNING: the index holds {status.get('documents')} documents, expected {stats.files}",
-                  file=sys.stderr)
+            print(
+                f"WARNING: the index holds {status.get('documents')} documents, expected {stats.files}", file=sys.stderr
+            )
         daemon.stop()
         daemon = None
 
@@ -351,46 +377,99 @@ def main(argv: list[str] | None = None) -> int:
             return amount / secs if secs else None
 
         rows = []
-        for name, key, has_mb in (("floor: read+sha256", "read+sha256", True), ("floor: walk+stat", "walk+stat", False),
-                                  ("floor: FTS5 insert", "FTS5 insert", True),
-                                  ("floor: schema, no daemon", "schema (no daemon)", True)):
+        for name, key, has_mb in (
+            ("floor: read+sha256", "read+sha256", True),
+            ("floor: walk+stat", "walk+stat", False),
+            ("floor: FTS5 insert", "FTS5 insert", True),
+            ("floor: schema, no daemon", "schema (no daemon)", True),
+        ):
             secs = floors[key]
-            rows.append([name, secs, rate(secs, stats.files), rate(secs, total_mb) if has_mb else None,
-                         None, None, "", None, None])
+            rows.append(
+                [
+                    name,
+                    secs,
+                    rate(secs, stats.files),
+                    rate(secs, total_mb) if has_mb else None,
+                    None,
+                    None,
+                    "",
+                    None,
+                    None,
+                ]
+            )
         for name, r in runs.items():
             wall, server = r["wall_s"], r["server_s"]
             base = "read+sha256" if name.startswith("cold") else "walk+stat"
-            rows.append([f"qmd {name}", wall, rate(wall, stats.files), rate(wall, total_mb), server,
-                         r["daemon_cpu_s"], base, wall / floors[base],
-                         server / floors[base] if server else None])
+            rows.append(
+                [
+                    f"qmd {name}",
+                    wall,
+                    rate(wall, stats.files),
+                    rate(wall, total_mb),
+                    server,
+                    r["daemon_cpu_s"],
+                    base,
+                    wall / floors[base],
+                    server / floors[base] if server else None,
+                ]
+            )
         print()
-        print(table(["run", "wall s", "files/s", "MB/s", "server s", "daemon CPU s", "floor", "wall/floor",
-                     "server/floor"], rows,
-                    title=f"Indexing {stats.files} files / {total_mb:.1f} MB  (wall = the whole `qmd` process; "
-                          "server s = the daemon's own count for the collection)",
-                    formats=[None, ".3f", ",.0f", ".1f", ".3f", ".2f", None, ",.1f", ",.1f"]))
+        print(
+            table(
+                ["run", "wall s", "files/s", "MB/s", "server s", "daemon CPU s", "floor", "wall/floor", "server/floor"],
+                rows,
+                title=f"Indexing {stats.files} files / {total_mb:.1f} MB  (wall = the whole `qmd` process; "
+                "server s = the daemon's own count for the collection)",
+                formats=[None, ".3f", ",.0f", ".1f", ".3f", ".2f", None, ",.1f", ",.1f"],
+            )
+        )
         cold_r = runs["cold: collection add"]
         cold, cold_server = cold_r["wall_s"], cold_r["server_s"] or float("nan")
         print()
-        print(table(["cold index vs floor", "floor s", "qmd wall/floor", "qmd server/floor"], [
-            ["read+sha256", floors["read+sha256"], cold / floors["read+sha256"], cold_server / floors["read+sha256"]],
-            ["FTS5 insert (no-daemon floor)", floors["FTS5 insert"], cold / floors["FTS5 insert"],
-             cold_server / floors["FTS5 insert"]],
-            ["  its INSERT statements alone", fts_insert, cold / fts_insert, cold_server / fts_insert],
-            ["schema, no daemon", floors["schema (no daemon)"], cold / floors["schema (no daemon)"],
-             cold_server / floors["schema (no daemon)"]],
-        ], formats=[None, ".3f", ".2f", ".2f"]))
+        print(
+            table(
+                ["cold index vs floor", "floor s", "qmd wall/floor", "qmd server/floor"],
+                [
+                    [
+                        "read+sha256",
+                        floors["read+sha256"],
+                        cold / floors["read+sha256"],
+                        cold_server / floors["read+sha256"],
+                    ],
+                    [
+                        "FTS5 insert (no-daemon floor)",
+                        floors["FTS5 insert"],
+                        cold / floors["FTS5 insert"],
+                        cold_server / floors["FTS5 insert"],
+                    ],
+                    ["  its INSERT statements alone", fts_insert, cold / fts_insert, cold_server / fts_insert],
+                    [
+                        "schema, no daemon",
+                        floors["schema (no daemon)"],
+                        cold / floors["schema (no daemon)"],
+                        cold_server / floors["schema (no daemon)"],
+                    ],
+                ],
+                formats=[None, ".3f", ".2f", ".2f"],
+            )
+        )
         print()
-        print(table(["daemon", "value"], [
-            ["startup to first /health (s)", round(startup_s, 2)],
-            ["RSS idle after startup (MB)", mb(rss_idle)],
-            ["RSS after cold index (MB)", mb(rss_indexed)],
-            ["RSS at end (MB)", mb(rss_end)],
-            ["peak RSS, kernel VmHWM (MB)", mb(hwm)],
-            ["peak RSS during cold index (MB)", cold_r["daemon_peak_rss_mb"]],
-            ["index on disk: index.sqlite (MB)", round(db_bytes.get("", 0) / 2**20, 1)],
-            ["index on disk: -wal (MB)", round(db_bytes.get("-wal", 0) / 2**20, 1)],
-        ], formats=[None, ".2f"]))
+        print(
+            table(
+                ["daemon", "value"],
+                [
+                    ["startup to first /health (s)", round(startup_s, 2)],
+                    ["RSS idle after startup (MB)", mb(rss_idle)],
+                    ["RSS after cold index (MB)", mb(rss_indexed)],
+                    ["RSS at end (MB)", mb(rss_end)],
+                    ["peak RSS, kernel VmHWM (MB)", mb(hwm)],
+                    ["peak RSS during cold index (MB)", cold_r["daemon_peak_rss_mb"]],
+                    ["index on disk: index.sqlite (MB)", round(db_bytes.get("", 0) / 2**20, 1)],
+                    ["index on disk: -wal (MB)", round(db_bytes.get("-wal", 0) / 2**20, 1)],
+                ],
+                formats=[None, ".2f"],
+            )
+        )
         print()
         for name, r in runs.items():
             if r["summary"]:
@@ -398,20 +477,32 @@ def main(argv: list[str] | None = None) -> int:
 
         result = {
             "machine": machine(),
-            "corpus": {"files": stats.files, "mb": round(total_mb, 2), "seed": args.seed,
-                       "largest_kb": round(stats.largest / 1000), "over_50kb": stats.over_50k,
-                       "generate_s": round(stats.seconds, 2)},
+            "corpus": {
+                "files": stats.files,
+                "mb": round(total_mb, 2),
+                "seed": args.seed,
+                "largest_kb": round(stats.largest / 1000),
+                "over_50kb": stats.over_50k,
+                "generate_s": round(stats.seconds, 2),
+            },
             "floors_s": {k: round(v, 3) for k, v in floors.items()} | {"FTS5 INSERT alone": round(fts_insert, 3)},
             "runs": runs,
             "ratios": {
                 "cold / read+sha256": round(cold / floors["read+sha256"], 2),
                 "cold / FTS5 insert": round(cold / floors["FTS5 insert"], 2),
                 "cold / schema": round(cold / floors["schema (no daemon)"], 2),
-                **{f"{k} / walk+stat": round(v["wall_s"] / floors["walk+stat"], 2)
-                   for k, v in runs.items() if k != "cold: collection add"},
+                **{
+                    f"{k} / walk+stat": round(v["wall_s"] / floors["walk+stat"], 2)
+                    for k, v in runs.items()
+                    if k != "cold: collection add"
+                },
             },
-            "memory_mb": {"rss_idle": mb(rss_idle), "rss_after_index": mb(rss_indexed),
-                          "rss_end": mb(rss_end), "vm_hwm": mb(hwm)},
+            "memory_mb": {
+                "rss_idle": mb(rss_idle),
+                "rss_after_index": mb(rss_indexed),
+                "rss_end": mb(rss_end),
+                "vm_hwm": mb(hwm),
+            },
             "index_bytes": db_bytes,
             "daemon_startup_s": round(startup_s, 3),
             "documents_indexed": status.get("documents"),

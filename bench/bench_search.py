@@ -36,7 +36,17 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import corpus as corpus_mod  # noqa: E402
 from _common import (  # noqa: E402
-    PYTHON, Daemon, Isolated, code_line, machine, mb, percentile, proc_status_kb, summary_ms, table, write_json,
+    PYTHON,
+    Daemon,
+    Isolated,
+    code_line,
+    machine,
+    mb,
+    percentile,
+    proc_status_kb,
+    summary_ms,
+    table,
+    write_json,
 )
 
 # (category, query). Words come from bench/corpus.py's vocabulary, so every query can match.
@@ -66,8 +76,15 @@ QUERIES: list[tuple[str, str]] = [
 
 def search_body(query: str) -> dict:
     """What `qmd search QUERY` sends (client/cli.py), default format and limit."""
-    return {"query": query, "collections": None, "limit": 5, "min_score": 0.0, "all": False,
-            "full": False, "explain": False}
+    return {
+        "query": query,
+        "collections": None,
+        "limit": 5,
+        "min_score": 0.0,
+        "all": False,
+        "full": False,
+        "explain": False,
+    }
 
 
 def time_process(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
@@ -83,8 +100,14 @@ def import_profile(env: dict[str, str], cwd: Path, top: int = 10) -> list[tuple[
     """The heaviest imports under `import client.cli` (python -X importtime), by cumulative
     time: its direct imports, and theirs, named `parent > child`. Interpreter start-up
     imports (site, encodings) are left out: `python -c pass` already counts them."""
-    r = subprocess.run([PYTHON, "-X", "importtime", "-c", "import client.cli"], env=env, cwd=cwd,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [PYTHON, "-X", "importtime", "-c", "import client.cli"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     rows = []
     for line in r.stderr.splitlines():
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
@@ -200,8 +223,14 @@ def main(argv: list[str] | None = None) -> int:
                 py_help.append(time_process([PYTHON, "-m", "client.cli", "--help"], env.vars, env.home))
         print("CLI measured", flush=True)
         imports = import_profile(env.vars, env.home)
-        probe = subprocess.run([PYTHON, "-c", "import sys, client.cli; print('httpx' in sys.modules)"],
-                               env=env.vars, cwd=env.home, capture_output=True, text=True, timeout=60)
+        probe = subprocess.run(
+            [PYTHON, "-c", "import sys, client.cli; print('httpx' in sys.modules)"],
+            env=env.vars,
+            cwd=env.home,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         cli_uses_httpx = probe.stdout.strip() == "True"
         rss = proc_status_kb(daemon.pid, "VmRSS")
         daemon.stop()
@@ -227,77 +256,157 @@ def main(argv: list[str] | None = None) -> int:
             engine.close()
 
         # -- report ---------------------------------------------------------------------
-        S = {name: summary_ms(v) for name, v in {
-            "http_health": health, "http_health_new_conn": health_new, "httpx_client_setup": client_setup,
-            "http_search": http_all, "engine_search": inproc,
-            "cli_module": cli_module, "cli_script": cli_script,
-            "python_pass": py_pass, "python_import_cli": py_import, "cli_help": py_help,
-        }.items()}
+        S = {
+            name: summary_ms(v)
+            for name, v in {
+                "http_health": health,
+                "http_health_new_conn": health_new,
+                "httpx_client_setup": client_setup,
+                "http_search": http_all,
+                "engine_search": inproc,
+                "cli_module": cli_module,
+                "cli_script": cli_script,
+                "python_pass": py_pass,
+                "python_import_cli": py_import,
+                "cli_help": py_help,
+            }.items()
+        }
         p = {k: v["p50_ms"] for k, v in S.items()}
         rows = [
-            ["(a) POST /v1/search, warm httpx", S["http_search"], f"{p['http_search'] / p['http_health']:.1f}x GET /health"],
-            ["(b) python -m client.cli search", S["cli_module"], f"{p['cli_module'] / p['python_pass']:.1f}x python -c pass"],
+            [
+                "(a) POST /v1/search, warm httpx",
+                S["http_search"],
+                f"{p['http_search'] / p['http_health']:.1f}x GET /health",
+            ],
+            [
+                "(b) python -m client.cli search",
+                S["cli_module"],
+                f"{p['cli_module'] / p['python_pass']:.1f}x python -c pass",
+            ],
             ["(b) .venv/bin/qmd search", S["cli_script"], f"{p['cli_script'] / p['python_pass']:.1f}x python -c pass"],
-            ["(c) GET /health, warm httpx (keep-alive)", S["http_health"],
-             f"{p['http_health'] / p['http_health_new_conn']:.1f}x new connection"],
+            [
+                "(c) GET /health, warm httpx (keep-alive)",
+                S["http_health"],
+                f"{p['http_health'] / p['http_health_new_conn']:.1f}x new connection",
+            ],
             ["(c) GET /health, new connection each", S["http_health_new_conn"], ""],
-            ["(c) httpx.Client() set-up, in-process", S["httpx_client_setup"],
-             "the CLI builds one" if cli_uses_httpx else "the CLI does not use httpx"],
-            ["(c) Engine.search in-process", S["engine_search"], f"{p['engine_search'] / p['http_search']:.2f}x HTTP search"],
+            [
+                "(c) httpx.Client() set-up, in-process",
+                S["httpx_client_setup"],
+                "the CLI builds one" if cli_uses_httpx else "the CLI does not use httpx",
+            ],
+            [
+                "(c) Engine.search in-process",
+                S["engine_search"],
+                f"{p['engine_search'] / p['http_search']:.2f}x HTTP search",
+            ],
             ["(c) python -c pass", S["python_pass"], ""],
-            ['(c) python -c "import client.cli"', S["python_import_cli"], f"{p['python_import_cli'] / p['python_pass']:.1f}x python -c pass"],
-            ["(c) python -m client.cli --help", S["cli_help"], f"{p['cli_help'] / p['python_pass']:.1f}x python -c pass"],
+            [
+                '(c) python -c "import client.cli"',
+                S["python_import_cli"],
+                f"{p['python_import_cli'] / p['python_pass']:.1f}x python -c pass",
+            ],
+            [
+                "(c) python -m client.cli --help",
+                S["cli_help"],
+                f"{p['cli_help'] / p['python_pass']:.1f}x python -c pass",
+            ],
         ]
         print()
-        print(table(["measure", "n", "p50 ms", "p95 ms", "ratio (p50)"],
-                    [[name, s["n"], s["p50_ms"], s["p95_ms"], ratio] for name, s, ratio in rows],
-                    title=f"Search over {n_files} files / {corpus_bytes / 1e6:.1f} MB, {len(QUERIES)} queries",
-                    formats=[None, "d", ".1f", ".1f", None]))
+        print(
+            table(
+                ["measure", "n", "p50 ms", "p95 ms", "ratio (p50)"],
+                [[name, s["n"], s["p50_ms"], s["p95_ms"], ratio] for name, s, ratio in rows],
+                title=f"Search over {n_files} files / {corpus_bytes / 1e6:.1f} MB, {len(QUERIES)} queries",
+                formats=[None, "d", ".1f", ".1f", None],
+            )
+        )
 
         start = p["python_pass"]
         imp = p["python_import_cli"] - start
         rest = p["cli_module"] - p["python_import_cli"]
         print()
-        print(table(["where a CLI search's p50 goes", "ms", "share"], [
-            ["Python start-up (python -c pass)", start, start / p["cli_module"]],
-            ["importing client.cli and what it imports", imp, imp / p["cli_module"]],
-            ["the rest: connect, /health, search, render", rest, rest / p["cli_module"]],
-            *([["  of which httpx.Client() set-up", p["httpx_client_setup"], p["httpx_client_setup"] / p["cli_module"]]]
-              if cli_uses_httpx else []),
-            ["  of which the search over HTTP (a, p50)", p["http_search"], p["http_search"] / p["cli_module"]],
-            ["    of which the engine's own work", p["engine_search"], p["engine_search"] / p["cli_module"]],
-        ], formats=[None, ".1f", ".0%"]))
+        print(
+            table(
+                ["where a CLI search's p50 goes", "ms", "share"],
+                [
+                    ["Python start-up (python -c pass)", start, start / p["cli_module"]],
+                    ["importing client.cli and what it imports", imp, imp / p["cli_module"]],
+                    ["the rest: connect, /health, search, render", rest, rest / p["cli_module"]],
+                    *(
+                        [
+                            [
+                                "  of which httpx.Client() set-up",
+                                p["httpx_client_setup"],
+                                p["httpx_client_setup"] / p["cli_module"],
+                            ]
+                        ]
+                        if cli_uses_httpx
+                        else []
+                    ),
+                    ["  of which the search over HTTP (a, p50)", p["http_search"], p["http_search"] / p["cli_module"]],
+                    ["    of which the engine's own work", p["engine_search"], p["engine_search"] / p["cli_module"]],
+                ],
+                formats=[None, ".1f", ".0%"],
+            )
+        )
 
         cats: dict[str, list[float]] = {}
         for cat, q in QUERIES:
             cats.setdefault(cat, []).extend(per_query[q])
         print()
-        print(table(["HTTP search by query kind", "queries", "p50 ms", "p95 ms", "mean hits"], [
-            [cat, sum(1 for c, _ in QUERIES if c == cat), percentile(v, 50) * 1000, percentile(v, 95) * 1000,
-             sum(hits[q] for c, q in QUERIES if c == cat) / sum(1 for c, _ in QUERIES if c == cat)]
-            for cat, v in cats.items()
-        ], formats=[None, "d", ".1f", ".1f", ".1f"]))
+        print(
+            table(
+                ["HTTP search by query kind", "queries", "p50 ms", "p95 ms", "mean hits"],
+                [
+                    [
+                        cat,
+                        sum(1 for c, _ in QUERIES if c == cat),
+                        percentile(v, 50) * 1000,
+                        percentile(v, 95) * 1000,
+                        sum(hits[q] for c, q in QUERIES if c == cat) / sum(1 for c, _ in QUERIES if c == cat),
+                    ]
+                    for cat, v in cats.items()
+                ],
+                formats=[None, "d", ".1f", ".1f", ".1f"],
+            )
+        )
 
         slowest = sorted(QUERIES, key=lambda cq: -percentile(inproc_q[cq[1]], 50))[:5]
         print()
-        print(table(["slowest queries", "kind", "engine p50 ms", "HTTP p50 ms"], [
-            [q, cat, percentile(inproc_q[q], 50) * 1000, percentile(per_query[q], 50) * 1000] for cat, q in slowest
-        ], formats=[None, None, ".1f", ".1f"]))
+        print(
+            table(
+                ["slowest queries", "kind", "engine p50 ms", "HTTP p50 ms"],
+                [
+                    [q, cat, percentile(inproc_q[q], 50) * 1000, percentile(per_query[q], 50) * 1000]
+                    for cat, q in slowest
+                ],
+                formats=[None, None, ".1f", ".1f"],
+            )
+        )
 
         print()
-        print(table(["heaviest imports under client.cli", "ms (cumulative)"],
-                    [[name, secs * 1000] for name, secs in imports], formats=[None, ".1f"]))
+        print(
+            table(
+                ["heaviest imports under client.cli", "ms (cumulative)"],
+                [[name, secs * 1000] for name, secs in imports],
+                formats=[None, ".1f"],
+            )
+        )
         print(f"\ndaemon RSS with the index warm: {mb(rss)} MB")
         if p["http_health"] > 5 * p["http_health_new_conn"] and p["http_health"] - p["http_health_new_conn"] > 20:
-            print(f"note: a request on a kept-alive connection takes {p['http_health']:.0f} ms, a fresh connection "
-                  f"{p['http_health_new_conn']:.1f} ms. ~40 ms is the signature of Nagle's algorithm meeting delayed "
-                  "ACKs: the daemon's accepted sockets lack TCP_NODELAY.")
+            print(
+                f"note: a request on a kept-alive connection takes {p['http_health']:.0f} ms, a fresh connection "
+                f"{p['http_health_new_conn']:.1f} ms. ~40 ms is the signature of Nagle's algorithm meeting delayed "
+                "ACKs: the daemon's accepted sockets lack TCP_NODELAY."
+            )
 
         result = {
             "machine": machine(),
             "corpus": {"files": n_files, "mb": round(corpus_bytes / 1e6, 2), "origin": origin},
             "index_s": round(index_s, 2),
-            "rounds": args.rounds, "cli_rounds": args.cli_rounds,
+            "rounds": args.rounds,
+            "cli_rounds": args.cli_rounds,
             "summary": S,
             "ratios_p50": {
                 "http_search / http_health": round(p["http_search"] / p["http_health"], 2),
@@ -308,8 +417,14 @@ def main(argv: list[str] | None = None) -> int:
                 "python_import_cli / python_pass": round(p["python_import_cli"] / p["python_pass"], 2),
             },
             "queries": [
-                {"kind": cat, "query": q, "hits": hits[q], **summary_ms(per_query[q]),
-                 "engine": summary_ms(inproc_q[q])} for cat, q in QUERIES
+                {
+                    "kind": cat,
+                    "query": q,
+                    "hits": hits[q],
+                    **summary_ms(per_query[q]),
+                    "engine": summary_ms(inproc_q[q]),
+                }
+                for cat, q in QUERIES
             ],
             "import_profile_ms": {name: round(secs * 1000, 1) for name, secs in imports},
             "cli_imports_httpx": cli_uses_httpx,

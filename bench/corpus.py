@@ -292,22 +292,86 @@ update upgrade upload validate watch work write
 
 # Two-word phrases that occur as units in technical docs (phrase queries find them).
 COLLOCATIONS = [
-    "connection pool", "rate limit", "access token", "error handling", "load balancer",
-    "health check", "feature flag", "garbage collection", "service mesh", "message queue",
-    "primary key", "foreign key", "unit test", "integration test", "code review",
-    "pull request", "release notes", "command line", "environment variable", "config file",
-    "web server", "file system", "data model", "search index", "full text",
-    "cache invalidation", "race condition", "memory leak", "stack trace", "exit code",
-    "status code", "request body", "response time", "time zone", "user interface",
-    "background job", "retry policy", "circuit breaker", "dead letter", "read replica",
-    "write ahead", "hot path", "cold start", "warm cache", "batch size", "thread pool",
-    "event loop", "type hint", "virtual environment", "package manager", "build system",
-    "continuous integration", "dependency injection", "single sign", "public key",
-    "private key", "secret manager", "audit log", "access control", "role based",
-    "query planner", "vector search", "embedding model", "context window", "token budget",
-    "machine learning", "neural network", "training data", "test suite", "golden file",
-    "breaking change", "semantic version", "migration guide", "quick start", "best practice",
-    "open source", "pricing plan", "support ticket", "incident report", "on call",
+    "connection pool",
+    "rate limit",
+    "access token",
+    "error handling",
+    "load balancer",
+    "health check",
+    "feature flag",
+    "garbage collection",
+    "service mesh",
+    "message queue",
+    "primary key",
+    "foreign key",
+    "unit test",
+    "integration test",
+    "code review",
+    "pull request",
+    "release notes",
+    "command line",
+    "environment variable",
+    "config file",
+    "web server",
+    "file system",
+    "data model",
+    "search index",
+    "full text",
+    "cache invalidation",
+    "race condition",
+    "memory leak",
+    "stack trace",
+    "exit code",
+    "status code",
+    "request body",
+    "response time",
+    "time zone",
+    "user interface",
+    "background job",
+    "retry policy",
+    "circuit breaker",
+    "dead letter",
+    "read replica",
+    "write ahead",
+    "hot path",
+    "cold start",
+    "warm cache",
+    "batch size",
+    "thread pool",
+    "event loop",
+    "type hint",
+    "virtual environment",
+    "package manager",
+    "build system",
+    "continuous integration",
+    "dependency injection",
+    "single sign",
+    "public key",
+    "private key",
+    "secret manager",
+    "audit log",
+    "access control",
+    "role based",
+    "query planner",
+    "vector search",
+    "embedding model",
+    "context window",
+    "token budget",
+    "machine learning",
+    "neural network",
+    "training data",
+    "test suite",
+    "golden file",
+    "breaking change",
+    "semantic version",
+    "migration guide",
+    "quick start",
+    "best practice",
+    "open source",
+    "pricing plan",
+    "support ticket",
+    "incident report",
+    "on call",
 ]
 
 
@@ -322,8 +386,9 @@ def _inflect(verb: str) -> list[str]:
 def _content_vocabulary() -> list[str]:
     seen = set(FUNCTION_WORDS)
     out: list[str] = []
-    for word in itertools.chain(_COMMON, _TECHNICAL, _WORDS_EXTRA,
-                                itertools.chain.from_iterable(_inflect(v) for v in _VERBS)):
+    for word in itertools.chain(
+        _COMMON, _TECHNICAL, _WORDS_EXTRA, itertools.chain.from_iterable(_inflect(v) for v in _VERBS)
+    ):
         if word not in seen:
             seen.add(word)
             out.append(word)
@@ -367,8 +432,20 @@ def vocabulary(seed: int) -> Vocabulary:
 
 # -- documents ----------------------------------------------------------------------
 
-SECTIONS = ["guide", "reference", "api", "tutorials", "concepts", "how-to", "operations",
-            "blog", "releases", "faq", "integrations", "internals"]
+SECTIONS = [
+    "guide",
+    "reference",
+    "api",
+    "tutorials",
+    "concepts",
+    "how-to",
+    "operations",
+    "blog",
+    "releases",
+    "faq",
+    "integrations",
+    "internals",
+]
 CODE_LANGS = ["python", "bash", "json", "yaml", "javascript", "go", "sql", "toml", "text"]
 SITES = ["example.com", "docs.example.org", "github.com/example/project", "wiki.example.net"]
 MEDIAN_BYTES = 3600
@@ -426,12 +503,28 @@ def _code_block(rng: random.Random, vocab: Vocabulary) -> str:
     for _ in range(rng.randint(3, 18)):
         a, b, c = vocab.content_draw(rng, 3)
         if lang == "python":
-            lines.append(rng.choice([f"{a}_{b} = {c}({a}, timeout={rng.randint(1, 60)})",
-                                     f"def {a}_{b}(self, {c}):", f"    return self.{a}.{b}({c})",
-                                     f"from {a} import {b}", f"# {a} {b} {c}"]))
+            lines.append(
+                rng.choice(
+                    [
+                        f"{a}_{b} = {c}({a}, timeout={rng.randint(1, 60)})",
+                        f"def {a}_{b}(self, {c}):",
+                        f"    return self.{a}.{b}({c})",
+                        f"from {a} import {b}",
+                        f"# {a} {b} {c}",
+                    ]
+                )
+            )
         elif lang == "bash":
-            lines.append(rng.choice([f"{a} --{b} {c}", f"export {a.upper()}_{b.upper()}={c}",
-                                     f"cd {a}/{b} && make {c}", f"# {a} the {b}"]))
+            lines.append(
+                rng.choice(
+                    [
+                        f"{a} --{b} {c}",
+                        f"export {a.upper()}_{b.upper()}={c}",
+                        f"cd {a}/{b} && make {c}",
+                        f"# {a} the {b}",
+                    ]
+                )
+            )
         elif lang == "json":
             lines.append(f'  "{a}_{b}": "{c}",')
         elif lang == "yaml":
@@ -439,9 +532,16 @@ def _code_block(rng: random.Random, vocab: Vocabulary) -> str:
         elif lang == "sql":
             lines.append(f"SELECT {a}, {b} FROM {c} WHERE {a} = {rng.randint(1, 999)};")
         elif lang in ("javascript", "go"):
-            lines.append(rng.choice([f"const {a}{b.capitalize()} = await {c}({a});",
-                                     f"if err := {a}.{b.capitalize()}(); err != nil {{",
-                                     f"  return {c}", "}"]))
+            lines.append(
+                rng.choice(
+                    [
+                        f"const {a}{b.capitalize()} = await {c}({a});",
+                        f"if err := {a}.{b.capitalize()}(); err != nil {{",
+                        f"  return {c}",
+                        "}",
+                    ]
+                )
+            )
         else:
             lines.append(f"{a} {b} {c}")
     if lang == "json":
@@ -465,8 +565,7 @@ def _table_block(rng: random.Random, vocab: Vocabulary) -> str:
     head = vocab.content_draw(rng, cols)
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * cols]
     for _ in range(rng.randint(2, 8)):
-        rows.append("| " + " | ".join(f"`{w}`" if j == 0 else w for j, w in
-                                      enumerate(vocab.draw(rng, cols))) + " |")
+        rows.append("| " + " | ".join(f"`{w}`" if j == 0 else w for j, w in enumerate(vocab.draw(rng, cols))) + " |")
     return "\n".join(rows)
 
 
@@ -478,9 +577,11 @@ def _quote_block(rng: random.Random, vocab: Vocabulary) -> str:
 
 def _frontmatter(rng: random.Random, vocab: Vocabulary, title: str, index: int) -> str:
     tags = ", ".join(vocab.content_draw(rng, rng.randint(1, 4)))
-    return (f"---\ntitle: {title}\ndescription: {' '.join(vocab.draw(rng, rng.randint(6, 16)))}\n"
-            f"tags: [{tags}]\ndate: 20{rng.randint(18, 26):02d}-{rng.randint(1, 12):02d}-"
-            f"{rng.randint(1, 28):02d}\nweight: {index % 100}\n---\n\n")
+    return (
+        f"---\ntitle: {title}\ndescription: {' '.join(vocab.draw(rng, rng.randint(6, 16)))}\n"
+        f"tags: [{tags}]\ndate: 20{rng.randint(18, 26):02d}-{rng.randint(1, 12):02d}-"
+        f"{rng.randint(1, 28):02d}\nweight: {index % 100}\n---\n\n"
+    )
 
 
 def make_document(index: int, seed: int = 1, links: list[str] | None = None) -> str:
@@ -602,8 +703,9 @@ def generate(out_dir: str | os.PathLike[str], files: int = 5000, seed: int = 1) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("out_dir")
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=1)
@@ -611,9 +713,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.files < 1:
         ap.error("--files must be at least 1")
     s = generate(args.out_dir, args.files, args.seed)
-    print(f"{s.files} files, {s.mb:.1f} MB ({s.bytes / s.files / 1000:.1f} KB mean, largest "
-          f"{s.largest / 1000:.0f} KB, {s.over_50k} over 50 KB, vocabulary {len(FUNCTION_WORDS) + len(CONTENT_WORDS)} "
-          f"words) in {s.root} ({s.seconds:.1f}s)")
+    print(
+        f"{s.files} files, {s.mb:.1f} MB ({s.bytes / s.files / 1000:.1f} KB mean, largest "
+        f"{s.largest / 1000:.0f} KB, {s.over_50k} over 50 KB, vocabulary {len(FUNCTION_WORDS) + len(CONTENT_WORDS)} "
+        f"words) in {s.root} ({s.seconds:.1f}s)"
+    )
     return 0
 
 

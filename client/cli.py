@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
 import click
@@ -50,8 +51,7 @@ def _warn(lines: list[str]) -> None:
 
 
 def format_options(fn: Callable) -> Callable:
-    fn = click.option("--format", "fmt", type=click.Choice(formats.FORMATS), default=None,
-                      help="Output format.")(fn)
+    fn = click.option("--format", "fmt", type=click.Choice(formats.FORMATS), default=None, help="Output format.")(fn)
     for flag in reversed(FORMAT_FLAGS):
         fn = click.option(f"--{flag}", f"as_{flag}", is_flag=True, help=f"Same as --format {flag}.")(fn)
     return fn
@@ -93,7 +93,9 @@ def cli(ctx: click.Context, index: str | None) -> None:
 
 @cli.command()
 @click.argument("query", nargs=-1, required=True)
-@click.option("-n", "limit", type=click.IntRange(min=1), default=None, help="Number of results [5; 20 for --json/--files].")
+@click.option(
+    "-n", "limit", type=click.IntRange(min=1), default=None, help="Number of results [5; 20 for --json/--files]."
+)
 @click.option("-c", "--collection", "collections", multiple=True, help="Search this collection (repeatable).")
 @click.option("--all", "all_results", is_flag=True, help="Return every match.")
 @click.option("--min-score", type=click.FloatRange(0, 1), default=0.0, show_default=True)
@@ -103,23 +105,49 @@ def cli(ctx: click.Context, index: str | None) -> None:
 @click.option("--explain", is_flag=True, help="Show how each score was made.")
 @format_options
 @pass_ctx
-def search(c: Ctx, query: tuple[str, ...], limit: int | None, collections: tuple[str, ...], all_results: bool,
-           min_score: float, full: bool, line_numbers: bool, full_path: bool, explain: bool, fmt: str | None,
-           **flags: bool) -> None:
+def search(
+    c: Ctx,
+    query: tuple[str, ...],
+    limit: int | None,
+    collections: tuple[str, ...],
+    all_results: bool,
+    min_score: float,
+    full: bool,
+    line_numbers: bool,
+    full_path: bool,
+    explain: bool,
+    fmt: str | None,
+    **flags: bool,
+) -> None:
     """Keyword search (BM25). Syntax: words (prefix match), "exact phrases", -excluded.
 
     Documents matching every word rank first; documents matching some still rank.
     """
     fmt = pick_format(fmt, flags)
     limit = limit or (20 if fmt in ("json", "files") else 5)
-    res = c.call("POST", "/v1/search", {
-        "query": " ".join(query), "collections": list(collections) or None, "limit": limit,
-        "min_score": min_score, "all": all_results, "full": full, "explain": explain,
-    })
+    res = c.call(
+        "POST",
+        "/v1/search",
+        {
+            "query": " ".join(query),
+            "collections": list(collections) or None,
+            "limit": limit,
+            "min_score": min_score,
+            "all": all_results,
+            "full": full,
+            "explain": explain,
+        },
+    )
     _warn(res.get("warnings", []))
     text, warnings = formats.render_search(
-        res["results"], fmt, _style(), full=full, line_numbers=line_numbers, full_path=full_path,
-        cwd=os.getcwd(), below_min_score=res.get("below_min_score", False),
+        res["results"],
+        fmt,
+        _style(),
+        full=full,
+        line_numbers=line_numbers,
+        full_path=full_path,
+        cwd=os.getcwd(),
+        below_min_score=res.get("below_min_score", False),
     )
     _warn(warnings)
     _out(text)
@@ -149,28 +177,49 @@ def _split_range(name: str) -> tuple[str, int | None, int | None]:
 def get(c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full_path: bool) -> None:
     """Show a document: a path, qmd://collection/path, #docid, or path:from:count."""
     base, f, n = _split_range(name)
-    doc = c.call("POST", "/v1/get", {
-        "name": base, "from_line": from_line if from_line is not None else f,
-        "max_lines": max_lines if max_lines is not None else n, "cwd": os.getcwd(),
-    })
-    _out(formats.render_document(doc, from_line=doc["from_line"], line_numbers=line_numbers,
-                                 full_path=full_path, cwd=os.getcwd()))
+    doc = c.call(
+        "POST",
+        "/v1/get",
+        {
+            "name": base,
+            "from_line": from_line if from_line is not None else f,
+            "max_lines": max_lines if max_lines is not None else n,
+            "cwd": os.getcwd(),
+        },
+    )
+    _out(
+        formats.render_document(
+            doc, from_line=doc["from_line"], line_numbers=line_numbers, full_path=full_path, cwd=os.getcwd()
+        )
+    )
 
 
 @cli.command("multi-get")
 @click.argument("pattern")
 @click.option("-l", "--lines", "max_lines", type=click.IntRange(min=1), default=None, help="Keep the first N lines.")
-@click.option("--max-bytes", type=click.IntRange(min=1), default=65536, show_default=True,
-              help="Skip documents larger than this.")
+@click.option(
+    "--max-bytes", type=click.IntRange(min=1), default=65536, show_default=True, help="Skip documents larger than this."
+)
 @click.option("--line-numbers/--no-line-numbers", default=True, show_default=True)
 @click.option("--full-path", is_flag=True)
 @format_options
 @pass_ctx
-def multi_get(c: Ctx, pattern: str, max_lines: int | None, max_bytes: int, line_numbers: bool, full_path: bool,
-              fmt: str | None, **flags: bool) -> None:
+def multi_get(
+    c: Ctx,
+    pattern: str,
+    max_lines: int | None,
+    max_bytes: int,
+    line_numbers: bool,
+    full_path: bool,
+    fmt: str | None,
+    **flags: bool,
+) -> None:
     """Show several documents: a glob ("notes/**/*.md"), or a comma list of names and #docids."""
-    res = c.call("POST", "/v1/multi-get", {"pattern": pattern, "max_bytes": max_bytes, "max_lines": max_lines,
-                                           "cwd": os.getcwd()})
+    res = c.call(
+        "POST",
+        "/v1/multi-get",
+        {"pattern": pattern, "max_bytes": max_bytes, "max_lines": max_lines, "cwd": os.getcwd()},
+    )
     items = res["items"]
     errors = [i for i in items if i.get("error")]
     found = [i for i in items if not i.get("error")]
@@ -179,8 +228,9 @@ def multi_get(c: Ctx, pattern: str, max_lines: int | None, max_bytes: int, line_
         for i in found:
             if i.get("body") is not None:
                 i["body"] = formats.add_line_numbers(i["body"])
-    text, warnings = formats.render_multi_get(found, pick_format(fmt, flags), _style(), full_path=full_path,
-                                              cwd=os.getcwd())
+    text, warnings = formats.render_multi_get(
+        found, pick_format(fmt, flags), _style(), full_path=full_path, cwd=os.getcwd()
+    )
     _warn(warnings)
     _out(text)
     if errors and not found and "," not in pattern:
@@ -199,9 +249,9 @@ def _fmt_bytes(n: int) -> str:
 def _ago(iso: str | None) -> str:
     if not iso:
         return "never"
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    secs = (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds()
+    secs = (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if secs >= size:
             return f"{int(secs // size)}{unit} ago"
@@ -320,11 +370,13 @@ def status(c: Ctx) -> None:
     s = c.call("GET", "/v1/status")
     d = s["daemon"]
     lines = [
-        "QMD Status", "",
+        "QMD Status",
+        "",
         f"Index:  {s['index_path']}",
         f"Size:   {_fmt_bytes(s['size_bytes'])}",
         f"Daemon: running (PID {d['pid']}, up {d['uptime']}s) at {d['url']}",
-        "", "Documents",
+        "",
+        "Documents",
         f"  Total:    {s['documents']} files indexed",
         f"  Vectors:  {s['vector']['message']}",
     ]
@@ -360,7 +412,9 @@ def collection() -> None:
 @collection.command("add")
 @click.argument("path", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
 @click.option("--name", default=None, help="Collection name [folder name].")
-@click.option("--mask", "--glob", "mask", default=None, help="Glob(s) of files to index [**/*.md]; comma list or {a,b}.")
+@click.option(
+    "--mask", "--glob", "mask", default=None, help="Glob(s) of files to index [**/*.md]; comma list or {a,b}."
+)
 @pass_ctx
 def collection_add(c: Ctx, path: str, name: str | None, mask: str | None) -> None:
     """Index a folder as a new collection."""
@@ -472,8 +526,12 @@ def collection_update_cmd(c: Ctx, name: str, command: tuple[str, ...]) -> None:
     click.echo(f"✓ Update command for '{name}' set: {cmd}" if cmd else f"✓ Update command for '{name}' cleared")
 
 
-for _alias, _cmd in (("rm", collection_remove), ("mv", collection_rename), ("info", collection_show),
-                     ("set-update", collection_update_cmd)):
+for _alias, _cmd in (
+    ("rm", collection_remove),
+    ("mv", collection_rename),
+    ("info", collection_show),
+    ("set-update", collection_update_cmd),
+):
     collection.add_command(_cmd, _alias)
 
 
@@ -502,7 +560,7 @@ def context_list(c: Ctx) -> None:
     """List contexts."""
     items = c.call("GET", "/v1/contexts")["contexts"]
     if not items:
-        _out("No contexts configured. Add one with: qmd context add <path> \"description\"")
+        _out('No contexts configured. Add one with: qmd context add <path> "description"')
         return
     lines = ["Configured Contexts", ""]
     last = object()

@@ -182,8 +182,13 @@ class Daemon:
             log.write(f"\n--- started by qmd at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                close_fds=True, cwd="/",
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+                cwd="/",
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

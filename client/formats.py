@@ -57,8 +57,7 @@ _XML_TEXT_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 # Attribute values are normalised by XML parsers (newline/tab become spaces);
 # encoding them as references keeps titles and contexts byte-exact.
 _XML_ATTR_ESCAPES = str.maketrans(
-    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}
-    | {"\n": "&#10;", "\r": "&#13;", "\t": "&#9;"}
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"} | {"\n": "&#10;", "\r": "&#13;", "\t": "&#9;"}
 )
 
 # What JavaScript's encodeURI leaves alone, minus `?` and `#`: editors would read
@@ -312,9 +311,7 @@ def _highlight(text: str, terms: Sequence[str], style: Style) -> str:
     """
     if not style.color:
         return text
-    words = sorted(
-        {t for t in terms if len(t) >= _MIN_HIGHLIGHT_LEN}, key=len, reverse=True
-    )
+    words = sorted({t for t in terms if len(t) >= _MIN_HIGHLIGHT_LEN}, key=len, reverse=True)
     if not words:
         return text
     pattern = re.compile("|".join(re.escape(w) for w in words), re.IGNORECASE)
@@ -349,21 +346,19 @@ def _explain_lines(explain: Mapping[str, Any]) -> list[str]:
     rrf = explain.get("rrf") or {}
     weight = rrf.get("weight", 1.0)
     lines = [
-        f"Explain: fts=[{listing(explain.get('ftsScores') or [])}] "
-        f"vec=[{listing(explain.get('vectorScores') or [])}]",
+        f"Explain: fts=[{listing(explain.get('ftsScores') or [])}] vec=[{listing(explain.get('vectorScores') or [])}]",
         f"  RRF: total={num(rrf.get('totalScore', 0.0))} base={num(rrf.get('baseScore', 0.0))} "
         f"bonus={num(rrf.get('topRankBonus', 0.0))} rank={rrf.get('rank', 0)}",
         f"  Blend: {round(weight * 100)}%*{num(rrf.get('positionScore', 0.0))} + "
         f"{round((1 - weight) * 100)}%*{num(explain.get('rerankScore', 0.0))} = "
         f"{num(explain.get('blendedScore', 0.0))}",
     ]
-    contributions = sorted(
-        rrf.get("contributions") or [], key=lambda c: c.get("rrfContribution", 0.0), reverse=True
-    )[:3]
+    contributions = sorted(rrf.get("contributions") or [], key=lambda c: c.get("rrfContribution", 0.0), reverse=True)[
+        :3
+    ]
     if contributions:
         summary = " | ".join(
-            f"{c.get('source')}/{c.get('queryType')}#{c.get('rank')}:"
-            f"{num(c.get('rrfContribution', 0.0))}"
+            f"{c.get('source')}/{c.get('queryType')}#{c.get('rank')}:{num(c.get('rrfContribution', 0.0))}"
             for c in contributions
         )
         lines.append(f"  Top RRF contributions: {summary}")
@@ -390,9 +385,7 @@ def _empty_search(fmt: str, below_min_score: bool) -> str:
     return ""
 
 
-def _search_json(
-    hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool
-) -> str:
+def _search_json(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """Pretty JSON array; `lines` gives agents the passage range to `get` directly."""
     out = []
     for hit, ident in zip(hits, idents):
@@ -413,9 +406,7 @@ def _search_json(
     return json.dumps(out, indent=2, ensure_ascii=False) + "\n"
 
 
-def _search_csv(
-    hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool
-) -> str:
+def _search_csv(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """CSV with a constant column set; a --full-path row leaves its docid cell empty."""
     rows = [
         (
@@ -441,9 +432,7 @@ def _search_files(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -
     return "".join(f"{line}\n" for line in lines)
 
 
-def _search_md(
-    hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool
-) -> str:
+def _search_md(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """One `---`-separated section per hit, headed by the title (or the file)."""
     blocks = []
     for hit, ident in zip(hits, idents):
@@ -457,9 +446,7 @@ def _search_md(
     return "".join(blocks)
 
 
-def _search_xml(
-    hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool
-) -> str:
+def _search_xml(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """Sibling `<file>` elements separated by blank lines, as the original prints them."""
     blocks = []
     for hit, ident in zip(hits, idents):
@@ -657,9 +644,7 @@ def _multi_xml(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> 
     return "\n".join(lines) + "\n"
 
 
-def _multi_cli(
-    items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], style: Style
-) -> str:
+def _multi_cli(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], style: Style) -> str:
     """`=`-ruled blocks per document, the file line styled like search results."""
     out = []
     for item, ident in zip(items, idents):

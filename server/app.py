@@ -129,8 +129,12 @@ def create_app(engine: Engine, guard: GuardSettings) -> ASGIApp:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
         message = _describe(errors)
-        extra = [".".join(str(x) for x in e["loc"] if x != "body") for e in errors if e.get("type") == "extra_forbidden"]
-        return JSONResponse({"error": message, "unknown_fields": extra} if extra else {"error": message}, status_code=400)
+        extra = [
+            ".".join(str(x) for x in e["loc"] if x != "body") for e in errors if e.get("type") == "extra_forbidden"
+        ]
+        return JSONResponse(
+            {"error": message, "unknown_fields": extra} if extra else {"error": message}, status_code=400
+        )
 
     @app.exception_handler(QmdError)
     async def _qmd(_: Request, exc: QmdError) -> JSONResponse:

@@ -73,7 +73,7 @@ class Collection:
         return out
 
     @classmethod
-    def from_yaml(cls, name: str, raw: Any, source: Path) -> "Collection":
+    def from_yaml(cls, name: str, raw: Any, source: Path) -> Collection:
         if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
             raise InvalidInput(f"{source}: collection {name!r} needs a 'path' string")
         ignore = raw.get("ignore") or []
@@ -111,10 +111,10 @@ class Config:
     def default_names(self) -> list[str]:
         return [c.name for c in self.collections.values() if c.include_by_default]
 
-    def with_collection(self, coll: Collection) -> "Config":
+    def with_collection(self, coll: Collection) -> Config:
         return replace(self, collections={**self.collections, coll.name: coll})
 
-    def without_collection(self, name: str) -> "Config":
+    def without_collection(self, name: str) -> Config:
         return replace(self, collections={k: v for k, v in self.collections.items() if k != name})
 
     def context_for(self, collection: str, path: str) -> str | None:
@@ -142,7 +142,7 @@ class Config:
         return out
 
     @classmethod
-    def from_yaml(cls, raw: Any, source: Path) -> "Config":
+    def from_yaml(cls, raw: Any, source: Path) -> Config:
         if raw is None:
             return cls()
         if not isinstance(raw, dict):
@@ -199,9 +199,7 @@ class ConfigFile:
     def save(self, config: Config) -> None:
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            text = yaml.safe_dump(
-                config.to_yaml(), sort_keys=False, allow_unicode=True, width=10**6, indent=2
-            )
+            text = yaml.safe_dump(config.to_yaml(), sort_keys=False, allow_unicode=True, width=10**6, indent=2)
             fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".yml", dir=self.path.parent)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:

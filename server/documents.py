@@ -10,13 +10,13 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from .db import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from wcmatch import glob as wglob
 
 from .config import Config
+from .db import sqlite3
 from .errors import Conflict, Forbidden, InvalidInput, NotFound
 
 _DOCID_RE = re.compile(r"^[0-9a-fA-F]{6,64}$")
@@ -95,9 +95,7 @@ def fetch_ids(conn: sqlite3.Connection, ids: list[int]) -> dict[int, DocRow]:
 def by_docid(conn: sqlite3.Connection, docid: str, collections: list[str]) -> DocRow:
     rows = [
         _row(r)
-        for r in conn.execute(
-            _DOC_SELECT + " AND d.hash LIKE ? ORDER BY d.collection, d.path LIMIT 50", (docid + "%",)
-        )
+        for r in conn.execute(_DOC_SELECT + " AND d.hash LIKE ? ORDER BY d.collection, d.path LIMIT 50", (docid + "%",))
         if r["collection"] in collections
     ]
     if not rows:
@@ -162,7 +160,8 @@ def find_document(conn: sqlite3.Connection, config: Config, name: str, cwd: str 
     rows = [
         _row(r)
         for r in conn.execute(
-            _DOC_SELECT + " AND (d.path = ? OR d.path LIKE ? ESCAPE '\\') ORDER BY d.path = ? DESC, d.collection, d.path",
+            _DOC_SELECT
+            + " AND (d.path = ? OR d.path LIKE ? ESCAPE '\\') ORDER BY d.path = ? DESC, d.collection, d.path",
             (rel, "%/" + _like_escape(rel), rel),
         )
         if r["collection"] in config.collections

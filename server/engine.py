@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import json
 import os
-from .db import sqlite3
 import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import __version__
-from .config import DEFAULT_PATTERN, Collection, Config, ConfigFile, expand_path, normalize_context_key, validate_collection_name
+from .config import (
+    DEFAULT_PATTERN,
+    Collection,
+    Config,
+    ConfigFile,
+    expand_path,
+    normalize_context_key,
+    validate_collection_name,
+)
+from .db import sqlite3
 from .documents import DocRow, find_document, glob_documents, is_comma_list, parse_virtual, safe_relpath
 from .errors import Conflict, InvalidInput, NotFound, QmdError
 from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
@@ -100,8 +108,9 @@ class Engine:
             self.store.write(lambda conn: _rename_collection(conn, old, new))
             self._save(cfg.without_collection(old).with_collection(replace(coll, name=new)))
 
-    def set_collection(self, name: str, *, include: bool | None = None, update_cmd: str | None = None,
-                       clear_update: bool = False) -> Collection:
+    def set_collection(
+        self, name: str, *, include: bool | None = None, update_cmd: str | None = None, clear_update: bool = False
+    ) -> Collection:
         with self._mutate:
             cfg = self.config
             coll = cfg.get(name)
@@ -116,17 +125,27 @@ class Engine:
         cfg = self.config
         with self.store.read() as conn:
             counts = dict(
-                conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 GROUP BY collection").fetchall()
+                conn.execute(
+                    "SELECT collection, COUNT(*) FROM documents WHERE active = 1 GROUP BY collection"
+                ).fetchall()
             )
-            runs = {r[0]: (r[1], json.loads(r[2])) for r in conn.execute("SELECT collection, updated_at, summary FROM collection_runs")}
+            runs = {
+                r[0]: (r[1], json.loads(r[2]))
+                for r in conn.execute("SELECT collection, updated_at, summary FROM collection_runs")
+            }
             skipped: dict[str, list[dict]] = {}
             for r in conn.execute("SELECT collection, path, reason FROM skipped_files ORDER BY collection, path"):
                 skipped.setdefault(r[0], []).append({"path": r[1], "reason": r[2]})
         return [
             {
-                "name": c.name, "uri": f"qmd://{c.name}/", "path": str(c.root), "pattern": c.pattern,
-                "ignore": list(c.ignore), "update_command": c.update,
-                "include_by_default": c.include_by_default, "contexts": dict(c.context),
+                "name": c.name,
+                "uri": f"qmd://{c.name}/",
+                "path": str(c.root),
+                "pattern": c.pattern,
+                "ignore": list(c.ignore),
+                "update_command": c.update,
+                "include_by_default": c.include_by_default,
+                "contexts": dict(c.context),
                 "files": counts.get(c.name, 0),
                 "updated_at": runs.get(c.name, (None,))[0],
                 "last_run": runs.get(c.name, (None, None))[1],
@@ -209,8 +228,16 @@ class Engine:
         with self._update:
             for i, coll in enumerate(colls, 1):
                 if progress:
-                    progress({"event": "collection", "index": i, "count": len(colls), "name": coll.name,
-                              "pattern": coll.pattern, "path": str(coll.root)})
+                    progress(
+                        {
+                            "event": "collection",
+                            "index": i,
+                            "count": len(colls),
+                            "name": coll.name,
+                            "pattern": coll.pattern,
+                            "path": str(coll.root),
+                        }
+                    )
                 if coll.update:
                     if progress:
                         progress({"event": "hook", "collection": coll.name, "command": coll.update})
@@ -228,8 +255,9 @@ class Engine:
     def search(self, query: str, **kw: object) -> SearchOutcome:
         return search(self.store, self.config, query, index_name=self.index_label, **kw)  # type: ignore[arg-type]
 
-    def get(self, name: str, *, from_line: int | None = None, max_lines: int | None = None,
-            cwd: str | None = None) -> dict:
+    def get(
+        self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
+    ) -> dict:
         if max_lines is not None and max_lines < 1:
             raise InvalidInput("-l/--lines must be at least 1")
         cfg = self.config
@@ -259,8 +287,9 @@ class Engine:
             "modified_at": doc.modified_at,
         }
 
-    def multi_get(self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None,
-                  cwd: str | None = None) -> list[dict]:
+    def multi_get(
+        self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None, cwd: str | None = None
+    ) -> list[dict]:
         if max_bytes < 1:
             raise InvalidInput("--max-bytes must be at least 1")
         cfg = self.config
@@ -283,8 +312,11 @@ class Engine:
             size = len(doc.body.encode("utf-8"))
             item = {**self._doc_fields(doc, cfg), "bytes": size, "skipped": False, "reason": None}
             if size > max_bytes:
-                item.update(skipped=True, body=None,
-                            reason=f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)")
+                item.update(
+                    skipped=True,
+                    body=None,
+                    reason=f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)",
+                )
             else:
                 body = doc.body
                 if max_lines is not None:
@@ -317,8 +349,13 @@ class Engine:
             "collection": coll_name,
             "prefix": prefix,
             "files": [
-                {"file": file_uri(coll_name, r["path"], self.index_label), "path": r["path"],
-                 "bytes": r["bytes"], "modified_at": r["modified_at"], "docid": r["hash"][:6]}
+                {
+                    "file": file_uri(coll_name, r["path"], self.index_label),
+                    "path": r["path"],
+                    "bytes": r["bytes"],
+                    "modified_at": r["modified_at"],
+                    "docid": r["hash"][:6],
+                }
                 for r in rows
             ],
         }
@@ -372,22 +409,33 @@ def _sync_collections(conn: sqlite3.Connection, cfg: Config) -> None:
     """Mirror the YAML collections into `store_collections` (spec §2.2)."""
     conn.execute("DELETE FROM store_collections")
     conn.executemany(
-        "INSERT INTO store_collections(name, path, pattern, ignore_patterns, include_by_default, update_command, context)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO store_collections(name, path, pattern, ignore_patterns, include_by_default,"
+        " update_command, context) VALUES (?, ?, ?, ?, ?, ?, ?)",
         [
-            (c.name, str(c.root), c.pattern, json.dumps(list(c.ignore)), int(c.include_by_default), c.update,
-             json.dumps(c.context))
+            (
+                c.name,
+                str(c.root),
+                c.pattern,
+                json.dumps(list(c.ignore)),
+                int(c.include_by_default),
+                c.update,
+                json.dumps(c.context),
+            )
             for c in cfg.collections.values()
         ],
     )
     if cfg.global_context:
-        conn.execute("INSERT OR REPLACE INTO store_config(key, value) VALUES ('global_context', ?)", (cfg.global_context,))
+        conn.execute(
+            "INSERT OR REPLACE INTO store_config(key, value) VALUES ('global_context', ?)", (cfg.global_context,)
+        )
     else:
         conn.execute("DELETE FROM store_config WHERE key = 'global_context'")
 
 
 def _delete_collection(conn: sqlite3.Connection, name: str) -> int:
-    fts_delete(conn, [r[0] for r in conn.execute("SELECT id FROM documents WHERE collection = ? AND active = 1", (name,))])
+    fts_delete(
+        conn, [r[0] for r in conn.execute("SELECT id FROM documents WHERE collection = ? AND active = 1", (name,))]
+    )
     deleted = conn.execute("DELETE FROM documents WHERE collection = ? AND active = 1", (name,)).rowcount
     conn.execute("DELETE FROM documents WHERE collection = ?", (name,))
     conn.execute("DELETE FROM skipped_files WHERE collection = ?", (name,))
@@ -400,7 +448,8 @@ def _rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
     conn.execute("UPDATE documents SET collection = ? WHERE collection = ?", (new, old))
     rows = conn.execute(
         "SELECT d.id, d.path, d.title, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
-        " WHERE d.collection = ? AND d.active = 1", (new,),
+        " WHERE d.collection = ? AND d.active = 1",
+        (new,),
     )
     for doc_id, path, title, body in rows.fetchall():
         fts_put(conn, doc_id, f"{new}/{path}", title, body)

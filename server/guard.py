@@ -227,9 +227,7 @@ class GuardSettings:
         origins = _split_list(allowed_origins)
         if "*" in origins:
             return cls(frozenset(), frozenset(), True, False), [_DISABLED_WARNING]
-        normalised = frozenset(
-            parsed[2] for parsed in map(_parse_origin, origins) if parsed is not None
-        )
+        normalised = frozenset(parsed[2] for parsed in map(_parse_origin, origins) if parsed is not None)
         hosts = {h.lower() for h in _split_list(allowed_hosts)}
         bind = bind_host.strip().lower()
         wildcard = bind in _WILDCARD_BIND_HOSTS
@@ -241,13 +239,9 @@ class GuardSettings:
         return settings, warnings
 
     @classmethod
-    def from_env(
-        cls, bind_host: str, environ: Mapping[str, str] = os.environ
-    ) -> tuple[GuardSettings, list[str]]:
+    def from_env(cls, bind_host: str, environ: Mapping[str, str] = os.environ) -> tuple[GuardSettings, list[str]]:
         """``build`` from ``QMD_ALLOWED_ORIGINS`` / ``QMD_ALLOWED_HOSTS``."""
-        return cls.build(
-            bind_host, environ.get("QMD_ALLOWED_ORIGINS"), environ.get("QMD_ALLOWED_HOSTS")
-        )
+        return cls.build(bind_host, environ.get("QMD_ALLOWED_ORIGINS"), environ.get("QMD_ALLOWED_HOSTS"))
 
 
 def check_origin(origin: str | None, s: GuardSettings) -> bool:

@@ -21,14 +21,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import UTC, datetime
 
 from wcmatch import glob as wglob
 
 from .config import Collection
-from .errors import HookFailed
 from .db import sqlite3
+from .errors import HookFailed
 from .store import Store, fts_delete, fts_put, utcnow
 
 BUILTIN_EXCLUDED_DIRS = frozenset({"node_modules", ".git", ".cache", "vendor", "dist", "build"})
@@ -157,9 +156,7 @@ def discover(coll: Collection) -> Walk:
         )
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=False):
-        dirnames[:] = sorted(
-            d for d in dirnames if not d.startswith(".") and d not in BUILTIN_EXCLUDED_DIRS
-        )
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in BUILTIN_EXCLUDED_DIRS)
         reldir = os.path.relpath(dirpath, root)
         reldir = "" if reldir == "." else reldir.replace(os.sep, "/") + "/"
         for fname in sorted(filenames):
@@ -253,8 +250,7 @@ class Summary:
 
     def line(self) -> str:
         return (
-            f"Indexed: {self.indexed} new, {self.updated} updated, "
-            f"{self.unchanged} unchanged, {self.removed} removed"
+            f"Indexed: {self.indexed} new, {self.updated} updated, {self.unchanged} unchanged, {self.removed} removed"
         )
 
 
@@ -269,7 +265,7 @@ class _Existing:
 
 
 def _iso(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds")
 
 
 def _deactivate(conn: sqlite3.Connection, ids: list[int]) -> None:
@@ -300,10 +296,7 @@ def run_hook(coll: Collection) -> str:
         # A signal death is a negative returncode here; report it as a shell does (128+N)
         # so the CLI's own exit status stays meaningful.
         code = proc.returncode if proc.returncode > 0 else 128 - proc.returncode
-        how = (
-            f"exit code {code}" if proc.returncode > 0
-            else f"signal {-proc.returncode} (exit code {code})"
-        )
+        how = f"exit code {code}" if proc.returncode > 0 else f"signal {-proc.returncode} (exit code {code})"
         raise HookFailed(
             f"Update command for '{coll.name}' failed with {how}: {coll.update}",
             collection=coll.name,
@@ -313,9 +306,7 @@ def run_hook(coll: Collection) -> str:
     return output
 
 
-def index_collection(
-    store: Store, coll: Collection, progress: Progress | None = None
-) -> Summary:
+def index_collection(store: Store, coll: Collection, progress: Progress | None = None) -> Summary:
     """Bring the index in line with the collection's files on disk."""
     t0 = time.monotonic()
     summary = Summary(coll.name)
@@ -403,14 +394,22 @@ def index_collection(
         if progress and (now - last_tick >= 0.1 or n == total):
             last_tick = now
             elapsed = max(now - t0, 1e-6)
-            progress({"event": "progress", "collection": coll.name, "done": n, "total": total,
-                      "files_per_s": round(n / elapsed, 1)})
+            progress(
+                {
+                    "event": "progress",
+                    "collection": coll.name,
+                    "done": n,
+                    "total": total,
+                    "files_per_s": round(n / elapsed, 1),
+                }
+            )
     flush()
     for fut in pending:
         fut.result()
 
     gone = [
-        e.id for p, e in existing.items()
+        e.id
+        for p, e in existing.items()
         if e.active and p not in seen and not any(p.startswith(d + "/") for d in walk.unlisted)
     ]
     summary.removed += len(gone)
@@ -471,9 +470,7 @@ def _finish(conn: sqlite3.Connection, gone: list[int]) -> int:
 
 def delete_orphan_content(conn: sqlite3.Connection) -> int:
     """Bodies no document row points at any more (inactive rows keep theirs)."""
-    return conn.execute(
-        "DELETE FROM content WHERE hash NOT IN (SELECT DISTINCT hash FROM documents)"
-    ).rowcount
+    return conn.execute("DELETE FROM content WHERE hash NOT IN (SELECT DISTINCT hash FROM documents)").rowcount
 
 
 def _record_run(store: Store, summary: Summary, *, walk_empty: bool) -> None:

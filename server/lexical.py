@@ -77,6 +77,7 @@ _CJK_RANGES: tuple[tuple[int, int], ...] = (
 
 def _regex_range(lo: int, hi: int) -> str:
     """Render a code-point range for a regex character class, escaped so no end is special."""
+
     def esc(cp: int) -> str:
         return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
 
@@ -101,9 +102,7 @@ STOP_WORDS: frozenset[str] = frozenset(
 # class as spacing marks, i.e. separators; found by indexing every letter and number code point
 # (same set on 3.40.1 and 3.51.1). A word made only of these would tokenize to nothing, and an
 # empty phrase silently empties any AND it takes part in.
-_SQLITE_SEPARATOR_LETTERS = frozenset(
-    chr(cp) for cp in (*range(0x19B0, 0x19C1), 0x19C8, 0x19C9, 0x1CF2, 0x1CF3)
-)
+_SQLITE_SEPARATOR_LETTERS = frozenset(chr(cp) for cp in (*range(0x19B0, 0x19C1), 0x19C8, 0x19C9, 0x1CF2, 0x1CF3))
 
 
 def _space_cjk_run(match: re.Match[str]) -> str:
@@ -138,9 +137,7 @@ def _is_word_char(ch: str) -> bool:
 
 def _has_token(word: str) -> bool:
     """Whether unicode61 will produce a token from ``word``: it needs a letter or a number."""
-    return any(
-        unicodedata.category(ch)[0] in "LN" and ch not in _SQLITE_SEPARATOR_LETTERS for ch in word
-    )
+    return any(unicodedata.category(ch)[0] in "LN" and ch not in _SQLITE_SEPARATOR_LETTERS for ch in word)
 
 
 def _words(text: str) -> list[str]:
@@ -312,12 +309,9 @@ def _full_matches(
     constraint the planner hands it to FTS5 as one lookup per document of the collection, and
     each lookup re-reads the query's doclists (measured: 200 ms instead of 1.5 ms on 5k docs).
     """
-    scope = "" if collection is None else (
-        " AND +rowid IN (SELECT id FROM documents WHERE collection = ?)"
-    )
+    scope = "" if collection is None else (" AND +rowid IN (SELECT id FROM documents WHERE collection = ?)")
     rows = conn.execute(
-        f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{scope}"
-        " ORDER BY s, rowid LIMIT ?",
+        f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{scope} ORDER BY s, rowid LIMIT ?",
         (query.match_all(), *(() if collection is None else (collection,)), limit),
     ).fetchall()
     total = len(query.positives)
@@ -341,9 +335,7 @@ def _ranked_matches(
     """
     exclusion = query._exclusion()
     items = json.dumps([item + exclusion for item in query.positives], ensure_ascii=False)
-    scope = "" if collection is None else (
-        " WHERE +id IN (SELECT id FROM documents WHERE collection = ?)"
-    )
+    scope = "" if collection is None else (" WHERE +id IN (SELECT id FROM documents WHERE collection = ?)")
     return conn.execute(
         "WITH hits(id) AS (SELECT documents_fts.rowid FROM json_each(?) AS item"
         "  CROSS JOIN documents_fts WHERE documents_fts MATCH item.value),"
@@ -359,9 +351,7 @@ def _ranked_matches(
     ).fetchall()
 
 
-def search_fts(
-    conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int
-) -> list[LexHit]:
+def search_fts(conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int) -> list[LexHit]:
     """Return the best ``limit`` documents for ``query``: most items matched first, then BM25.
 
     Expects ``documents_fts`` (rowid = ``documents.id``, active documents only) and
@@ -381,9 +371,6 @@ def search_fts(
     rows = _full_matches(conn, query, collection, limit)
     if total > 1 and len(rows) < limit:
         rows = _ranked_matches(conn, query, collection, limit)
-    hits = [
-        LexHit(doc_id, bm25, matched, total, lex_score(bm25, matched, total))
-        for doc_id, bm25, matched in rows
-    ]
+    hits = [LexHit(doc_id, bm25, matched, total, lex_score(bm25, matched, total)) for doc_id, bm25, matched in rows]
     hits.sort(key=lambda hit: (-hit.score, hit.doc_id))
     return hits

@@ -50,10 +50,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def write_pidfile(paths: IndexPaths, host: str, port: int) -> None:
     paths.cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = paths.pidfile.with_suffix(".tmp")
-    tmp.write_text(json.dumps({
-        "pid": os.getpid(), "start_time": process_start_time(os.getpid()), "host": host,
-        "port": port, "index": paths.name, "started_at": time.time(), "version": __version__,
-    }))
+    tmp.write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "start_time": process_start_time(os.getpid()),
+                "host": host,
+                "port": port,
+                "index": paths.name,
+                "started_at": time.time(),
+                "version": __version__,
+            }
+        )
+    )
     os.replace(tmp, paths.pidfile)
 
 
@@ -67,13 +76,25 @@ def remove_pidfile(paths: IndexPaths) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--host", envvar="QMD_HOST", default=DEFAULT_HOST, show_default=True,
-              help="Interface to bind (env QMD_HOST). Non-loopback binds need QMD_ALLOWED_HOSTS.")
-@click.option("--port", envvar="QMD_PORT", default=DEFAULT_PORT, type=click.IntRange(1, 65535),
-              show_default=True, help="TCP port (env QMD_PORT).")
+@click.option(
+    "--host",
+    envvar="QMD_HOST",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="Interface to bind (env QMD_HOST). Non-loopback binds need QMD_ALLOWED_HOSTS.",
+)
+@click.option(
+    "--port",
+    envvar="QMD_PORT",
+    default=DEFAULT_PORT,
+    type=click.IntRange(1, 65535),
+    show_default=True,
+    help="TCP port (env QMD_PORT).",
+)
 @click.option("--index", "index_name", default=None, help="Named index (its own config and database).")
-@click.option("--log-level", default="warning", type=click.Choice(["debug", "info", "warning", "error"]),
-              show_default=True)
+@click.option(
+    "--log-level", default="warning", type=click.Choice(["debug", "info", "warning", "error"]), show_default=True
+)
 @click.version_option(__version__, prog_name="qmdd")
 def main(host: str, port: int, index_name: str | None, log_level: str) -> None:
     """The qmd daemon: owns the index, serves the CLI, HTTP and MCP clients."""
@@ -86,8 +107,10 @@ def main(host: str, port: int, index_name: str | None, log_level: str) -> None:
         sock = bind_socket(host, port)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            click.echo(f"qmdd: port {port} on {host} is already in use (another qmdd?). "
-                       "Try a different port with --port.", err=True)
+            click.echo(
+                f"qmdd: port {port} on {host} is already in use (another qmdd?). Try a different port with --port.",
+                err=True,
+            )
         else:
             click.echo(f"qmdd: cannot listen on {host}:{port}: {e.strerror or e}", err=True)
         sys.exit(1)
@@ -114,8 +137,13 @@ def main(host: str, port: int, index_name: str | None, log_level: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: click.echo(f"qmdd: shutting down ({signal.Signals(s).name})", err=True))
     try:
-        config = uvicorn.Config(create_app(engine, guard), log_level=log_level, access_log=log_level == "debug",
-                                timeout_graceful_shutdown=10, lifespan="off")
+        config = uvicorn.Config(
+            create_app(engine, guard),
+            log_level=log_level,
+            access_log=log_level == "debug",
+            timeout_graceful_shutdown=10,
+            lifespan="off",
+        )
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.close()

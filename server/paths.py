@@ -41,9 +41,7 @@ def normalize_index_name(name: str | None, cwd: str | None = None) -> str:
         resolved = os.path.normpath(os.path.join(cwd or os.getcwd(), name))
         name = resolved.replace("/", "_").lstrip("_")
     if not _INDEX_NAME_RE.match(name):
-        raise ValueError(
-            f"invalid index name {name!r}: use letters, digits, '.', '_' or '-' (at most 100)"
-        )
+        raise ValueError(f"invalid index name {name!r}: use letters, digits, '.', '_' or '-' (at most 100)")
     return name
 
 
@@ -73,9 +71,7 @@ class IndexPaths:
         return self.cache_dir / f"qmdd{self._suffix}.lock"
 
     @classmethod
-    def resolve(
-        cls, index: str | None = None, environ: dict[str, str] | os._Environ = os.environ
-    ) -> "IndexPaths":
+    def resolve(cls, index: str | None = None, environ: dict[str, str] | os._Environ = os.environ) -> IndexPaths:
         name = normalize_index_name(index)
         cache = cache_root(environ)
         db = Path(environ["INDEX_PATH"]) if environ.get("INDEX_PATH") else cache / f"{name}.sqlite"

@@ -19,9 +19,20 @@ from fastapi.responses import StreamingResponse
 
 from . import __version__
 from .api import (
-    CollectionCreate, CollectionPatch, ContextAdd, ContextRemove, GetRequest, Health,
-    MultiGetRequest, QueryRequest, QueryResponse, QueryResult, RenameRequest, SearchRequest,
-    SkippedStage, UpdateRequest,
+    CollectionCreate,
+    CollectionPatch,
+    ContextAdd,
+    ContextRemove,
+    GetRequest,
+    Health,
+    MultiGetRequest,
+    QueryRequest,
+    QueryResponse,
+    QueryResult,
+    RenameRequest,
+    SearchRequest,
+    SkippedStage,
+    UpdateRequest,
 )
 from .engine import Engine, summary_dict
 from .errors import QmdError
@@ -37,8 +48,9 @@ def engine_of(request: Request) -> Engine:
 @router.get("/health", response_model=Health, tags=["public"])
 def health(request: Request) -> Health:
     e = engine_of(request)
-    return Health(status="ok", uptime=int(time.time() - e.started), pid=os.getpid(),
-                  version=__version__, index=e.paths.name)
+    return Health(
+        status="ok", uptime=int(time.time() - e.started), pid=os.getpid(), version=__version__, index=e.paths.name
+    )
 
 
 def _numbered(hit: dict) -> str:
@@ -59,13 +71,15 @@ def query(body: QueryRequest, request: Request) -> QueryResponse:
     pending = e.status()["vector"]["pending"]
     for sub in body.searches:
         if sub.type != "lex":
-            skipped.append(SkippedStage(
-                stage=sub.type,
-                reason=f"vector search unavailable — {pending} documents pending (no embeddings yet): {sub.query!r} did not run",
-            ))
+            skipped.append(
+                SkippedStage(
+                    stage=sub.type,
+                    reason=f"vector search unavailable — {pending} documents pending (no embeddings yet): "
+                    f"{sub.query!r} did not run",
+                )
+            )
             continue
-        out = e.search(sub.query, collections=body.collections, limit=body.limit,
-                       min_score=body.minScore, max_len=300)
+        out = e.search(sub.query, collections=body.collections, limit=body.limit, min_score=body.minScore, max_len=300)
         warnings.extend(out.warnings)
         for hit in out.hits:
             key = hit["file"]
@@ -78,9 +92,16 @@ def query(body: QueryRequest, request: Request) -> QueryResponse:
     hits = sorted(best.values(), key=lambda h: -h["score"])[: body.limit]
     return QueryResponse(
         results=[
-            QueryResult(docid="#" + h["docid"], file=h["file"], title=h["title"], score=round(h["score"], 2),
-                        context=h["context"], line=h["line"], lines=f"{h['start_line']}-{h['end_line']}",
-                        snippet=_numbered(h))
+            QueryResult(
+                docid="#" + h["docid"],
+                file=h["file"],
+                title=h["title"],
+                score=round(h["score"], 2),
+                context=h["context"],
+                line=h["line"],
+                lines=f"{h['start_line']}-{h['end_line']}",
+                snippet=_numbered(h),
+            )
             for h in hits
         ],
         skipped=skipped,
@@ -91,8 +112,13 @@ def query(body: QueryRequest, request: Request) -> QueryResponse:
 @router.post("/v1/search", tags=["cli"])
 def cli_search(body: SearchRequest, request: Request) -> dict:
     out = engine_of(request).search(
-        body.query, collections=body.collections, limit=body.limit, min_score=body.min_score,
-        all_results=body.all, full=body.full, explain=body.explain,
+        body.query,
+        collections=body.collections,
+        limit=body.limit,
+        min_score=body.min_score,
+        all_results=body.all,
+        full=body.full,
+        explain=body.explain,
     )
     return {"results": out.hits, "below_min_score": out.below_min_score, "warnings": out.warnings}
 
@@ -100,8 +126,14 @@ def cli_search(body: SearchRequest, request: Request) -> dict:
 @router.get("/v1/status", tags=["cli"])
 def status(request: Request) -> dict:
     e = engine_of(request)
-    return {**e.status(), "daemon": {"pid": os.getpid(), "uptime": int(time.time() - e.started),
-                                      "url": str(request.base_url).rstrip("/")}}
+    return {
+        **e.status(),
+        "daemon": {
+            "pid": os.getpid(),
+            "uptime": int(time.time() - e.started),
+            "url": str(request.base_url).rstrip("/"),
+        },
+    }
 
 
 @router.get("/v1/collections", tags=["cli"])
@@ -125,7 +157,9 @@ def show_collection(name: str, request: Request) -> dict:
 @router.patch("/v1/collections/{name}", tags=["cli"])
 def patch_collection(name: str, body: CollectionPatch, request: Request) -> dict:
     c = engine_of(request).set_collection(
-        name, include=body.include_by_default, update_cmd=body.update_command,
+        name,
+        include=body.include_by_default,
+        update_cmd=body.update_command,
         clear_update=body.clear_update_command,
     )
     return {"name": c.name, "include_by_default": c.include_by_default, "update_command": c.update}

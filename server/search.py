@@ -52,8 +52,15 @@ def file_uri(collection: str, path: str, index_name: str | None) -> str:
 
 
 def shape_hit(
-    doc: DocRow, score: float, config: Config, terms: tuple[str, ...], *, full: bool,
-    index_name: str | None, max_len: int = 500, explain: dict | None = None,
+    doc: DocRow,
+    score: float,
+    config: Config,
+    terms: tuple[str, ...],
+    *,
+    full: bool,
+    index_name: str | None,
+    max_len: int = 500,
+    explain: dict | None = None,
 ) -> dict:
     passage = best_passage(doc.body, terms, max_len=max_len)
     coll = config.collections.get(doc.collection)
@@ -90,9 +97,18 @@ def lexical_hits(store: Store, query: LexQuery, scope: list[str], fetch: int) ->
 
 
 def search(
-    store: Store, config: Config, query: str, *, collections: list[str] | None = None,
-    limit: int = 5, min_score: float = 0.0, all_results: bool = False, full: bool = False,
-    explain: bool = False, index_name: str | None = None, max_len: int = 500,
+    store: Store,
+    config: Config,
+    query: str,
+    *,
+    collections: list[str] | None = None,
+    limit: int = 5,
+    min_score: float = 0.0,
+    all_results: bool = False,
+    full: bool = False,
+    explain: bool = False,
+    index_name: str | None = None,
+    max_len: int = 500,
 ) -> SearchOutcome:
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidInput(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
@@ -102,7 +118,9 @@ def search(
     lexq = parse_lex(query)
     out = SearchOutcome(hits=[], terms=lexq.terms)
     if lexq.truncated:
-        out.warnings.append(f"query has more than {len(lexq.positives)} terms; only the first {len(lexq.positives)} were searched")
+        out.warnings.append(
+            f"query has more than {len(lexq.positives)} terms; only the first {len(lexq.positives)} were searched"
+        )
     if not lexq.positives:
         out.warnings.append("the query has no searchable terms (only negations, punctuation or nothing)")
         return out
@@ -117,7 +135,13 @@ def search(
         kept = kept[:limit]
     out.hits = [
         shape_hit(
-            h.doc, h.score, config, lexq.terms, full=full, index_name=index_name, max_len=max_len,
+            h.doc,
+            h.score,
+            config,
+            lexq.terms,
+            full=full,
+            index_name=index_name,
+            max_len=max_len,
             explain={"bm25_terms_matched": h.matched, "terms": h.total} if explain else None,
         )
         for h in kept

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import logging
 import queue
-from .db import sqlite3
-from .lexical import norm_cjk
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
+
+from .db import sqlite3
+from .lexical import norm_cjk
 
 log = logging.getLogger("qmd.store")
 T = TypeVar("T")
@@ -90,7 +91,7 @@ FTS_SCHEMA = (
 
 
 def utcnow() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def fts_put(conn: sqlite3.Connection, doc_id: int, filepath: str, title: str, body: str) -> None:
@@ -139,9 +140,7 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future] | None] = (
-            queue.Queue()
-        )
+        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future] | None] = queue.Queue()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -154,9 +153,7 @@ class Store:
         wconn.executescript(SCHEMA)
         wconn.execute(FTS_SCHEMA)
         wconn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        self._writer = threading.Thread(
-            target=self._write_loop, args=(wconn,), name="qmd-writer", daemon=True
-        )
+        self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="qmd-writer", daemon=True)
         self._writer.start()
 
     # -- writes -------------------------------------------------------------
@@ -185,7 +182,7 @@ class Store:
         finally:
             conn.close()
 
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> "Future[T]":
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
         """Queue `fn(conn)` to run in one transaction on the writer thread."""
         if self._closed:
             raise RuntimeError("the index is closed")

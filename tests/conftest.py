@@ -68,11 +68,22 @@ class Env:
     def log(self) -> Path:
         return self.cache / "qmd" / "qmdd.log"
 
-    def qmd(self, *args: str, cwd: Path | str | None = None, env: dict | None = None,
-            timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    def qmd(
+        self,
+        *args: str,
+        cwd: Path | str | None = None,
+        env: dict | None = None,
+        timeout: float = 120,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "client.cli", *args], cwd=cwd or self.home, env={**self.vars, **(env or {})},
-            capture_output=True, text=True, timeout=timeout, input=input,
+            [sys.executable, "-m", "client.cli", *args],
+            cwd=cwd or self.home,
+            env={**self.vars, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
         )
 
     def ok(self, *args: str, **kw: object) -> str:
@@ -93,7 +104,9 @@ class Daemon:
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "server.main", "--port", str(env.port), *args],
-                env={**env.vars, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                env={**env.vars, **(extra_env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         self.http = httpx.Client(base_url=env.url, timeout=60)
         deadline = time.monotonic() + 30
@@ -145,8 +158,8 @@ def write(root: Path, files: dict[str, str | bytes]) -> Path:
 
 NOTES: dict[str, str | bytes] = {
     "fundraising.md": "# Raising a seed round\n\nIntro line.\n\n## Investors\n\n"
-                      "Angel investors fund early startups.\nWe raise money from angels and VCs.\n"
-                      "Keep the pitch deck short.\n",
+    "Angel investors fund early startups.\nWe raise money from angels and VCs.\n"
+    "Keep the pitch deck short.\n",
     "cooking/bread.md": "# Sourdough bread\n\nMix flour, water and salt.\nBake at 230C for 40 minutes.\n",
     "work/meeting-2026-04-10.md": "# Meeting notes\n\nDiscussed release 2026.4.10 and the multi-agent memory design.\n",
     "ideas.md": "# Ideas\n\nA startup that sells bread to investors.\n",

@@ -10,11 +10,22 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import Daemon, Env, write
 
-HEAVY = ("fastapi", "uvicorn", "starlette", "llama_cpp", "sqlite_vec", "numpy", "mcp", "pydantic", "yaml",
-         "sqlite3", "pysqlite3", "wcmatch")
+HEAVY = (
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "llama_cpp",
+    "sqlite_vec",
+    "numpy",
+    "mcp",
+    "pydantic",
+    "yaml",
+    "sqlite3",
+    "pysqlite3",
+    "wcmatch",
+)
 
 
 def test_cli_imports_nothing_heavy() -> None:
@@ -117,8 +128,17 @@ def test_update_cmd_set_and_clear(env: Env, added: Path) -> None:
 def test_get_forms(env: Env, added: Path) -> None:
     want = "7: Angel investors fund early startups."
     docid = env.json("search", "angel", "--json")[0]["docid"]
-    for name in ("qmd://notes/fundraising.md", "notes/fundraising.md", "fundraising.md", docid, docid[1:],
-                 f'"{docid}"', str(added / "fundraising.md"), "qmd:////notes/fundraising.md", "//notes/fundraising.md"):
+    for name in (
+        "qmd://notes/fundraising.md",
+        "notes/fundraising.md",
+        "fundraising.md",
+        docid,
+        docid[1:],
+        f'"{docid}"',
+        str(added / "fundraising.md"),
+        "qmd:////notes/fundraising.md",
+        "//notes/fundraising.md",
+    ):
         out = env.ok("get", name, cwd=added)
         assert out.startswith(f"qmd://notes/fundraising.md  {docid}\n"), (name, out)
         assert want in out
@@ -127,7 +147,10 @@ def test_get_forms(env: Env, added: Path) -> None:
 
 def test_get_ranges_and_numbers(env: Env, added: Path) -> None:
     out = env.ok("get", "notes/fundraising.md:7:2")
-    assert out.splitlines()[-2:] == ["7: Angel investors fund early startups.", "8: We raise money from angels and VCs."]
+    assert out.splitlines()[-2:] == [
+        "7: Angel investors fund early startups.",
+        "8: We raise money from angels and VCs.",
+    ]
     out = env.ok("get", "notes/fundraising.md", "--from", "8", "-l", "1")
     assert out.splitlines()[-1] == "8: We raise money from angels and VCs."
     out = env.ok("get", "notes/fundraising.md:8", "-l", "1", "--no-line-numbers")
@@ -143,7 +166,9 @@ def test_get_miss_suggests(env: Env, added: Path) -> None:
 def test_multi_get(env: Env, added: Path) -> None:
     items = env.json("multi-get", "notes/**/*.md", "--json")
     assert sorted(i["file"] for i in items) == [
-        "qmd://notes/cooking/bread.md", "qmd://notes/fundraising.md", "qmd://notes/ideas.md",
+        "qmd://notes/cooking/bread.md",
+        "qmd://notes/fundraising.md",
+        "qmd://notes/ideas.md",
         "qmd://notes/work/meeting-2026-04-10.md",
     ]
     docid = env.json("search", "sourdough", "--json")[0]["docid"]
@@ -151,7 +176,9 @@ def test_multi_get(env: Env, added: Path) -> None:
     assert [i["file"] for i in items] == ["qmd://notes/fundraising.md", "qmd://notes/cooking/bread.md"]
     items = env.json("multi-get", "qmd://notes/*.md", "--json", "--max-bytes", "60")
     skipped = {i["file"]: i for i in items if i.get("skipped")}
-    assert "qmd://notes/fundraising.md" in skipped and "File too large" in skipped["qmd://notes/fundraising.md"]["reason"]
+    assert (
+        "qmd://notes/fundraising.md" in skipped and "File too large" in skipped["qmd://notes/fundraising.md"]["reason"]
+    )
     out = env.ok("multi-get", "notes/fundraising.md", "-l", "2")
     assert "[... truncated" in out
     r = env.qmd("multi-get", "fundraising.md,missing.md")
@@ -240,8 +267,17 @@ def _daemons_on(port: int) -> list[int]:
 
 
 def test_autostart_ten_clis_start_one_daemon(env: Env, notes: Path) -> None:
-    procs = [subprocess.Popen([sys.executable, "-m", "client.cli", "status"], env=env.vars, cwd=env.home,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(10)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "client.cli", "status"],
+            env=env.vars,
+            cwd=env.home,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(10)
+    ]
     try:
         results = [p.communicate(timeout=60) for p in procs]
         assert all(p.returncode == 0 for p in procs), results
@@ -273,8 +309,14 @@ def _run_on_tty(env: Env, *args: str) -> str:
 
     master, slave = pty.openpty()
     vars_ = {k: v for k, v in env.vars.items() if k != "NO_COLOR"}
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli", *args], env=vars_, cwd=env.home,
-                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "client.cli", *args],
+        env=vars_,
+        cwd=env.home,
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+    )
     os.close(slave)
     chunks = []
     while True:

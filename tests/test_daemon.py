@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import Daemon, Env, write
 
 FORBIDDEN_ORIGIN = (
@@ -40,7 +39,9 @@ def test_unknown_route_is_404(daemon: Daemon) -> None:
     assert daemon.http.get("/nope").status_code == 404
 
 
-@pytest.mark.parametrize("path,method", [("/health", "GET"), ("/query", "POST"), ("/v1/status", "GET"), ("/nope", "GET")])
+@pytest.mark.parametrize(
+    "path,method", [("/health", "GET"), ("/query", "POST"), ("/v1/status", "GET"), ("/nope", "GET")]
+)
 def test_guard_rejects_foreign_origin_on_every_route(daemon: Daemon, path: str, method: str) -> None:
     r = daemon.http.request(method, path, headers={"Origin": "http://evil.com"}, json={"searches": []})
     assert r.status_code == 403
@@ -160,10 +161,13 @@ def test_get_outside_collections_is_refused(daemon: Daemon, env: Env, notes: Pat
 
 def test_query_runs_lex_and_reports_vectors_skipped(daemon: Daemon, env: Env, notes: Path) -> None:
     env.ok("collection", "add", str(notes), "--name", "notes")
-    r = daemon.http.post("/query", json={
-        "searches": [{"type": "lex", "query": "angel investors"}, {"type": "vec", "query": "who funds startups"}],
-        "limit": 3,
-    })
+    r = daemon.http.post(
+        "/query",
+        json={
+            "searches": [{"type": "lex", "query": "angel investors"}, {"type": "vec", "query": "who funds startups"}],
+            "limit": 3,
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     top = body["results"][0]
@@ -181,8 +185,13 @@ def test_query_runs_lex_and_reports_vectors_skipped(daemon: Daemon, env: Env, no
 
 
 def test_busy_port_is_one_line_and_exit_1(daemon: Daemon, env: Env) -> None:
-    r = subprocess.run([sys.executable, "-m", "server.main", "--port", str(env.port)], env=env.vars,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "server.main", "--port", str(env.port)],
+        env=env.vars,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "already in use" in lines[0], r.stderr
@@ -200,8 +209,14 @@ def test_signals_shut_down_cleanly(env: Env, sig: int) -> None:
 
 
 def test_reads_never_see_locked_database_during_update(daemon: Daemon, env: Env, tmp_path: Path) -> None:
-    corpus = write(tmp_path / "big", {f"d{i:04}/n{j}.md": f"# Note {i} {j}\n\nalpha beta gamma {i} {j}\n" * 20
-                                      for i in range(60) for j in range(10)})
+    corpus = write(
+        tmp_path / "big",
+        {
+            f"d{i:04}/n{j}.md": f"# Note {i} {j}\n\nalpha beta gamma {i} {j}\n" * 20
+            for i in range(60)
+            for j in range(10)
+        },
+    )
     env.ok("collection", "add", str(corpus), "--name", "big")
     for p in list(corpus.rglob("*.md"))[:300]:
         p.write_text(p.read_text() + "\ndelta epsilon\n")

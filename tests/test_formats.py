@@ -241,7 +241,7 @@ def test_search_empty_below_min_score() -> None:
 def test_search_json(hits: list[dict[str, Any]]) -> None:
     text, warnings = render_search(hits, "json", PLAIN)
     assert warnings == []
-    assert text.startswith("[\n  {\n    \"docid\"")  # pretty, 2-space indent
+    assert text.startswith('[\n  {\n    "docid"')  # pretty, 2-space indent
     data = json.loads(text)
     assert data[0] == {
         "docid": "#a1b2c3",
@@ -407,7 +407,7 @@ def test_search_xml(hits: list[dict[str, Any]]) -> None:
 
 def test_search_xml_escapes_everything(hits: list[dict[str, Any]]) -> None:
     hit = hits[0]
-    nasty = 'a < b & "c" ]]> d \'e\''
+    nasty = "a < b & \"c\" ]]> d 'e'"
     hit["title"] = nasty
     hit["context"] = nasty + "\nsecond line\ttab"
     hit["snippet"] = nasty + "\n<tag>&amp;</tag>\x0c\x1b[0m"
@@ -569,9 +569,7 @@ def test_resolve_full_path(tmp_path: Path) -> None:
     assert resolve_full_path(None, str(tmp_path)) is None
 
 
-def test_resolve_full_path_defaults_to_process_cwd(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resolve_full_path_defaults_to_process_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "a.md"
     target.write_text("x")
     monkeypatch.chdir(tmp_path)
@@ -626,9 +624,7 @@ def test_search_full_path_all_formats(hits: list[dict[str, Any]], tmp_path: Path
     assert "\nqmd://notes/gone.md?index=work:7 #0a0b0c\n" in text
 
 
-def test_search_full_path_outside_cwd_and_single_warning(
-    hits: list[dict[str, Any]], tmp_path: Path
-) -> None:
+def test_search_full_path_outside_cwd_and_single_warning(hits: list[dict[str, Any]], tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     text, warnings = render_search(hits[:1], "files", PLAIN, full_path=True, cwd=str(elsewhere))
@@ -657,9 +653,7 @@ def make_items(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     a, b, gone = ({k: h[k] for k in base} for h in hits)
     a.update(title="Raising money", context="Fundraising notes", body=A_BODY, skipped=False, reason=None)
     b.update(title="B", context=None, body=None, skipped=True, reason="File too large (70KB > 64KB)")
-    gone.update(
-        file="qmd://notes/gone.md", title="gone.md", context=None, body="1: hello", skipped=False, reason=None
-    )
+    gone.update(file="qmd://notes/gone.md", title="gone.md", context=None, body="1: hello", skipped=False, reason=None)
     return [a, b, gone]
 
 
@@ -786,11 +780,7 @@ def test_multi_get_full_path(hits: list[dict[str, Any]], tmp_path: Path) -> None
 
     text, warnings = render_multi_get(items, "files", PLAIN, full_path=True, cwd=cwd)
     assert warnings == [warning]
-    assert text == (
-        './notes/dir/a.md,"Fundraising notes"\n'
-        "./notes/b.md,[SKIPPED]\n"
-        "#0a0b0c,qmd://notes/gone.md\n"
-    )
+    assert text == ('./notes/dir/a.md,"Fundraising notes"\n./notes/b.md,[SKIPPED]\n#0a0b0c,qmd://notes/gone.md\n')
     data = json.loads(render_multi_get(items, "json", PLAIN, full_path=True, cwd=cwd)[0])
     assert data[0]["file"] == "./notes/dir/a.md" and "docid" not in data[0]
     # The skip hint keeps the qmd:// URI, which `qmd get` always resolves.
@@ -824,11 +814,7 @@ def make_doc(hits: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
 def test_render_document_header_and_numbering(hits: list[dict[str, Any]]) -> None:
     doc = make_doc(hits)
     assert render_document(doc, from_line=10, line_numbers=True, full_path=False, cwd=None) == (
-        "qmd://notes/dir/a.md  #a1b2c3\n"
-        "Folder Context: Fundraising notes\n"
-        "---\n"
-        "\n"
-        "10: ten\n11: eleven\n12: twelve\n"
+        "qmd://notes/dir/a.md  #a1b2c3\nFolder Context: Fundraising notes\n---\n\n10: ten\n11: eleven\n12: twelve\n"
     )
     no_context = make_doc(hits, context=None)
     plain = render_document(no_context, from_line=1, line_numbers=False, full_path=False, cwd=None)

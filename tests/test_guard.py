@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Route
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
@@ -45,9 +45,7 @@ def host_warning(host: str) -> str:
     )
 
 
-def settings(
-    bind: str = "localhost", origins: str | None = None, hosts: str | None = None
-) -> GuardSettings:
+def settings(bind: str = "localhost", origins: str | None = None, hosts: str | None = None) -> GuardSettings:
     return GuardSettings.build(bind, origins, hosts)[0]
 
 
@@ -399,9 +397,7 @@ async def _stream(request: Request) -> StreamingResponse:
         for chunk in CHUNKS:
             yield chunk
 
-    return StreamingResponse(
-        chunks(), media_type="text/event-stream", headers={"x-sub": request.method}
-    )
+    return StreamingResponse(chunks(), media_type="text/event-stream", headers={"x-sub": request.method})
 
 
 async def _echo(websocket: WebSocket) -> None:
@@ -432,11 +428,7 @@ def make_app(guard: GuardSettings) -> tuple[OriginHostGuard, list[str]]:
 
 
 def forbidden(reason: str) -> bytes:
-    return (
-        b'{"jsonrpc":"2.0","error":{"code":-32003,"message":"Forbidden: '
-        + reason.encode()
-        + b'"},"id":null}'
-    )
+    return b'{"jsonrpc":"2.0","error":{"code":-32003,"message":"Forbidden: ' + reason.encode() + b'"},"id":null}'
 
 
 def client(app: OriginHostGuard, base_url: str = "http://localhost:8181") -> httpx.AsyncClient:
@@ -611,9 +603,7 @@ async def test_rejection_never_calls_the_app_nor_reads_the_body() -> None:
     async def send(message: Message) -> None:
         sent.append(message)
 
-    await OriginHostGuard(inner, LOCAL)(
-        http_scope((b"origin", b"https://evil.example")), _never_receive, send
-    )
+    await OriginHostGuard(inner, LOCAL)(http_scope((b"origin", b"https://evil.example")), _never_receive, send)
     assert inner.calls == []
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 403
@@ -633,9 +623,7 @@ async def test_rejection_never_calls_the_app_nor_reads_the_body() -> None:
         ),
     ],
 )
-async def test_duplicated_headers_are_all_checked(
-    headers: list[tuple[bytes, bytes]], reason: str
-) -> None:
+async def test_duplicated_headers_are_all_checked(headers: list[tuple[bytes, bytes]], reason: str) -> None:
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
@@ -652,10 +640,8 @@ async def test_non_ascii_header_yields_valid_json() -> None:
     async def send(message: Message) -> None:
         sent.append(message)
 
-    origin = "http://évil.example".encode("utf-8")
-    await OriginHostGuard(Recorder(), LOCAL)(
-        http_scope((b"origin", origin)), _never_receive, send
-    )
+    origin = "http://évil.example".encode()
+    await OriginHostGuard(Recorder(), LOCAL)(http_scope((b"origin", origin)), _never_receive, send)
     document = json.loads(sent[1]["body"])
     assert document["error"]["code"] == -32003
     expected = "Forbidden: Origin not allowed: " + origin.decode("latin-1")

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import Daemon, Env, write
+
 from server.config import Collection
 from server.errors import HookFailed
 from server.indexer import discover, extract_title, index_collection, run_hook, split_mask
@@ -166,7 +166,7 @@ def test_split_mask(mask: str, expected: list[str]) -> None:
         ("a.md", "text\n## Second Level\n# Later H1\n", "Second Level"),
         ("a.md", "# Notes\n\n## Real Topic\n", "Real Topic"),
         ("a.md", "# 📝 Notes\n\n## Standup\n", "Standup"),
-        ("a.md", "---\ntitle: \"From Front\"\ntags: [x]\n---\n# Heading\n", "From Front"),
+        ("a.md", '---\ntitle: "From Front"\ntags: [x]\n---\n# Heading\n', "From Front"),
         ("a.md", "---\n# a yaml comment\ntags: [x]\n---\n# Body Title\n", "Body Title"),
         ("a.md", "---\ntitle:\n---\n# Heading Wins\n", "Heading Wins"),
         ("a.md", "#   \n# Real\n", "Real"),
@@ -190,19 +190,37 @@ def _coll(root: Path, pattern: str = "**/*.md", ignore: tuple[str, ...] = ()) ->
 
 
 def test_discover_masks_ignores_and_exclusions(tmp_path: Path) -> None:
-    root = write(tmp_path / "root", {
-        "a.md": "a", "b.txt": "b", "c.rst": "c", "sub/d.md": "d", "sub/deep/e.md": "e",
-        **{f"{d}/x.md": "x" for d in ("node_modules", ".git", ".cache", "vendor", "dist", "build")},
-        "sub/node_modules/y.md": "y", "sub/build/y.md": "y",
-        ".hidden/x.md": "x", "sub/.hidden/x.md": "x", ".dot.md": "x", "sub/.dot.md": "x",
-        "drafts/f.md": "f", "sub/drafts/g.md": "g", "private.md": "p",
-    })
+    root = write(
+        tmp_path / "root",
+        {
+            "a.md": "a",
+            "b.txt": "b",
+            "c.rst": "c",
+            "sub/d.md": "d",
+            "sub/deep/e.md": "e",
+            **{f"{d}/x.md": "x" for d in ("node_modules", ".git", ".cache", "vendor", "dist", "build")},
+            "sub/node_modules/y.md": "y",
+            "sub/build/y.md": "y",
+            ".hidden/x.md": "x",
+            "sub/.hidden/x.md": "x",
+            ".dot.md": "x",
+            "sub/.dot.md": "x",
+            "drafts/f.md": "f",
+            "sub/drafts/g.md": "g",
+            "private.md": "p",
+        },
+    )
 
     def rels(coll: Collection) -> list[str]:
         return sorted(f.rel for f in discover(coll).files)
 
     assert rels(_coll(root)) == [
-        "a.md", "drafts/f.md", "private.md", "sub/d.md", "sub/deep/e.md", "sub/drafts/g.md",
+        "a.md",
+        "drafts/f.md",
+        "private.md",
+        "sub/d.md",
+        "sub/deep/e.md",
+        "sub/drafts/g.md",
     ]
     assert rels(_coll(root, "*.md,*.txt")) == ["a.md", "b.txt", "private.md"]
     assert rels(_coll(root, "{a,c}.*")) == ["a.md", "c.rst"]
@@ -299,8 +317,10 @@ def test_run_hook_reports_exit_codes(tmp_path: Path) -> None:
 
 
 def test_masks_union_brace_glob_alias_and_exclusions(qenv: Env, tmp_path: Path) -> None:
-    union = write(tmp_path / "union", {"a.md": "unionword a", "b.txt": "unionword b", "c.rst": "unionword c",
-                                       "sub/d.md": "unionword d"})
+    union = write(
+        tmp_path / "union",
+        {"a.md": "unionword a", "b.txt": "unionword b", "c.rst": "unionword c", "sub/d.md": "unionword d"},
+    )
     assert add(qenv, union, "u", "--mask", "*.md,*.txt").counts == [(2, 0, 0, 0)]
     assert set(found(qenv, "unionword")) == {"u/a.md", "u/b.txt"}
 
@@ -309,16 +329,30 @@ def test_masks_union_brace_glob_alias_and_exclusions(qenv: Env, tmp_path: Path) 
     assert set(found(qenv, "braceword")) == {"br/a.md", "br/b.md"}
 
     excluded = {f"{d}/x.md": "exclword" for d in ("node_modules", ".git", ".cache", "vendor", "dist", "build")}
-    tree = write(tmp_path / "tree", {
-        **excluded,
-        "keep.md": "exclword keep", "deep/a/b/ok.md": "exclword deep", "sub/node_modules/y.md": "exclword",
-        "sub/vendor/lib/y.md": "exclword", ".hidden/x.md": "exclword", "sub/.hidden/x.md": "exclword",
-        ".dot.md": "exclword", "sub/deep/.dot.md": "exclword",
-        "drafts/d.md": "exclword draft", "sub/drafts/e.md": "exclword draft", "private.md": "exclword private",
-    })
+    tree = write(
+        tmp_path / "tree",
+        {
+            **excluded,
+            "keep.md": "exclword keep",
+            "deep/a/b/ok.md": "exclword deep",
+            "sub/node_modules/y.md": "exclword",
+            "sub/vendor/lib/y.md": "exclword",
+            ".hidden/x.md": "exclword",
+            "sub/.hidden/x.md": "exclword",
+            ".dot.md": "exclword",
+            "sub/deep/.dot.md": "exclword",
+            "drafts/d.md": "exclword draft",
+            "sub/drafts/e.md": "exclword draft",
+            "private.md": "exclword private",
+        },
+    )
     assert add(qenv, tree, "tree").counts == [(5, 0, 0, 0)]
     assert set(found(qenv, "exclword")) == {
-        "tree/keep.md", "tree/deep/a/b/ok.md", "tree/drafts/d.md", "tree/sub/drafts/e.md", "tree/private.md",
+        "tree/keep.md",
+        "tree/deep/a/b/ok.md",
+        "tree/drafts/d.md",
+        "tree/sub/drafts/e.md",
+        "tree/private.md",
     }
 
     edit_collection(qenv, "tree", ignore=["**/drafts/**", "private.md"])
@@ -332,9 +366,14 @@ def test_masks_union_brace_glob_alias_and_exclusions(qenv: Env, tmp_path: Path) 
 
 
 def test_incremental_unchanged_edit_delete_rename_shared_content(qenv: Env, tmp_path: Path) -> None:
-    root = write(tmp_path / "inc", {
-        "a.md": "# A\nquokkaone\n", "b.md": "# B\nbilbyword\n", "c.md": "# C\ncassowary\n",
-    })
+    root = write(
+        tmp_path / "inc",
+        {
+            "a.md": "# A\nquokkaone\n",
+            "b.md": "# B\nbilbyword\n",
+            "c.md": "# C\ncassowary\n",
+        },
+    )
     assert add(qenv, root, "x").counts == [(3, 0, 0, 0)]
     assert update(qenv) == (0, 0, 3, 0)
 
@@ -423,13 +462,16 @@ def test_empty_walk_never_prunes(qenv: Env, tmp_path: Path) -> None:
 
 
 def test_skipped_files_have_reasons(env: Env, tmp_path: Path) -> None:
-    root = write(tmp_path / "s", {
-        "ok.md": "# Ok\nskipword fine\n",
-        "turns.md": "# Turns\nskipword turnsbinary\n",
-        "bin.md": b"# Bin\x00\x01\x02 skipword\n",
-        "latin.md": "# Café\nskipword latin\n".encode("latin-1"),
-        "big.md": "# Big\nskipword " + "x" * 3000 + "\n",
-    })
+    root = write(
+        tmp_path / "s",
+        {
+            "ok.md": "# Ok\nskipword fine\n",
+            "turns.md": "# Turns\nskipword turnsbinary\n",
+            "bin.md": b"# Bin\x00\x01\x02 skipword\n",
+            "latin.md": "# Café\nskipword latin\n".encode("latin-1"),
+            "big.md": "# Big\nskipword " + "x" * 3000 + "\n",
+        },
+    )
     (root / "dangling.md").symlink_to(root / "nowhere.md")
     with daemon_with(env, {"QMD_MAX_FILE_BYTES": "2048"}):
         out = add(env, root, "x")
@@ -455,8 +497,9 @@ def test_skipped_files_have_reasons(env: Env, tmp_path: Path) -> None:
 
 
 def test_symlinks_never_lead_outside(qenv: Env, tmp_path: Path) -> None:
-    outside = write(tmp_path / "outside", {"secret.md": "# S\nlinkword outsidesecret\n",
-                                           "dir/o.md": "# O\nlinkword outsidedir\n"})
+    outside = write(
+        tmp_path / "outside", {"secret.md": "# S\nlinkword outsidesecret\n", "dir/o.md": "# O\nlinkword outsidedir\n"}
+    )
     root = write(tmp_path / "root", {"inner.md": "# I\nlinkword innerword\n", "esc.md": "# E\nlinkword escapee\n"})
     (root / "link-in.md").symlink_to(root / "inner.md")
     (root / "link-out.md").symlink_to(outside / "secret.md")
@@ -508,26 +551,36 @@ def test_update_cmd_runs_first_and_a_failure_aborts(qenv: Env, tmp_path: Path) -
 
 
 def test_titles_and_literal_paths(qenv: Env, tmp_path: Path) -> None:
-    root = write(tmp_path / "lit", {
-        "h1.md": "intro\n# First Heading\n\npathword\n",
-        "h2.md": "## Only Second\n\npathword\n",
-        "notes.md": "# Notes\n\n## Weekly Sync\n\npathword\n",
-        "front.md": "---\ntitle: Front Matter Title\n---\n# Body\n\npathword\n",
-        "plain-name.md": "pathword without headings\n",
-        "my notes/a b.md": "pathword spaced\n",
-        "ünïcødé/日本語.md": "pathword unicode\n",
-        "50%_off.md": "pathword percent\n",
-        "a_b.md": "pathword twin underscore\n",
-        "a-b.md": "pathword twin hyphen\n",
-    })
+    root = write(
+        tmp_path / "lit",
+        {
+            "h1.md": "intro\n# First Heading\n\npathword\n",
+            "h2.md": "## Only Second\n\npathword\n",
+            "notes.md": "# Notes\n\n## Weekly Sync\n\npathword\n",
+            "front.md": "---\ntitle: Front Matter Title\n---\n# Body\n\npathword\n",
+            "plain-name.md": "pathword without headings\n",
+            "my notes/a b.md": "pathword spaced\n",
+            "ünïcødé/日本語.md": "pathword unicode\n",
+            "50%_off.md": "pathword percent\n",
+            "a_b.md": "pathword twin underscore\n",
+            "a-b.md": "pathword twin hyphen\n",
+        },
+    )
     assert add(qenv, root, "x").counts == [(10, 0, 0, 0)]
     hits = qenv.json("search", "pathword", "--json", "--all")
     assert isinstance(hits, list)
     titles = {h["file"].removeprefix("qmd://x/"): h["title"] for h in hits}
     assert titles == {
-        "h1.md": "First Heading", "h2.md": "Only Second", "notes.md": "Weekly Sync",
-        "front.md": "Front Matter Title", "plain-name.md": "plain-name", "my notes/a b.md": "a b",
-        "ünïcødé/日本語.md": "日本語", "50%_off.md": "50%_off", "a_b.md": "a_b", "a-b.md": "a-b",
+        "h1.md": "First Heading",
+        "h2.md": "Only Second",
+        "notes.md": "Weekly Sync",
+        "front.md": "Front Matter Title",
+        "plain-name.md": "plain-name",
+        "my notes/a b.md": "a b",
+        "ünïcødé/日本語.md": "日本語",
+        "50%_off.md": "50%_off",
+        "a_b.md": "a_b",
+        "a-b.md": "a-b",
     }
     twins = found(qenv, "twin")
     assert set(twins) == {"x/a_b.md", "x/a-b.md"} and twins["x/a_b.md"] != twins["x/a-b.md"]

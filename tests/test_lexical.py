@@ -65,7 +65,11 @@ def conn(request: pytest.FixtureRequest) -> Iterator[sqlite3.Connection]:
 
 
 def add(
-    db: sqlite3.Connection, body: str, *, title: str = "", collection: str = "notes",
+    db: sqlite3.Connection,
+    body: str,
+    *,
+    title: str = "",
+    collection: str = "notes",
     path: str | None = None,
 ) -> int:
     """Insert one active document the way the indexer does (CJK-normalised title and body)."""
@@ -94,9 +98,7 @@ def match(db: sqlite3.Connection, expr: str) -> list[int]:
     return [row[0] for row in db.execute(sql, (expr,))]
 
 
-def ids(
-    db: sqlite3.Connection, query: str, collection: str | None = None, limit: int = 20
-) -> list[int]:
+def ids(db: sqlite3.Connection, query: str, collection: str | None = None, limit: int = 20) -> list[int]:
     return [h.doc_id for h in search_fts(db, parse_lex(query), collection, limit)]
 
 
@@ -180,9 +182,7 @@ def test_lex_translation(query: str, expected: str) -> None:
     assert parse_lex(query).match_all() == expected
 
 
-@pytest.mark.parametrize(
-    "query", ["-sports -athlete", "", "   ", "-", "--", '-"', '""', "!!! ... ---", "😀🎉"]
-)
+@pytest.mark.parametrize("query", ["-sports -athlete", "", "   ", "-", "--", '-"', '""', "!!! ... ---", "😀🎉"])
 def test_unsearchable_queries_give_none(query: str) -> None:
     lq = parse_lex(query)
     assert lq.positives == ()
@@ -300,17 +300,94 @@ def test_max_terms_must_be_positive() -> None:
 ITEM = re.compile(r'^"[^"]+"\*?$')
 
 HOSTILE = [
-    '"unbalanced', 'unbalanced"', '"""', '""""', '"a" "b', "*", "**", "foo*", "*foo", "NEAR(",
-    "NEAR(a b)", "NEAR(a b, 3)", "a NEAR b", ":", "::", "title:foo", "col:term", "body:", "^foo",
-    "^", "-", "--", "---", '-"', '-""', "- -", "-foo-", "AND", "OR", "NOT", "AND OR NOT",
-    "a AND", "OR b", "NOT c", "foo AND bar", "foo OR bar", "foo NOT bar", "(", ")", "()",
-    "(foo)", "(foo OR bar", "{}", "{title body}: foo", "{title}:foo", "[]", "+", "+foo",
-    "foo+bar", "\\", '\\"', "'", "''", "'foo'", "%", "_", "__init__", "a'b'c", ";DROP TABLE x;--",
-    "😀", "foo😀bar", "👍🏽 thumbs", "中文", "中文English混合", "한국어-텍스트",
+    '"unbalanced',
+    'unbalanced"',
+    '"""',
+    '""""',
+    '"a" "b',
+    "*",
+    "**",
+    "foo*",
+    "*foo",
+    "NEAR(",
+    "NEAR(a b)",
+    "NEAR(a b, 3)",
+    "a NEAR b",
+    ":",
+    "::",
+    "title:foo",
+    "col:term",
+    "body:",
+    "^foo",
+    "^",
+    "-",
+    "--",
+    "---",
+    '-"',
+    '-""',
+    "- -",
+    "-foo-",
+    "AND",
+    "OR",
+    "NOT",
+    "AND OR NOT",
+    "a AND",
+    "OR b",
+    "NOT c",
+    "foo AND bar",
+    "foo OR bar",
+    "foo NOT bar",
+    "(",
+    ")",
+    "()",
+    "(foo)",
+    "(foo OR bar",
+    "{}",
+    "{title body}: foo",
+    "{title}:foo",
+    "[]",
+    "+",
+    "+foo",
+    "foo+bar",
+    "\\",
+    '\\"',
+    "'",
+    "''",
+    "'foo'",
+    "%",
+    "_",
+    "__init__",
+    "a'b'c",
+    ";DROP TABLE x;--",
+    "😀",
+    "foo😀bar",
+    "👍🏽 thumbs",
+    "中文",
+    "中文English混合",
+    "한국어-텍스트",
     "日本語.テキスト",
-    "\x00", "foo\x00bar", "\x00\x00\x00", "\ud800", "foo\udfffbar", "\t\n\r", "\u200b",
-    "\u2028foo\u2029", "ﷺ", "٣.١٤", "x" * 10_000, "a-" * 3000, "." * 5000, '"' * 999,
-    "ᦰᦱᦲ", "a ᦰ", "NEAR", "near(foo", "foo:bar:baz", "e.g.", "U.S.A.", "-foo.bar",
+    "\x00",
+    "foo\x00bar",
+    "\x00\x00\x00",
+    "\ud800",
+    "foo\udfffbar",
+    "\t\n\r",
+    "\u200b",
+    "\u2028foo\u2029",
+    "ﷺ",
+    "٣.١٤",
+    "x" * 10_000,
+    "a-" * 3000,
+    "." * 5000,
+    '"' * 999,
+    "ᦰᦱᦲ",
+    "a ᦰ",
+    "NEAR",
+    "near(foo",
+    "foo:bar:baz",
+    "e.g.",
+    "U.S.A.",
+    "-foo.bar",
 ]
 
 
@@ -326,7 +403,7 @@ def test_hostile_input_is_safe(conn: sqlite3.Connection, query: str) -> None:
 def test_random_text_10kb(conn: sqlite3.Connection) -> None:
     add(conn, "foo bar")
     rng = random.Random(7)
-    alphabet = 'abcXYZ019 "*-:^(){}+.,;\'_\\/!?\t\n中文한국😀\x00'
+    alphabet = "abcXYZ019 \"*-:^(){}+.,;'_\\/!?\t\n中文한국😀\x00"
     for _ in range(5):
         query = "".join(rng.choice(alphabet) for _ in range(10_000))
         run_all(conn, parse_lex(query))
@@ -337,9 +414,9 @@ def _random_query(rng: random.Random) -> str:
     for _ in range(rng.randint(0, 12)):
         kind = rng.random()
         if kind < 0.3:
-            pieces.append(rng.choice('"-*():^{} .+\'_\x00'))
+            pieces.append(rng.choice("\"-*():^{} .+'_\x00"))
         elif kind < 0.45:
-            pieces.append(rng.choice(["AND", "OR", "NOT", "NEAR", "NEAR(", "title:", "-\"", "--"]))
+            pieces.append(rng.choice(["AND", "OR", "NOT", "NEAR", "NEAR(", "title:", '-"', "--"]))
         elif kind < 0.7:
             pieces.append("".join(rng.choices("abcdefghij0123456789", k=rng.randint(1, 6))))
         elif kind < 0.85:
@@ -502,9 +579,14 @@ def test_ranking_is_exact_not_a_candidate_pool(conn: sqlite3.Connection) -> None
     both = add(conn, "quill and ember " + "padding words " * 100)
     add_filler(conn, 10)
     lq = parse_lex("zephyr quill ember")
-    or_pool = [r[0] for r in conn.execute(
-        "SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"
-        " ORDER BY bm25(documents_fts, 1.5, 4.0, 1.0) LIMIT 5", (lq.match_any(),))]
+    or_pool = [
+        r[0]
+        for r in conn.execute(
+            "SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"
+            " ORDER BY bm25(documents_fts, 1.5, 4.0, 1.0) LIMIT 5",
+            (lq.match_any(),),
+        )
+    ]
     assert both not in or_pool
     hits = search_fts(conn, lq, None, 5)
     assert hits[0].doc_id == both and hits[0].matched == 2
@@ -522,15 +604,11 @@ def test_negation_applies_to_partial_matches(conn: sqlite3.Connection) -> None:
 
 
 def test_bm25_is_the_same_in_and_and_or_queries(conn: sqlite3.Connection) -> None:
-    docs = [
-        add(conn, f"alpha beta {'alpha ' * i}words", title="beta" if i % 2 else "")
-        for i in range(6)
-    ]
+    docs = [add(conn, f"alpha beta {'alpha ' * i}words", title="beta" if i % 2 else "") for i in range(6)]
     add(conn, "alpha only here")
     add_filler(conn)
     lq = parse_lex("alpha beta -gamma")
-    sql = ("SELECT rowid, bm25(documents_fts, 1.5, 4.0, 1.0) FROM documents_fts"
-           " WHERE documents_fts MATCH ?")
+    sql = "SELECT rowid, bm25(documents_fts, 1.5, 4.0, 1.0) FROM documents_fts WHERE documents_fts MATCH ?"
     and_scores = dict(conn.execute(sql, (lq.match_all(),)).fetchall())
     or_scores = dict(conn.execute(sql, (lq.match_any(),)).fetchall())
     assert set(and_scores) == set(docs)
@@ -560,8 +638,7 @@ def test_equal_scores_tie_break_by_doc_id(conn: sqlite3.Connection) -> None:
 def test_collection_filter_is_inside_sql_no_starvation(conn: sqlite3.Connection) -> None:
     for i in range(300):
         add(conn, f"nebula nebula nebula report {i}", title="nebula", collection="big")
-    small = add(conn, "a long note that mentions a nebula once among many other words " * 3,
-                collection="small")
+    small = add(conn, "a long note that mentions a nebula once among many other words " * 3, collection="small")
     add_filler(conn, 30)
     assert small not in ids(conn, "nebula", limit=5)
     assert ids(conn, "nebula", collection="small", limit=5) == [small]
@@ -625,12 +702,12 @@ def test_scores_monotone_and_levels_separated(conn: sqlite3.Connection) -> None:
 
 def test_timing_sanity_5k_docs(conn: sqlite3.Connection) -> None:
     rng = random.Random(11)
-    vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9)))
-             for _ in range(5000)]
+    vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9))) for _ in range(5000)]
     weights = [1 / (i + 1) for i in range(len(vocab))]
     for i in range(5000):
         add(
-            conn, " ".join(rng.choices(vocab, weights, k=150)),
+            conn,
+            " ".join(rng.choices(vocab, weights, k=150)),
             title=" ".join(rng.choices(vocab, weights, k=4)),
             collection="big" if i % 10 else "small",
         )

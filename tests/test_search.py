@@ -7,15 +7,71 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import NOTES, Daemon, Env, write
 
 HOSTILE = [
-    '"unbalanced', 'a "b', '"', '""', "*", "**", "a*b", "NEAR(", "NEAR(a b)", "NEAR(a, 2)", ":", "col:term",
-    "title:foo", "^", "^start", "-", "--", "- -", '-"', "-a", "AND", "OR", "NOT", "a AND", "OR b", "NOT NOT",
-    "a OR OR b", "(", ")", "(a", "{a b}", "[x]", "+", "a+b", "\\", "'", "''", "don't", "🙂", "🙂🙂 rocket 🚀",
-    "日本語", "東京 tokyo", "한국어 검색", "a\x00b", "\t\n", "   ", "a.b.c.", "..", ".", "-.-", "#", "#abc",
-    "%", "_", "__init__", "C++", "c#", "f(x)=y", "x" * 300, "word " * 2000, "é" * 50, "ß straße",
+    '"unbalanced',
+    'a "b',
+    '"',
+    '""',
+    "*",
+    "**",
+    "a*b",
+    "NEAR(",
+    "NEAR(a b)",
+    "NEAR(a, 2)",
+    ":",
+    "col:term",
+    "title:foo",
+    "^",
+    "^start",
+    "-",
+    "--",
+    "- -",
+    '-"',
+    "-a",
+    "AND",
+    "OR",
+    "NOT",
+    "a AND",
+    "OR b",
+    "NOT NOT",
+    "a OR OR b",
+    "(",
+    ")",
+    "(a",
+    "{a b}",
+    "[x]",
+    "+",
+    "a+b",
+    "\\",
+    "'",
+    "''",
+    "don't",
+    "🙂",
+    "🙂🙂 rocket 🚀",
+    "日本語",
+    "東京 tokyo",
+    "한국어 검색",
+    "a\x00b",
+    "\t\n",
+    "   ",
+    "a.b.c.",
+    "..",
+    ".",
+    "-.-",
+    "#",
+    "#abc",
+    "%",
+    "_",
+    "__init__",
+    "C++",
+    "c#",
+    "f(x)=y",
+    "x" * 300,
+    "word " * 2000,
+    "é" * 50,
+    "ß straße",
 ]
 
 
@@ -51,7 +107,7 @@ def test_hostile_queries_never_fail(shared_daemon: Daemon, corpus: Path, query: 
 
 def test_random_unicode_queries_never_fail(shared_daemon: Daemon, corpus: Path) -> None:
     rng = random.Random(7)
-    alphabet = 'abc XYZ 0123 "-*():^.,+_#@!?\'\\/{}[]<>~`|&;日本🙂é\t'
+    alphabet = "abc XYZ 0123 \"-*():^.,+_#@!?'\\/{}[]<>~`|&;日本🙂é\t"
     for _ in range(150):
         q = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
         r = shared_daemon.http.post("/v1/search", json={"query": q})
@@ -75,18 +131,23 @@ def test_pointer_line_ranges_are_real(shared_daemon: Daemon, corpus: Path) -> No
 
 
 def test_natural_language_question_finds_partial_matches(shared_daemon: Daemon, corpus: Path) -> None:
-    hits = shared_daemon.http.post("/v1/search", json={"query": "how do I raise money for a startup", "limit": 5}).json()
+    hits = shared_daemon.http.post(
+        "/v1/search", json={"query": "how do I raise money for a startup", "limit": 5}
+    ).json()
     files = [h["path"] for h in hits["results"]]
     assert files[0] == "fundraising.md"
     assert "ideas.md" in files  # matches only "startup"
 
 
 def test_all_terms_rank_first(env: Env, daemon: Daemon, tmp_path: Path) -> None:
-    root = write(tmp_path / "rank", {
-        "all.md": "# Doc\n\nalpha beta gamma\n",
-        "two.md": "# Doc\n\nalpha beta\n" + "alpha beta\n" * 30,
-        "one.md": "# Doc\n\n" + "alpha\n" * 100,
-    })
+    root = write(
+        tmp_path / "rank",
+        {
+            "all.md": "# Doc\n\nalpha beta gamma\n",
+            "two.md": "# Doc\n\nalpha beta\n" + "alpha beta\n" * 30,
+            "one.md": "# Doc\n\n" + "alpha\n" * 100,
+        },
+    )
     env.ok("collection", "add", str(root), "--name", "rank")
     hits = env.json("search", "alpha beta gamma", "--json")
     assert [h["file"] for h in hits] == ["qmd://rank/all.md", "qmd://rank/two.md", "qmd://rank/one.md"]
@@ -96,7 +157,9 @@ def test_all_terms_rank_first(env: Env, daemon: Daemon, tmp_path: Path) -> None:
 
 def test_syntax_phrases_negation_dots_hyphens(shared_daemon: Daemon, corpus: Path) -> None:
     def files(q: str) -> list[str]:
-        return [h["path"] for h in shared_daemon.http.post("/v1/search", json={"query": q, "limit": 10}).json()["results"]]
+        return [
+            h["path"] for h in shared_daemon.http.post("/v1/search", json={"query": q, "limit": 10}).json()["results"]
+        ]
 
     assert files('"pitch deck"') == ["fundraising.md"]
     assert "fundraising.md" not in files("investors -angel")
@@ -107,7 +170,9 @@ def test_syntax_phrases_negation_dots_hyphens(shared_daemon: Daemon, corpus: Pat
 
 
 def test_small_collection_not_starved(env: Env, daemon: Daemon, tmp_path: Path) -> None:
-    big = write(tmp_path / "big", {f"n{i}.md": f"# Kubernetes {i}\n\nkubernetes kubernetes cluster\n" for i in range(300)})
+    big = write(
+        tmp_path / "big", {f"n{i}.md": f"# Kubernetes {i}\n\nkubernetes kubernetes cluster\n" for i in range(300)}
+    )
     small = write(tmp_path / "small", {"one.md": "# Notes\n\na passing mention of kubernetes\n"})
     env.ok("collection", "add", str(big), "--name", "big")
     env.ok("collection", "add", str(small), "--name", "small")
