@@ -94,8 +94,11 @@ def _connect(path: Path):
 
 def floor_fts5(root: Path, db: Path) -> tuple[float, float]:
     """(total seconds, seconds inside INSERT) for read + decode + FTS5 insert, one transaction."""
+    from server.store import FTS_SCHEMA
+
     conn = _connect(db)
-    conn.execute("CREATE VIRTUAL TABLE fts USING fts5(filepath, title, body, tokenize='porter unicode61')")
+    # the same table definition as the index's (with or without a copy of the bodies)
+    conn.execute(FTS_SCHEMA.replace("IF NOT EXISTS documents_fts", "fts"))
     t0 = time.perf_counter()
     insert_s = 0.0
     conn.execute("BEGIN")
@@ -115,10 +118,11 @@ def floor_fts5(root: Path, db: Path) -> tuple[float, float]:
 
 def floor_schema(root: Path, db: Path) -> float:
     """qmd's schema and statements, in one process, batches of 400 files per transaction."""
-    from server.store import SCHEMA
+    from server.store import FTS_SCHEMA, SCHEMA
 
     conn = _connect(db)
     conn.executescript(SCHEMA)
+    conn.execute(FTS_SCHEMA)
     files = list_files(root)
     t0 = time.perf_counter()
     now = "2026-01-01T00:00:00+00:00"
