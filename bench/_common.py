@@ -47,8 +47,14 @@ class Isolated:
         for d in (self.cache, self.config, self.home):
             d.mkdir(parents=True, exist_ok=True)
         pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        # PYTHONDONTWRITEBYTECODE (set in some sandboxes) would make every CLI start
+        # compile its modules from source; users have bytecode caches, so measure that.
         self.vars = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("QMD_", "XDG_", "INDEX_PATH"))},
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("QMD_", "XDG_", "INDEX_PATH")) and k != "PYTHONDONTWRITEBYTECODE"
+            },
             "HOME": str(self.home),
             "XDG_CACHE_HOME": str(self.cache),
             "XDG_CONFIG_HOME": str(self.config),

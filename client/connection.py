@@ -8,12 +8,10 @@ and the CLI carries on only once `/health` answers for the right index.
 
 from __future__ import annotations
 
-import fcntl
 import http.client
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -163,6 +161,8 @@ class Daemon:
             raise ClientError(
                 f"no qmd daemon answers at {self.url}, and QMD_NO_AUTOSTART is set. Start one with 'qmdd'."
             )
+        import fcntl  # only when starting a daemon: keep the common path's imports small
+
         self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
         with open(self.paths.lockfile, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -175,6 +175,8 @@ class Daemon:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _spawn_and_wait(self) -> dict:
+        import subprocess
+
         cmd = [sys.executable, "-m", "server.main", "--host", self.bind_host, "--port", str(self.port)]
         if self.index_arg:
             cmd += ["--index", self.paths.name]
