@@ -29,7 +29,7 @@ from .documents import DocRow, find_document, glob_documents, is_comma_list, par
 from .errors import Conflict, InvalidInput, NotFound, QmdError
 from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
 from .paths import DEFAULT_INDEX, IndexPaths
-from .search import SearchOutcome, file_uri, search
+from .search import QueryOutcome, SearchOutcome, file_uri, search, structured_query
 from .store import Store, fts_delete, fts_put
 
 
@@ -255,6 +255,21 @@ class Engine:
     def search(self, query: str, **kw: object) -> SearchOutcome:
         return search(self.store, self.config, query, index_name=self.index_label, **kw)  # type: ignore[arg-type]
 
+    def query(self, searches: list[tuple[str, str]], **kw: object) -> QueryOutcome:
+        return structured_query(
+            self.store,
+            self.config,
+            searches,
+            pending_vectors=self.pending_vectors(),
+            index_name=self.index_label,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def pending_vectors(self) -> int:
+        """Documents without embeddings: all of them until vectors are built."""
+        with self.store.read() as conn:
+            return conn.execute("SELECT COUNT(DISTINCT hash) FROM documents WHERE active = 1").fetchone()[0]
+
     def get(
         self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
     ) -> dict:
@@ -366,7 +381,7 @@ class Engine:
         collections = self.describe_collections()
         with self.store.read() as conn:
             total = conn.execute("SELECT COUNT(*) FROM documents WHERE active = 1").fetchone()[0]
-            hashes = conn.execute("SELECT COUNT(DISTINCT hash) FROM documents WHERE active = 1").fetchone()[0]
+        hashes = self.pending_vectors()
         try:
             size = self.paths.db.stat().st_size + _size(Path(str(self.paths.db) + "-wal"))
         except OSError:

@@ -36,7 +36,7 @@ from .api import (
 )
 from .engine import Engine, summary_dict
 from .errors import QmdError
-from .snippets import snippet_header
+from .search import numbered_snippet
 
 router = APIRouter()
 
@@ -53,43 +53,19 @@ def health(request: Request) -> Health:
     )
 
 
-def _numbered(hit: dict) -> str:
-    lines = hit["snippet"].split("\n")
-    body = "\n".join(f"{hit['start_line'] + i}: {line}" for i, line in enumerate(lines))
-    return snippet_header(hit["start_line"], len(lines), hit["total_lines"]) + "\n" + body
-
-
 @router.post("/query", response_model=QueryResponse, tags=["public"])
 @router.post("/search", response_model=QueryResponse, tags=["public"])
 def query(body: QueryRequest, request: Request) -> QueryResponse:
-    """Typed searches (spec §21.1). `lex` runs; `vec`/`hyde` are reported as skipped
-    until the index has embeddings, never dropped silently."""
-    e = engine_of(request)
-    skipped: list[SkippedStage] = []
-    warnings: list[str] = []
-    best: dict[str, dict] = {}
-    pending = e.status()["vector"]["pending"]
-    for sub in body.searches:
-        if sub.type != "lex":
-            skipped.append(
-                SkippedStage(
-                    stage=sub.type,
-                    reason=f"vector search unavailable — {pending} documents pending (no embeddings yet): "
-                    f"{sub.query!r} did not run",
-                )
-            )
-            continue
-        out = e.search(sub.query, collections=body.collections, limit=body.limit, min_score=body.minScore, max_len=300)
-        warnings.extend(out.warnings)
-        for hit in out.hits:
-            key = hit["file"]
-            if key not in best or hit["score"] > best[key]["score"]:
-                best[key] = hit
-    if body.rerank:
-        skipped.append(SkippedStage(stage="rerank", reason="no rerank model is loaded in this version"))
-    if body.intent:
-        warnings.append("intent was not applied: keyword-only search does not use it yet")
-    hits = sorted(best.values(), key=lambda h: -h["score"])[: body.limit]
+    """Typed searches (spec §21.1): `lex` runs now; `vec`/`hyde` and reranking are
+    listed under `skipped` with the reason, never dropped silently."""
+    out = engine_of(request).query(
+        [(s.type, s.query) for s in body.searches],
+        collections=body.collections,
+        limit=body.limit,
+        min_score=body.minScore,
+        intent=body.intent,
+        rerank=body.rerank,
+    )
     return QueryResponse(
         results=[
             QueryResult(
@@ -100,12 +76,12 @@ def query(body: QueryRequest, request: Request) -> QueryResponse:
                 context=h["context"],
                 line=h["line"],
                 lines=f"{h['start_line']}-{h['end_line']}",
-                snippet=_numbered(h),
+                snippet=numbered_snippet(h),
             )
-            for h in hits
+            for h in out.hits
         ],
-        skipped=skipped,
-        warnings=list(dict.fromkeys(warnings)),
+        skipped=[SkippedStage(**s) for s in out.skipped],
+        warnings=out.warnings,
     )
 
 

@@ -14,7 +14,7 @@ from .config import Config
 from .documents import DocRow, fetch_ids
 from .errors import InvalidInput
 from .lexical import LexQuery, parse_lex, search_fts
-from .snippets import best_passage
+from .snippets import best_passage, snippet_header
 from .store import Store
 
 MAX_QUERY_CHARS = 20_000
@@ -147,3 +147,69 @@ def search(
         for h in kept
     ]
     return out
+
+
+@dataclass
+class QueryOutcome:
+    hits: list[dict]
+    skipped: list[dict] = field(default_factory=list)  # {"stage", "reason"}: what could not run, and why
+    warnings: list[str] = field(default_factory=list)
+
+
+def structured_query(
+    store: Store,
+    config: Config,
+    searches: list[tuple[str, str]],
+    *,
+    pending_vectors: int,
+    collections: list[str] | None = None,
+    limit: int = 10,
+    min_score: float = 0.0,
+    intent: str | None = None,
+    rerank: bool = True,
+    index_name: str | None = None,
+    max_len: int = 300,
+) -> QueryOutcome:
+    """Typed sub-queries (spec §13.3). `lex` runs; `vec`/`hyde` and reranking are
+    reported as skipped with the reason until the index has embeddings and models:
+    a caller is never quietly given less than it asked for."""
+    out = QueryOutcome(hits=[])
+    best: dict[str, dict] = {}
+    for kind, text in searches:
+        if kind != "lex":
+            out.skipped.append(
+                {
+                    "stage": kind,
+                    "reason": f"vector search unavailable — {pending_vectors} documents pending "
+                    f"(no embeddings yet): {text!r} did not run",
+                }
+            )
+            continue
+        res = search(
+            store,
+            config,
+            text,
+            collections=collections,
+            limit=limit,
+            min_score=min_score,
+            index_name=index_name,
+            max_len=max_len,
+        )
+        out.warnings.extend(res.warnings)
+        for hit in res.hits:
+            if hit["file"] not in best or hit["score"] > best[hit["file"]]["score"]:
+                best[hit["file"]] = hit
+    if rerank:
+        out.skipped.append({"stage": "rerank", "reason": "no rerank model is loaded in this version"})
+    if intent:
+        out.warnings.append("intent was not applied: keyword-only search does not use it yet")
+    out.hits = sorted(best.values(), key=lambda h: -h["score"])[:limit]
+    out.warnings = list(dict.fromkeys(out.warnings))
+    return out
+
+
+def numbered_snippet(hit: dict) -> str:
+    """The passage under its `@@` header, each line numbered with its real line number."""
+    lines = hit["snippet"].split("\n")
+    body = "\n".join(f"{hit['start_line'] + i}: {line}" for i, line in enumerate(lines))
+    return snippet_header(hit["start_line"], len(lines), hit["total_lines"]) + "\n" + body
