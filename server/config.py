@@ -160,7 +160,7 @@ class Config:
             collections={str(n): Collection.from_yaml(str(n), c, source) for n, c in colls_raw.items()},
             global_context=raw.pop("global_context", None),
             editor_uri=editor,
-            models={str(k): str(v) for k, v in models.items()} if isinstance(models, dict) else {},
+            models={str(k): str(v) for k, v in models.items() if v is not None} if isinstance(models, dict) else {},
             extra=raw,
         )
 
