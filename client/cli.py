@@ -586,6 +586,81 @@ def context_rm(c: Ctx, target: str) -> None:
 context.add_command(context_rm, "remove")
 
 
+# -- MCP and daemon lifecycle ----------------------------------------------------------
+# Lazy imports below: `qmd search` must not pay for the bridge or the pidfile helpers.
+
+
+def _exec_qmdd(c: Ctx, *args: str) -> None:
+    """Become `qmdd ARGS`: the same process, so signals and the exit code are the daemon's."""
+    index = ["--index", c.index] if c.index else []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "server.main", *index, *args])
+
+
+def _stop(c: Ctx) -> None:
+    """Stop by pidfile alone: no connection, so no token is needed to stop your own daemon."""
+    from server.main import stop_daemon
+    from server.paths import IndexPaths
+
+    try:
+        paths = IndexPaths.resolve(c.index)
+    except ValueError as e:
+        raise ClientError(str(e)) from e
+    code, message = stop_daemon(paths)
+    click.echo(message, err=code != 0)
+    sys.exit(code)
+
+
+@cli.group("mcp", invoke_without_command=True)
+@click.option("--http", "over_http", is_flag=True, help="Serve MCP over HTTP at /mcp (runs the daemon) instead.")
+@click.option("--daemon", "detach", is_flag=True, help="With --http: start it in the background.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="With --http: port [QMD_PORT or 8181].")
+@click.option("--host", default=None, help="With --http: interface [QMD_HOST or localhost].")
+@click.pass_context
+def mcp(ctx: click.Context, over_http: bool, detach: bool, port: int | None, host: str | None) -> None:
+    """MCP server for agents: stdio here, forwarding to the daemon's /mcp.
+
+    \b
+    Agent config:  {"command": "qmd", "args": ["mcp"]}
+    or over HTTP:  http://localhost:8181/mcp  (the daemon serves it)
+    `qmd mcp --http [--daemon]` is the original's spelling of `qmdd [--daemon]`.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not over_http:
+        if detach or port is not None or host is not None:
+            raise click.UsageError("--daemon, --port and --host go with --http")
+        from mcp_bridge.bridge import main as bridge_main
+
+        sys.exit(bridge_main(ctx.obj.index))
+    args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
+    _exec_qmdd(ctx.obj, *args, *(["--daemon"] if detach else []))
+
+
+@mcp.command("stop")
+@pass_ctx
+def mcp_stop(c: Ctx) -> None:
+    """Stop the daemon (same as `qmd daemon stop`)."""
+    _stop(c)
+
+
+@cli.group()
+def daemon() -> None:
+    """Stop the background daemon (qmdd). Any command starts it again."""
+
+
+@daemon.command("stop")
+@pass_ctx
+def daemon_stop(c: Ctx) -> None:
+    """SIGTERM the daemon named by the pidfile and wait for it to exit.
+
+    Only a process whose pid and start time both match the pidfile is signalled,
+    so a pid the system has since given to another program is left alone.
+    """
+    _stop(c)
+
+
 def main() -> None:
     """Entry point: user errors are one line on stderr, never a traceback."""
     try:

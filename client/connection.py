@@ -4,6 +4,9 @@ Autostart runs under an exclusive file lock, re-checking `/health` once the lock
 held, so ten CLIs started at once start exactly one daemon. The daemon is started
 detached (own session, same environment, output to its log under the cache dir)
 and the CLI carries on only once `/health` answers for the right index.
+
+When a bearer token is configured (`QMD_TOKEN` or the token file, see `server.auth`)
+every request carries it; the stdio bridge reuses this class, token included.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
+from server.auth import TokenError, load_token
 from server.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths
 
 START_TIMEOUT_S = 30.0
@@ -74,12 +78,19 @@ class Http:
             self._conn = conn
         return self._conn
 
-    def open(self, method: str, path: str, body: Any = None) -> http.client.HTTPResponse:
+    def open(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> http.client.HTTPResponse:
         """Send a request and return the response with its body unread.
 
+        `headers` are added to the connection's own (the token) for this request only.
         A kept-alive connection the server has closed is retried once on a new one."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {**self.headers, **({"Content-Type": "application/json"} if data is not None else {})}
+        headers = {
+            **self.headers,
+            **({"Content-Type": "application/json"} if data is not None else {}),
+            **(headers or {}),
+        }
         for attempt in (1, 2):
             conn = self._connection()
             try:
@@ -118,10 +129,20 @@ class Daemon:
             host = "127.0.0.1"
         host = host.strip("[]")
         self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
-        headers = {"Accept": "application/json"}
-        if os.environ.get("QMD_TOKEN"):
-            headers["Authorization"] = f"Bearer {os.environ['QMD_TOKEN']}"
-        self.http = Http(host, self.port, headers)
+        self.host = host
+        self.headers = {"Accept": "application/json"}
+        try:
+            token = load_token()
+        except TokenError as e:
+            raise ClientError(str(e)) from e
+        if token is not None:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self.http = self.connect()
+
+    def connect(self) -> Http:
+        """A new connection of its own (with the token): one per thread, since an
+        `http.client` connection carries one exchange at a time."""
+        return Http(self.host, self.port, self.headers)
 
     # -- liveness -------------------------------------------------------------
 
@@ -140,10 +161,13 @@ class Daemon:
 
     def _check_index(self, index: str | None) -> None:
         if index != self.paths.name:
-            raise ClientError(
-                f"the qmd daemon at {self.url} serves index '{index}', not '{self.paths.name}'. "
-                "Give this index its own port with QMD_PORT."
-            )
+            raise ClientError(self.wrong_index(index))
+
+    def wrong_index(self, index: str | None) -> str:
+        return (
+            f"the qmd daemon at {self.url} serves index '{index}', not '{self.paths.name}'. "
+            "Give this index its own port with QMD_PORT."
+        )
 
     def _send(self, method: str, path: str, body: Any) -> Response:
         """One request; when nothing listens, start the daemon and try once more."""
@@ -151,12 +175,13 @@ class Daemon:
             r = self.http.request(method, path, body)
         except ConnectionRefusedError:
             self.http.close()
-            self._autostart()
+            self.autostart()
             r = self.http.request(method, path, body)
         self._check_index(r.index)
         return r
 
-    def _autostart(self) -> dict:
+    def autostart(self) -> dict:
+        """Make sure a daemon answers: start one (once, under the lock) if none does."""
         if _truthy(os.environ.get("QMD_NO_AUTOSTART")):
             raise ClientError(
                 f"no qmd daemon answers at {self.url}, and QMD_NO_AUTOSTART is set. Start one with 'qmdd'."

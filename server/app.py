@@ -11,9 +11,11 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
+from .auth import require_token
 from .engine import Engine
 from .errors import QmdError
 from .guard import GuardSettings, OriginHostGuard
+from .mcp import McpEndpoint
 from .routes import router
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -115,7 +117,7 @@ def _describe(errors: list[dict[str, Any]]) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
-def create_app(engine: Engine, guard: GuardSettings) -> ASGIApp:
+def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -> ASGIApp:
     app = FastAPI(
         title="qmd",
         version=__version__,
@@ -124,6 +126,8 @@ def create_app(engine: Engine, guard: GuardSettings) -> ASGIApp:
     app.state.engine = engine
     app.state.log = log
     app.include_router(router)
+    # MCP (spec §20) is a route of this app, so every middleware and the guard screen it too.
+    app.add_route("/mcp", McpEndpoint(engine), methods=["POST"], include_in_schema=False)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -145,4 +149,6 @@ def create_app(engine: Engine, guard: GuardSettings) -> ASGIApp:
         log.exception("unhandled error")
         return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
-    return OriginHostGuard(IndexHeader(BodyLimit(app), engine.paths.name), guard)
+    # The token check sits inside the guard (a foreign page is refused before it can probe
+    # for a token) and inside IndexHeader (a 401 still names the index, as the CLI expects).
+    return OriginHostGuard(IndexHeader(require_token(BodyLimit(app), token), engine.paths.name), guard)

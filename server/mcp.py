@@ -1,0 +1,772 @@
+"""MCP over Streamable HTTP at `/mcp` (spec §20), served by the daemon itself.
+
+Every MCP client -- an editor speaking HTTP, or `qmd mcp` bridging stdio -- shares
+this one process, its index and (later) its warm models, instead of each agent
+loading its own copy. The official SDK's low-level `Server` is used rather than
+`MCPServer` because the tool contract is ours to state exactly: hand-written input
+schemas, unknown parameters refused by name (the original drops them silently),
+and results shaped as pointers (seeds/002).
+
+The transport is stateless with JSON responses: each POST is one self-contained
+exchange, so nothing outlives a request. That is also why a session manager is
+created and run per request (`McpEndpoint`): the SDK needs a running task group
+to serve a request, and a per-request one works however the app is hosted
+(`qmdd` runs uvicorn with `lifespan="off"`), with no state to leak between
+requests and nothing to shut down.
+
+SDK surface relied on (mcp 2.3.0): `mcp.server.lowlevel.Server` (`on_*` handlers,
+`get_tool_input_schema`, the `middleware` list), `StreamableHTTPSessionManager`
+(`stateless=True`, `json_response=True`, `run()`, `handle_request()`),
+`TransportSecuritySettings`, `MCPError` and the `mcp.types` models.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote, unquote
+
+import anyio.to_thread
+from mcp import types
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import Receive, Scope, Send
+
+from . import __version__
+from .engine import Engine
+from .errors import InvalidInput, NotFound, QmdError
+from .search import numbered_snippet
+from .store import utcnow
+
+log = logging.getLogger("qmd.mcp")
+
+DEFAULT_QUERY_LIMIT = 8
+"""At most ~8 pointers by default (seeds/002): a budget that keeps ranking honest."""
+DEFAULT_MAX_BYTES = 65536
+MAX_QUERY_CHARS = 20_000
+URI_SCHEME = "qmd://"
+
+
+# -- tool arguments ------------------------------------------------------------------
+#
+# Field names are the wire names (camelCase, as in §20.3) so the models and the
+# listed schemas name parameters identically; `extra="forbid"` is what turns a
+# misspelled parameter into an error instead of a silently ignored one.
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubSearchArgs(_Args):
+    type: Literal["lex", "vec", "hyde"]
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
+
+
+class QueryArgs(_Args):
+    searches: list[SubSearchArgs] | None = Field(None, min_length=1, max_length=10)
+    query: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS)
+    limit: int = Field(DEFAULT_QUERY_LIMIT, ge=1, le=1000)
+    minScore: float = Field(0.0, ge=0.0, le=1.0)
+    candidateLimit: int | None = Field(None, ge=1, le=1000)
+    collections: list[str] | None = None
+    intent: str | None = Field(None, max_length=2000)
+    rerank: bool = True
+
+
+class GetArgs(_Args):
+    file: str = Field(min_length=1, max_length=4096)
+    fromLine: int | None = Field(None, ge=1)
+    maxLines: int | None = Field(None, ge=1)
+    lineNumbers: bool = True
+
+
+class MultiGetArgs(_Args):
+    pattern: str = Field(min_length=1, max_length=4096)
+    maxLines: int | None = Field(None, ge=1)
+    maxBytes: int = Field(DEFAULT_MAX_BYTES, ge=1)
+    lineNumbers: bool = True
+
+
+class StatusArgs(_Args):
+    pass
+
+
+_NESTED_ARGS: dict[str, type[_Args]] = {"searches": SubSearchArgs}
+"""Models of list-valued parameters, for naming the fields an unknown nested key may have meant."""
+
+
+def _unknown_parameter(where: str, name: str, known: list[str]) -> str:
+    """`unknown parameter 'where'`, with the real parameter `name` most likely meant."""
+    folded = {k.lower().replace("_", ""): k for k in known}
+    guess = folded.get(name.lower().replace("_", "").replace("-", ""))
+    if guess is None:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    if guess:
+        hint = f" (did you mean '{guess}'?)"
+    elif known:
+        hint = f" (expected one of: {', '.join(known)})"
+    else:
+        hint = " (this tool takes no parameters)"
+    return f"unknown parameter '{where}'{hint}"
+
+
+def _describe(err: ValidationError, model: type[_Args]) -> str:
+    """Turn pydantic errors into one line that names each bad parameter and what to fix."""
+    parts: list[str] = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"]]
+        where = loc[0] + "".join(f"[{x}]" if x.isdigit() else f".{x}" for x in loc[1:]) if loc else "arguments"
+        if e["type"] == "extra_forbidden":
+            owner = _NESTED_ARGS.get(loc[0], model) if len(loc) > 1 else model
+            parts.append(_unknown_parameter(where, loc[-1], list(owner.model_fields)))
+        elif e["type"] == "missing":
+            parts.append(f"missing required parameter '{where}'")
+        else:
+            parts.append(f"invalid value for '{where}': {e['msg']}")
+    return "; ".join(dict.fromkeys(parts))
+
+
+# -- tool definitions ----------------------------------------------------------------
+
+_READ_ONLY = types.ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+_QUERY_DESCRIPTION = """\
+Search the indexed markdown notes. Give typed sub-queries in `searches`, or one plain \
+`query` string (not both). Results are pointers -- file, line range, docid and a short \
+numbered snippet -- not sources: read the range with `get` (e.g. `get file="notes/a.md:41:4"`) \
+before citing it, and widen it if the passage looks cut off.
+
+Sub-query types:
+- lex: BM25 keyword search. Words match as prefixes; "quoted phrase" for exact phrases; \
+-word excludes. Documents matching every term rank first.
+- vec: semantic vector search (meaning-based).
+- hyde: a hypothetical document: write what the answer looks like.
+
+Strategy:
+| you have | use |
+|---|---|
+| exact names, ids, dates, error strings | lex |
+| a paraphrased question | vec, plus lex for its key terms |
+| an idea of what the answer says | hyde |
+
+Examples:
+  {"searches": [{"type": "lex", "query": "error handling"}]}
+  {"searches": [{"type": "lex", "query": "\\"connection pool\\" -deprecated"}, \
+{"type": "vec", "query": "how do we size the database pool"}], "intent": "tuning the API server"}
+  {"query": "seed round investors", "collections": ["notes"], "limit": 5}
+
+At most 8 results unless `limit` says otherwise. Stages that could not run (vec/hyde before \
+embeddings exist, reranking) are reported under `skipped`, never dropped silently."""
+
+_QUERY_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "searches": {
+            "type": "array",
+            "description": "Typed sub-queries; results of all of them are merged. Mutually exclusive with `query`.",
+            "minItems": 1,
+            "maxItems": 10,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "type": {
+                        "type": "string",
+                        "enum": ["lex", "vec", "hyde"],
+                        "description": "lex = keywords (BM25), vec = meaning, hyde = hypothetical answer text.",
+                    },
+                    "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS},
+                },
+                "required": ["type", "query"],
+                "additionalProperties": False,
+            },
+        },
+        "query": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_QUERY_CHARS,
+            "description": "Plain-text query (runs as one lex search for now). Mutually exclusive with `searches`.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1000,
+            "default": DEFAULT_QUERY_LIMIT,
+            "description": "Maximum number of results.",
+        },
+        "minScore": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "default": 0,
+            "description": "Drop results scoring below this (0-1).",
+        },
+        "candidateLimit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 1000,
+            "description": "Candidates handed to the reranker (default 40).",
+        },
+        "collections": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Only search these collections (default: every collection included by default).",
+        },
+        "intent": {
+            "type": "string",
+            "maxLength": 2000,
+            "description": "What the search is for; disambiguates the query and focuses snippets.",
+        },
+        "rerank": {"type": "boolean", "default": True, "description": "Rerank the merged candidates."},
+    },
+    "additionalProperties": False,
+}
+
+_POINTER_PROPERTIES: dict[str, Any] = {
+    "docid": {"type": "string"},
+    "file": {"type": "string"},
+    "title": {"type": "string"},
+    "score": {"type": "number"},
+    "context": {"type": ["string", "null"]},
+    "line": {"type": "integer"},
+    "lines": {"type": "string"},
+    "snippet": {"type": "string"},
+}
+
+_QUERY_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "results": {
+            "type": "array",
+            "items": {"type": "object", "properties": _POINTER_PROPERTIES, "required": list(_POINTER_PROPERTIES)},
+        },
+        "skipped": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"stage": {"type": "string"}, "reason": {"type": "string"}},
+                "required": ["stage", "reason"],
+            },
+        },
+        "warnings": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["results", "skipped", "warnings"],
+}
+
+_GET_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "file": {
+            "type": "string",
+            "minLength": 1,
+            "description": "A path (`notes/a.md`, `qmd://notes/a.md`) or docid (`#abc123`), optionally with "
+            "a line range suffix: `notes/a.md:100` (from line 100) or `notes/a.md:100:40` (40 lines from 100).",
+        },
+        "fromLine": {"type": "integer", "minimum": 1, "description": "First line to return (wins over the suffix)."},
+        "maxLines": {"type": "integer", "minimum": 1, "description": "Number of lines (wins over the suffix)."},
+        "lineNumbers": {"type": "boolean", "default": True, "description": "Prefix each line with its number."},
+    },
+    "required": ["file"],
+    "additionalProperties": False,
+}
+
+_MULTI_GET_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "pattern": {
+            "type": "string",
+            "minLength": 1,
+            "description": "A glob (`journals/2025-05*.md`), a comma-separated list of paths, or docids (#abc123).",
+        },
+        "maxLines": {"type": "integer", "minimum": 1, "description": "Keep the first N lines of each document."},
+        "maxBytes": {
+            "type": "integer",
+            "minimum": 1,
+            "default": DEFAULT_MAX_BYTES,
+            "description": "Skip documents larger than this (they can still be read with `get`).",
+        },
+        "lineNumbers": {"type": "boolean", "default": True, "description": "Prefix each line with its number."},
+    },
+    "required": ["pattern"],
+    "additionalProperties": False,
+}
+
+_STATUS_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+_STATUS_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "totalDocuments": {"type": "integer"},
+        "needsEmbedding": {"type": "integer"},
+        "hasVectorIndex": {"type": "boolean"},
+        "collections": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "path": {"type": "string"},
+                    "pattern": {"type": "string"},
+                    "documents": {"type": "integer"},
+                    "lastUpdated": {"type": "string"},
+                },
+                "required": ["name", "path", "pattern", "documents", "lastUpdated"],
+            },
+        },
+    },
+    "required": ["totalDocuments", "needsEmbedding", "hasVectorIndex", "collections"],
+}
+
+
+# -- shaping -------------------------------------------------------------------------
+
+
+def display_path(collection: str, path: str) -> str:
+    """`collection/path`: what results show and what `get` accepts back."""
+    return f"{collection}/{path}"
+
+
+def document_uri(display: str) -> str:
+    """`qmd://` URI of a document, percent-encoded per segment so it round-trips."""
+    return URI_SCHEME + quote(display, safe="/")
+
+
+def split_range(name: str) -> tuple[str, int | None, int | None]:
+    """`path:from:count` / `path:from` suffixes (spec §16.2), as `qmd get` reads them."""
+    parts = name.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0], int(parts[1]), int(parts[2])
+    parts = name.rsplit(":", 1)
+    if len(parts) == 2 and parts[1].isdigit() and parts[0] and not parts[0].endswith(":"):
+        return parts[0], int(parts[1]), None
+    return name, None, None
+
+
+def _document_text(body: str, first_line: int, context: str | None, line_numbers: bool, note: str = "") -> str:
+    """Body (numbered from its real first line) under the `<!-- Context -->` comment of §20.3."""
+    if line_numbers:
+        body = "\n".join(f"{first_line + i}: {line}" for i, line in enumerate(body.split("\n")))
+    text = body + note
+    return f"<!-- Context: {context} -->\n\n{text}" if context else text
+
+
+def _resource(display: str, text: str) -> types.EmbeddedResource:
+    return types.EmbeddedResource(
+        resource=types.TextResourceContents(uri=document_uri(display), mime_type="text/markdown", text=text)
+    )
+
+
+def _text(text: str) -> types.TextContent:
+    return types.TextContent(text=text)
+
+
+def _tool_error(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[_text(message)], is_error=True)
+
+
+def _not_found_message(name: str, err: NotFound) -> str:
+    """§20.3's "Did you mean" list, naming each candidate as `get` accepts it."""
+    similar = err.detail.get("similar") or []
+    if not similar:
+        return err.message
+    lines = "\n".join(f"  - {s.removeprefix(URI_SCHEME)}" for s in similar)
+    return f"Document not found: {name}\n\nDid you mean one of these?\n{lines}"
+
+
+# -- tools ---------------------------------------------------------------------------
+
+
+def run_query(engine: Engine, args: QueryArgs) -> types.CallToolResult:
+    """Typed or plain search; every result is a pointer to a line range, not an answer."""
+    if args.query is not None and args.searches is not None:
+        raise InvalidInput("Error: 'query' and 'searches' are mutually exclusive; provide only one")
+    if args.searches is not None:
+        searches = [(s.type, s.query) for s in args.searches]
+    elif args.query is not None:
+        searches = [("lex", args.query)]
+    else:
+        raise InvalidInput("Error: provide either 'query' (plain text) or 'searches' (typed sub-queries)")
+    out = engine.query(
+        searches,
+        collections=args.collections,
+        limit=args.limit,
+        min_score=args.minScore,
+        intent=args.intent,
+        rerank=args.rerank,
+    )
+    skipped = list(out.skipped)
+    if args.query is not None:
+        skipped.insert(
+            0,
+            {
+                "stage": "expand",
+                "reason": "query expansion is not available yet: the plain query ran as one lex search",
+            },
+        )
+    primary = args.query or next(
+        (q for kind in ("lex", "vec") for t, q in searches if t == kind),
+        searches[0][1],
+    )
+    results = [
+        {
+            "docid": "#" + h["docid"],
+            "file": display_path(h["collection"], h["path"]),
+            "title": h["title"],
+            "score": round(h["score"], 2),
+            "context": h["context"],
+            "line": h["line"],
+            "lines": f"{h['start_line']}-{h['end_line']}",
+            "snippet": numbered_snippet(h),
+        }
+        for h in out.hits
+    ]
+    head = f'Found {len(results)} result(s) for "{primary}":' if results else f'No results found for "{primary}"'
+    blocks = [head]
+    if skipped:
+        blocks.append("Not run:\n" + "\n".join(f"  - {s['stage']}: {s['reason']}" for s in skipped))
+    if out.warnings:
+        blocks.append("Warnings:\n" + "\n".join(f"  - {w}" for w in out.warnings))
+    for r in results:
+        blocks.append(
+            f"{r['docid']} {round(r['score'] * 100)}% {r['file']}:{r['lines']} - {r['title']}\n{r['snippet']}"
+        )
+    if results:
+        first = out.hits[0]
+        example = f"{results[0]['file']}:{first['start_line']}:{first['end_line'] - first['start_line'] + 1}"
+        blocks.append(
+            "These are pointers, not sources. Before citing one, read its range with `get` "
+            f'(e.g. get file="{example}"), widen it if the passage is cut off, and cite file:lines. '
+            "Snippets are for choosing what to read, not for quoting."
+        )
+    return types.CallToolResult(
+        content=[_text("\n\n".join(blocks))],
+        structured_content={"results": results, "skipped": skipped, "warnings": out.warnings},
+    )
+
+
+def run_get(engine: Engine, args: GetArgs) -> types.CallToolResult:
+    """One document, or the exact range a pointer named."""
+    name, suffix_from, suffix_count = split_range(args.file)
+    try:
+        doc = engine.get(
+            name,
+            from_line=args.fromLine if args.fromLine is not None else suffix_from,
+            max_lines=args.maxLines if args.maxLines is not None else suffix_count,
+        )
+    except NotFound as e:
+        return _tool_error(_not_found_message(name, e))
+    display = display_path(doc["collection"], doc["path"])
+    if doc["from_line"] > doc["total_lines"]:
+        # An empty slice numbered from a line that does not exist would read as a real, blank line.
+        return _tool_error(f"{display} has {doc['total_lines']} lines; line {doc['from_line']} is past the end")
+    text = _document_text(doc["body"], doc["from_line"], doc["context"], args.lineNumbers)
+    return types.CallToolResult(content=[_resource(display, text)])
+
+
+def run_multi_get(engine: Engine, args: MultiGetArgs) -> types.CallToolResult:
+    """Several documents at once; oversized ones are named with the `get` call that reads them."""
+    items = engine.multi_get(args.pattern, max_bytes=args.maxBytes)
+    errors = [item["reason"] for item in items if item.get("error")]
+    content: list[types.TextContent | types.EmbeddedResource] = []
+    if errors:
+        content.append(_text("Errors:\n" + "\n".join(errors)))
+    for item in items:
+        if item.get("error"):
+            continue
+        display = display_path(item["collection"], item["path"])
+        if item["skipped"]:
+            content.append(
+                _text(f"[SKIPPED: {display} - {item['reason']}. Use 'get' with file=\"{display}\" to retrieve.]")
+            )
+            continue
+        lines = item["body"].split("\n")
+        kept = lines if args.maxLines is None else lines[: args.maxLines]
+        note = f"\n\n[... truncated {len(lines) - len(kept)} more lines]" if len(kept) < len(lines) else ""
+        content.append(_resource(display, _document_text("\n".join(kept), 1, item["context"], args.lineNumbers, note)))
+    if not content:
+        return _tool_error(f"No files matched pattern: {args.pattern}")
+    return types.CallToolResult(content=content)
+
+
+def run_status(engine: Engine, _args: StatusArgs) -> types.CallToolResult:
+    """Index size, embedding backlog and collections, most recently updated first."""
+    st = engine.status()
+    now = utcnow()
+    collections = sorted(
+        (
+            {
+                "name": c["name"],
+                "path": c["path"],
+                "pattern": c["pattern"],
+                "documents": c["files"],
+                "lastUpdated": c["updated_at"] or now,
+            }
+            for c in st["collections"]
+            if c["files"] > 0
+        ),
+        key=lambda c: c["lastUpdated"],
+        reverse=True,
+    )
+    vector = st["vector"]
+    lines = [
+        "QMD Index Status:",
+        f"  Total documents: {st['documents']}",
+        f"  Needs embedding: {vector['pending']}",
+        f"  Vector index: {'yes' if vector['available'] else 'no'}",
+        *([] if vector["available"] else [f"    {vector['message']}"]),
+        f"  Collections: {len(collections)}",
+        *(f"    - {c['name']}: {c['path']} ({c['documents']} docs)" for c in collections),
+    ]
+    return types.CallToolResult(
+        content=[_text("\n".join(lines))],
+        structured_content={
+            "totalDocuments": st["documents"],
+            "needsEmbedding": vector["pending"],
+            "hasVectorIndex": vector["available"],
+            "collections": collections,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as listed, how its arguments are checked, and what runs it (in a worker thread)."""
+
+    definition: types.Tool
+    args: type[_Args]
+    run: Callable[[Engine, Any], types.CallToolResult]
+
+
+TOOLS: dict[str, ToolSpec] = {
+    spec.definition.name: spec
+    for spec in (
+        ToolSpec(
+            types.Tool(
+                name="query",
+                title="Query",
+                description=_QUERY_DESCRIPTION,
+                input_schema=_QUERY_INPUT,
+                output_schema=_QUERY_OUTPUT,
+                annotations=_READ_ONLY,
+            ),
+            QueryArgs,
+            run_query,
+        ),
+        ToolSpec(
+            types.Tool(
+                name="get",
+                title="Get Document",
+                description="Read a document, or the line range a search result points at "
+                '(`file="notes/a.md:41:4"` reads 4 lines from line 41). Lines are numbered so they can be cited.',
+                input_schema=_GET_INPUT,
+                annotations=_READ_ONLY,
+            ),
+            GetArgs,
+            run_get,
+        ),
+        ToolSpec(
+            types.Tool(
+                name="multi_get",
+                title="Multi-Get Documents",
+                description="Read several documents by glob, comma-separated list or docids. Documents over "
+                "`maxBytes` are skipped with a note naming the `get` call that reads them.",
+                input_schema=_MULTI_GET_INPUT,
+                annotations=_READ_ONLY,
+            ),
+            MultiGetArgs,
+            run_multi_get,
+        ),
+        ToolSpec(
+            types.Tool(
+                name="status",
+                title="Index Status",
+                description="Index health: document count, embedding backlog, and each collection's path, "
+                "pattern and document count.",
+                input_schema=_STATUS_INPUT,
+                output_schema=_STATUS_OUTPUT,
+                annotations=_READ_ONLY,
+            ),
+            StatusArgs,
+            run_status,
+        ),
+    )
+}
+
+
+# -- instructions and resources --------------------------------------------------------
+
+_INSTRUCTIONS_TAIL = """\
+Search: Use `query` with sub-queries (lex/vec/hyde), or a plain `query` string:
+  - type:'lex' — BM25 keyword search (exact terms, fast)
+  - type:'vec' — semantic vector search (meaning-based)
+  - type:'hyde' — hypothetical document (write what the answer looks like)
+
+  Always provide `intent` on every search call to disambiguate and improve snippets.
+
+Examples:
+  Quick keyword lookup: [{type:'lex', query:'error handling'}]
+  Semantic search: [{type:'vec', query:'how to handle errors gracefully'}]
+  Best results: [{type:'lex', query:'error'}, {type:'vec', query:'error handling best practices'}]
+  With intent: searches=[{type:'lex', query:'performance'}], intent='web page load times'
+
+Retrieval:
+  - `get` — single document by path or docid (#abc123). Supports a line-range suffix: `file.md:100` \
+(from line 100) or `file.md:100:40` (40 lines from line 100).
+  - `multi_get` — batch retrieve by glob (`journals/2025-05*.md`), comma-separated list, or docids (#abc123).
+
+Citing:
+  - Search results are pointers (file, line range, docid), not sources. Read the range with `get` \
+before stating a fact from it, widen it if the passage is cut off, and cite file:lines.
+  - If the pointed ranges do not contain the answer, say so.
+
+Tips:
+  - File paths in results are relative to their collection.
+  - Use `minScore: 0.5` to filter low-confidence results.
+  - Results include a `context` field describing the content type."""
+
+
+def build_instructions(engine: Engine) -> str:
+    """The §20.2 system-prompt text, from the index as it is now (not as it was at start-up)."""
+    st = engine.status()
+    lines = [f"QMD is your local search engine over {st['documents']} markdown documents."]
+    if st["global_context"]:
+        lines.append(f"Context: {st['global_context']}")
+    lines.append("")
+    names = [c["name"] for c in st["collections"] if c["files"] > 0]
+    if names:
+        lines.append(f"Collections (scope with `collections` parameter): {', '.join(names)}")
+    lines.append("Call the `status` tool for collection descriptions, paths, and per-collection doc counts.")
+    vector = st["vector"]
+    if not vector["available"]:
+        lines += ["", "Note: No vector embeddings yet. Run `qmd embed` to enable semantic search (vec/hyde)."]
+    elif vector["pending"]:
+        lines += ["", f"Note: {vector['pending']} documents need embedding. Run `qmd embed` to update."]
+    lines += ["", _INSTRUCTIONS_TAIL]
+    return "\n".join(lines)
+
+
+_TEMPLATE = types.ResourceTemplate(
+    name="document",
+    title="QMD Document",
+    uri_template=URI_SCHEME + "{+path}",
+    description="A markdown document in the index, by collection/path, with line numbers.",
+    mime_type="text/markdown",
+)
+
+
+def read_document(engine: Engine, uri: str) -> types.ReadResourceResult:
+    """§20.4: a numbered document by `qmd://` URI; a miss is a text answer, not an error."""
+    path = unquote(uri.removeprefix(URI_SCHEME).split("?", 1)[0])
+    try:
+        doc = engine.get(path)
+    except NotFound as e:
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="text/plain", text=_not_found_message(path, e))]
+        )
+    display = display_path(doc["collection"], doc["path"])
+    text = _document_text(doc["body"], 1, doc["context"], line_numbers=True)
+    return types.ReadResourceResult(
+        contents=[types.TextResourceContents(uri=document_uri(display), mime_type="text/markdown", text=text)]
+    )
+
+
+# -- server --------------------------------------------------------------------------
+
+
+class QmdMcp:
+    """The MCP handlers over one engine. Engine calls are blocking SQLite work, so each
+    runs in a worker thread and the event loop keeps serving other clients."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.server: Server[Any] = Server(
+            "qmd",
+            version=__version__,
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_list_resources=self.list_resources,
+            on_list_resource_templates=self.list_resource_templates,
+            on_read_resource=self.read_resource,
+            get_tool_input_schema=lambda name: TOOLS[name].definition.input_schema if name in TOOLS else None,
+        )
+        # Instructions describe the live index (§20.2), so they are filled in per
+        # handshake (`initialize`, or `server/discover` for 2026-07-28 clients).
+        self.server.middleware.append(self.live_instructions)
+
+    async def live_instructions(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        result = await call_next(ctx)
+        if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
+            result["instructions"] = await anyio.to_thread.run_sync(build_instructions, self.engine)
+        return result
+
+    async def list_tools(
+        self, _ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[spec.definition for spec in TOOLS.values()])
+
+    async def call_tool(
+        self, _ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        """Validate, run, and turn every expected failure into a tool error the agent can read."""
+        spec = TOOLS.get(params.name)
+        if spec is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name} (tools: {', '.join(TOOLS)})")
+        try:
+            args = spec.args.model_validate(params.arguments or {})
+        except ValidationError as e:
+            return _tool_error(_describe(e, spec.args))
+        try:
+            return await anyio.to_thread.run_sync(spec.run, self.engine, args)
+        except QmdError as e:
+            return _tool_error(e.message)
+        except Exception as e:  # noqa: BLE001 - a bug must still reach the agent as a readable error
+            log.exception("MCP tool %s failed", params.name)
+            return _tool_error(f"internal error: {type(e).__name__}: {e}")
+
+    async def list_resources(
+        self, _ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        """No listing (§20.4): documents are reached through the template."""
+        return types.ListResourcesResult(resources=[])
+
+    async def list_resource_templates(
+        self, _ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[_TEMPLATE])
+
+    async def read_resource(
+        self, _ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        if not params.uri.startswith(URI_SCHEME):
+            raise MCPError(types.INVALID_PARAMS, f"not a qmd:// URI: {params.uri}")
+        try:
+            return await anyio.to_thread.run_sync(read_document, self.engine, params.uri)
+        except QmdError as e:
+            raise MCPError(types.INVALID_PARAMS, e.message) from e
+
+
+class McpEndpoint:
+    """ASGI endpoint for `POST /mcp`: one stateless, JSON-response exchange per request.
+
+    The app's Origin/Host guard screens the request before it gets here, so the SDK's
+    own DNS-rebinding check is off: one guard, one set of rules (and of allowlists).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.mcp = QmdMcp(engine)
+        self.security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        manager = StreamableHTTPSessionManager(
+            self.mcp.server, json_response=True, stateless=True, security_settings=self.security
+        )
+        async with manager.run():
+            await manager.handle_request(scope, receive, send)

