@@ -156,17 +156,6 @@ def search(
 # -- retrieval -------------------------------------------------------------------
 
 
-def _split_range(name: str) -> tuple[str, int | None, int | None]:
-    """`path:from:count` / `path:from` suffixes (spec §16.2)."""
-    parts = name.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-        return parts[0], int(parts[1]), int(parts[2])
-    parts = name.rsplit(":", 1)
-    if len(parts) == 2 and parts[1].isdigit() and parts[0] and not parts[0].endswith(":"):
-        return parts[0], int(parts[1]), None
-    return name, None, None
-
-
 @cli.command()
 @click.argument("name")
 @click.option("--from", "from_line", type=int, default=None, help="First line to show.")
@@ -176,17 +165,7 @@ def _split_range(name: str) -> tuple[str, int | None, int | None]:
 @pass_ctx
 def get(c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full_path: bool) -> None:
     """Show a document: a path, qmd://collection/path, #docid, or path:from:count."""
-    base, f, n = _split_range(name)
-    doc = c.call(
-        "POST",
-        "/v1/get",
-        {
-            "name": base,
-            "from_line": from_line if from_line is not None else f,
-            "max_lines": max_lines if max_lines is not None else n,
-            "cwd": os.getcwd(),
-        },
-    )
+    doc = c.call("POST", "/v1/get", {"name": name, "from_line": from_line, "max_lines": max_lines, "cwd": os.getcwd()})
     _out(
         formats.render_document(
             doc, from_line=doc["from_line"], line_numbers=line_numbers, full_path=full_path, cwd=os.getcwd()

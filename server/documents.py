@@ -49,6 +49,17 @@ def parse_virtual(raw: str) -> tuple[str, str] | None:
     return m.group(1), m.group(2).strip("/")
 
 
+def split_range(name: str) -> tuple[str, int | None, int | None]:
+    """`path:from:count` / `path:from` suffixes (spec §16.2) → (name, from, count)."""
+    parts = name.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0], int(parts[1]), int(parts[2])
+    parts = name.rsplit(":", 1)
+    if len(parts) == 2 and parts[1].isdigit() and parts[0] and not parts[0].endswith(":"):
+        return parts[0], int(parts[1]), None
+    return name, None, None
+
+
 def safe_relpath(path: str) -> str:
     """Refuse `..` segments in a collection-relative path."""
     parts = [p for p in path.split("/") if p not in ("", ".")]

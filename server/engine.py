@@ -25,7 +25,15 @@ from .config import (
     validate_collection_name,
 )
 from .db import sqlite3
-from .documents import DocRow, find_document, glob_documents, is_comma_list, parse_virtual, safe_relpath
+from .documents import (
+    DocRow,
+    find_document,
+    glob_documents,
+    is_comma_list,
+    parse_virtual,
+    safe_relpath,
+    split_range,
+)
 from .errors import Conflict, InvalidInput, NotFound, QmdError
 from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
 from .paths import DEFAULT_INDEX, IndexPaths
@@ -273,6 +281,11 @@ class Engine:
     def get(
         self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
     ) -> dict:
+        """A document or a line range of it. `name` may end in `:from[:count]`;
+        explicit `from_line` / `max_lines` win over that suffix."""
+        name, suffix_from, suffix_count = split_range(name)
+        from_line = from_line if from_line is not None else suffix_from
+        max_lines = max_lines if max_lines is not None else suffix_count
         if max_lines is not None and max_lines < 1:
             raise InvalidInput("-l/--lines must be at least 1")
         cfg = self.config

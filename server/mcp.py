@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from . import __version__
+from .documents import split_range
 from .engine import Engine
 from .errors import InvalidInput, NotFound, QmdError
 from .search import numbered_snippet
@@ -339,17 +340,6 @@ def document_uri(display: str) -> str:
     return URI_SCHEME + quote(display, safe="/")
 
 
-def split_range(name: str) -> tuple[str, int | None, int | None]:
-    """`path:from:count` / `path:from` suffixes (spec §16.2), as `qmd get` reads them."""
-    parts = name.rsplit(":", 2)
-    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-        return parts[0], int(parts[1]), int(parts[2])
-    parts = name.rsplit(":", 1)
-    if len(parts) == 2 and parts[1].isdigit() and parts[0] and not parts[0].endswith(":"):
-        return parts[0], int(parts[1]), None
-    return name, None, None
-
-
 def _document_text(body: str, first_line: int, context: str | None, line_numbers: bool, note: str = "") -> str:
     """Body (numbered from its real first line) under the `<!-- Context -->` comment of §20.3."""
     if line_numbers:
@@ -454,15 +444,10 @@ def run_query(engine: Engine, args: QueryArgs) -> types.CallToolResult:
 
 def run_get(engine: Engine, args: GetArgs) -> types.CallToolResult:
     """One document, or the exact range a pointer named."""
-    name, suffix_from, suffix_count = split_range(args.file)
     try:
-        doc = engine.get(
-            name,
-            from_line=args.fromLine if args.fromLine is not None else suffix_from,
-            max_lines=args.maxLines if args.maxLines is not None else suffix_count,
-        )
+        doc = engine.get(args.file, from_line=args.fromLine, max_lines=args.maxLines)
     except NotFound as e:
-        return _tool_error(_not_found_message(name, e))
+        return _tool_error(_not_found_message(split_range(args.file)[0], e))
     display = display_path(doc["collection"], doc["path"])
     if doc["from_line"] > doc["total_lines"]:
         # An empty slice numbered from a line that does not exist would read as a real, blank line.
