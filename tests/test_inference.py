@@ -1,0 +1,394 @@
+"""The supervised inference worker, with the real MiniLM GGUF (../shared/models).
+
+Crash isolation is tested by killing the child for real, idle disposal with a 1 s
+timer; the vectors are checked against sentence-transformers' reference output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import MODELS_DIR, ROOT, require
+
+from server import inference
+from server.inference import (
+    Embeddings,
+    InferenceError,
+    ModelSpec,
+    Worker,
+    fingerprint,
+    format_document,
+    format_query,
+    prompt_format,
+    read_gguf_metadata,
+)
+
+MINILM = MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf"
+MINILM_F16 = MODELS_DIR / "all-MiniLM-L6-v2-F16.gguf"
+MINILM_SHA256 = "1f9c645d3589f8cd64e436d73078a9f3478c7d2ae5795994135bba9f8b58555d"
+REFERENCE = MODELS_DIR / "all-MiniLM-L6-v2.reference.json"
+LONG = "word " * 5000
+
+
+@pytest.fixture(scope="module")
+def spec() -> ModelSpec:
+    return ModelSpec("embed", str(require(MINILM, "the MiniLM embedder GGUF (../shared/models/README.md)")))
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return json.loads(require(REFERENCE, "sentence-transformers reference vectors").read_text())
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Worker]:
+    w = Worker(n_threads=2)
+    yield w
+    w.close()
+
+
+def dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def gguf(path: Path, kv: dict[str, str | int | list[int]]) -> Path:
+    """A header-only GGUF v3 file with the given metadata (str, uint32 or uint32-array values)."""
+
+    def string(s: str) -> bytes:
+        return struct.pack("<Q", len(s.encode())) + s.encode()
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv))
+    for key, value in kv.items():
+        out += string(key)
+        if isinstance(value, str):
+            out += struct.pack("<I", 8) + string(value)
+        elif isinstance(value, list):
+            out += struct.pack("<IIQ", 9, 4, len(value)) + b"".join(struct.pack("<I", v) for v in value)
+        else:
+            out += struct.pack("<II", 4, value)
+    path.write_bytes(out)
+    return path
+
+
+def test_daemon_side_never_imports_llama_cpp(spec: ModelSpec) -> None:
+    """model_info and fingerprint answer from the GGUF header; only the child loads llama.cpp."""
+    code = (
+        "import sys\nfrom server.inference import Worker, ModelSpec, fingerprint\n"
+        f"spec = ModelSpec('embed', {spec.path!r})\nw = Worker()\ninfo = w.model_info(spec)\nfingerprint(spec)\n"
+        "assert not info['loaded'] and w.status()['pid'] is None\n"
+        "heavy = {'llama_cpp', 'numpy'} & set(sys.modules)\nassert not heavy, heavy\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_model_info_reads_the_gguf(spec: ModelSpec) -> None:
+    info = Worker().model_info(spec)
+    assert info["arch"] == "bert"
+    assert info["n_embd"] == 384
+    assert info["n_ctx_train"] == 512 and info["n_ctx"] == 512
+    assert info["pooling"] == "mean"
+    assert info["chat_template"] is False
+    assert info["file_size"] == 25_285_312
+    assert info["sha256"] == MINILM_SHA256
+    assert info["prompt_format"] == "plain"
+    assert info["loaded"] is False and info["context_live"] is False
+    assert info["fingerprint"] == fingerprint(spec)
+
+
+def test_fingerprint_follows_file_content_and_format(
+    spec: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f16 = ModelSpec("embed", str(require(MINILM_F16, "the F16 MiniLM GGUF")))
+    assert fingerprint(spec) != fingerprint(f16)
+    link = tmp_path / "same-model.gguf"
+    link.symlink_to(spec.path)
+    assert fingerprint(ModelSpec("embed", str(link))) == fingerprint(spec), "identity is content, not path"
+    plain = fingerprint(spec)
+    monkeypatch.setattr(inference, "prompt_format", lambda path: "embeddinggemma")
+    assert fingerprint(spec) != plain, "the same file with another prompt format is another vector space"
+
+
+def test_prompt_format_per_family(tmp_path: Path) -> None:
+    cases = {
+        "gemma.gguf": (
+            {"general.architecture": "gemma-embedding", "general.name": "EmbeddingGemma 300m"},
+            "embeddinggemma",
+        ),
+        "qwen.gguf": ({"general.architecture": "qwen3", "general.name": "Qwen3-Embedding-0.6B"}, "qwen3-embedding"),
+        "bert.gguf": ({"general.architecture": "bert", "general.name": "all-MiniLM-L6-v2"}, "plain"),
+    }
+    for name, (kv, expected) in cases.items():
+        path = gguf(tmp_path / name, {**kv, "tokenizer.ggml.token_type": [1, 2, 3], "bert.context_length": 512})
+        assert prompt_format(str(path)) == expected, name
+        assert read_gguf_metadata(str(path))["general.architecture"] == kv["general.architecture"]
+    assert format_query("embeddinggemma", "q") == "task: search result | query: q"
+    assert format_document("embeddinggemma", "body", None) == "title: none | text: body"
+    assert format_document("embeddinggemma", "body", "T") == "title: T | text: body"
+    assert format_query("qwen3-embedding", "q") == "Instruct: Retrieve relevant documents for the given query\nQuery: q"
+    assert format_document("qwen3-embedding", "body", "T") == "T\nbody"
+    assert format_document("qwen3-embedding", "body", None) == "body"
+    assert format_query("plain", "q") == "q" and format_document("plain", "body", "T") == "body"
+
+
+def test_bad_model_files_fail_cleanly(tmp_path: Path) -> None:
+    w = Worker()
+    with pytest.raises(InferenceError, match="not found"):
+        w.embed(ModelSpec("embed", str(tmp_path / "missing.gguf")), ["x"], kind="query")
+    html = tmp_path / "captive-portal.gguf"
+    html.write_text("<html>sign in</html>")
+    with pytest.raises(InferenceError, match="not a GGUF"):
+        w.model_info(ModelSpec("embed", str(html)))
+    assert w.status()["pid"] is None, "no child was needed to refuse these"
+
+
+def test_embeddings_match_sentence_transformers(worker: Worker, spec: ModelSpec, reference: dict) -> None:
+    vectors = worker.embed(spec, reference["texts"], kind="document")
+    assert isinstance(vectors, Embeddings) and vectors.clipped == ()
+    for text, got, want in zip(reference["texts"], vectors, reference["embeddings"], strict=True):
+        assert len(got) == 384
+        assert math.isclose(math.sqrt(dot(got, got)), 1.0, abs_tol=1e-5)
+        assert dot(got, want) > 0.99, text
+    query = worker.embed(spec, [reference["texts"][0]], kind="query")[0]
+    fundraising, bread, bootstrapping = (dot(query, vectors[i]) for i in (1, 2, 3))
+    assert fundraising > bootstrapping > bread
+    assert fundraising == pytest.approx(0.594, abs=0.02) and bread == pytest.approx(0.119, abs=0.02)
+
+
+def test_token_counts_match_reference(worker: Worker, spec: ModelSpec, reference: dict) -> None:
+    counts = worker.count_tokens(spec, reference["texts"])
+    assert counts == [len(ids) for ids in reference["token_ids"]]
+
+
+def test_overlong_and_odd_inputs_embed(worker: Worker, spec: ModelSpec) -> None:
+    texts = [
+        "",
+        " \n\t",
+        "日本語の検索エンジン",
+        "🚀🔥 emoji only 👍🏽",
+        LONG,
+        "NUL\x00byte [SEP] [CLS] \ud800 lone surrogate",
+    ]
+    vectors = worker.embed(spec, texts, kind="document")
+    assert len(vectors) == len(texts)
+    for v in vectors:
+        assert len(v) == 384 and math.isclose(math.sqrt(dot(v, v)), 1.0, abs_tol=1e-5)
+    assert vectors.clipped == (4,), "only the 5000-word input exceeds the model's 512 tokens"
+    assert vectors.limit == 512 and vectors.n_tokens[4] == 5002
+    # Clipping cuts at the token level and keeps [SEP]: the same as embedding the first 510 words.
+    head = worker.embed(spec, ["word " * 510], kind="document")
+    assert head.clipped == () and dot(head[0], vectors[4]) > 0.9999
+    assert worker.count_tokens(spec, [LONG]) == [5002]
+
+
+def test_chunking_runs_with_the_models_tokenizer(worker: Worker, spec: ModelSpec) -> None:
+    body = "# Fundraising\n\n" + "\n\n".join(
+        f"## Round {i}\n\nAngel investors and venture firms fund seed rounds; founders pitch, negotiate "
+        f"a valuation and sell equity or SAFEs. Paragraph {i} adds traction figures and a 日本語 note."
+        for i in range(40)
+    )
+    chunks = worker.chunk(spec, body, max_tokens=128)
+    assert len(chunks) > 5
+    assert chunks[0].start == 0 and chunks[-1].end == len(body)
+    assert all(c.text == body[c.start : c.end] for c in chunks)
+    assert worker.count_tokens(spec, [c.text for c in chunks]) == [c.tokens for c in chunks]
+    assert all(c.tokens <= 128 and not c.clipped for c in chunks)
+    assert worker.chunk(spec, "   \n", max_tokens=128) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
+def test_crash_mid_batch_fails_that_request_only(worker: Worker, spec: ModelSpec, sig: signal.Signals) -> None:
+    expected = worker.embed(spec, ["how to raise money for a startup"], kind="query")[0]
+    pid = worker.status()["pid"]
+    restarts = worker.status()["restarts"]
+    failure: list[BaseException] = []
+
+    def long_batch() -> None:
+        try:
+            worker.embed(spec, [LONG] * 400, kind="document")  # ~15 s of work
+        except BaseException as e:
+            failure.append(e)
+
+    t = threading.Thread(target=long_batch)
+    started = time.monotonic()
+    t.start()
+    time.sleep(0.5)
+    os.kill(pid, sig)
+    t.join(timeout=10)
+    assert not t.is_alive() and time.monotonic() - started < 5, "the failure is immediate, not a timeout"
+    assert len(failure) == 1 and isinstance(failure[0], InferenceError)
+    message = str(failure[0])
+    assert f"crashed ({sig.name}) while embedding 400 texts" in message, message
+    assert "restarted on the next request" in message
+    assert worker.status()["pid"] is None and sig.name in worker.status()["last_crash"]["reason"]
+    again = worker.embed(spec, ["how to raise money for a startup"], kind="query")[0]
+    assert dot(again, expected) > 0.99999
+    assert worker.status()["pid"] not in (None, pid)
+    assert worker.status()["restarts"] == restarts + 1
+
+
+def test_child_killed_while_idle_restarts_transparently(worker: Worker, spec: ModelSpec) -> None:
+    worker.embed(spec, ["warm"], kind="query")
+    pid = worker.status()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    # Reapable, not just a zombie leader: llama.cpp's threads may still be exiting.
+    wait_for(lambda: os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None)
+    assert len(worker.embed(spec, ["still fine"], kind="query")[0]) == 384
+    assert worker.status()["pid"] != pid
+    assert "SIGKILL" in worker.status()["last_crash"]["reason"]
+
+
+def test_timeout_stops_a_stuck_request(worker: Worker, spec: ModelSpec) -> None:
+    worker.embed(spec, ["warm"], kind="query")
+    with pytest.raises(InferenceError, match=r"did not answer within 0.3 s while embedding 400 texts"):
+        worker.embed(spec, [LONG] * 400, kind="document", timeout=0.3)
+    assert len(worker.embed(spec, ["next"], kind="query", timeout=30)[0]) == 384
+
+
+def test_concurrent_callers_get_their_own_results(worker: Worker, spec: ModelSpec) -> None:
+    groups = [[f"note {g}-{i}: {topic}" for i in range(6)] for g, topic in enumerate(["bread", "git", "money", "sql"])]
+    serial = [worker.embed(spec, texts, kind="document") for texts in groups]
+    results: dict[int, list[list[float]]] = {}
+
+    def run(g: int) -> None:
+        for _ in range(3):
+            results[g] = worker.embed(spec, groups[g], kind="document")
+            assert all(dot(a, b) > 0.99999 for a, b in zip(results[g], serial[g], strict=True))
+
+    threads = [threading.Thread(target=run, args=(g,)) for g in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [0, 1, 2, 3]
+    for g in range(4):
+        assert all(dot(a, b) > 0.99999 for a, b in zip(results[g], serial[g], strict=True))
+
+
+def test_idle_contexts_are_freed_and_rebuilt(spec: ModelSpec) -> None:
+    w = Worker(idle_seconds=1, n_threads=2)
+    try:
+        before = w.embed(spec, ["idle disposal keeps the weights", LONG], kind="document")
+        busy = w.status()
+        assert busy["contexts_live"] == 1 and len(busy["models_loaded"]) == 1
+        wait_for(lambda: w.status()["contexts_live"] == 0, timeout=5)
+        idle = w.status()
+        assert idle["pid"] == busy["pid"] and idle["models_loaded"] == busy["models_loaded"]
+        assert idle["rss_bytes"] < busy["rss_bytes"] - 20 * 2**20, (busy["rss_bytes"], idle["rss_bytes"])
+        assert w.model_info(spec)["loaded"] and not w.model_info(spec)["context_live"]
+        after = w.embed(spec, ["idle disposal keeps the weights", LONG], kind="document")
+        assert after == before, "a rebuilt context gives identical vectors"
+        assert w.status()["contexts_live"] == 1 and w.status()["restarts"] == 0
+    finally:
+        w.close()
+
+
+def test_idle_timer_waits_for_in_flight_work(spec: ModelSpec) -> None:
+    """A timer far shorter than the request: freeing the context mid-decode would crash the child."""
+    w = Worker(idle_seconds=0.05, n_threads=2)
+    try:
+        first = w.embed(spec, ["x"], kind="query")
+        for _ in range(3):
+            vectors = w.embed(spec, ["x"] + [LONG] * 3, kind="document")
+            assert vectors[0] == first[0]
+            time.sleep(0.1)
+        assert w.status()["restarts"] == 0 and w.status()["last_crash"] is None
+    finally:
+        w.close()
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, spec: ModelSpec) -> None:
+    monkeypatch.setenv("QMD_IDLE_SECONDS", "7.5")
+    monkeypatch.setenv("QMD_THREADS", "3")
+    monkeypatch.setenv("QMD_FORCE_CPU", "1")
+    w = Worker()
+    assert (w.idle_seconds, w.n_threads, w.force_cpu) == (7.5, 3, True)
+    try:
+        w.count_tokens(spec, ["x"])
+        assert w.status()["backend"] == "CPU"
+    finally:
+        w.close()
+    monkeypatch.setenv("QMD_THREADS", "many")
+    with pytest.raises(ValueError, match="QMD_THREADS must be a positive int"):
+        Worker()
+
+
+def test_failed_load_is_answered_and_native_log_reaches_the_daemon_log(
+    spec: ModelSpec, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = gguf(tmp_path / "broken.gguf", {"general.architecture": "bert", "general.name": "no tensors"})
+    w = Worker(n_threads=2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="qmd.inference"):
+            with pytest.raises(InferenceError, match=r"failed: ValueError: Failed to load model .*llama.cpp: .*error"):
+                w.embed(ModelSpec("embed", str(broken)), ["x"], kind="query")
+            pid = w.status()["pid"]
+            assert pid is not None, "a failed load is an error reply; the worker stays up"
+            assert len(w.embed(spec, ["fine"], kind="query")[0]) == 384
+            assert w.status()["pid"] == pid
+
+            def logged(text: str) -> bool:
+                return any(
+                    f"inference worker {pid}: " in r.getMessage() and text in r.getMessage() for r in caplog.records
+                )
+
+            # llama.cpp's own lines: the load error, and MiniLM's tokenizer warning on every load.
+            wait_for(lambda: logged("error loading model") and logged("special_eos_id is not in special_eog_ids"))
+            assert not logged("print_info:"), "info-level chatter stays out of the daemon log"
+    finally:
+        w.close()
+
+
+def test_worker_that_cannot_start_says_so(spec: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inference.sys, "executable", "/bin/false")
+    w = Worker()
+    with pytest.raises(InferenceError, match=r"inference worker exited with status 1 while starting"):
+        w.embed(spec, ["x"], kind="query")
+    assert w.status()["pid"] is None and w.status()["last_crash"]["exit_code"] == 1
+    monkeypatch.undo()
+    assert len(w.embed(spec, ["x"], kind="query")[0]) == 384, "the next request tries again"
+    w.close()
+
+
+def test_close_leaves_no_child(spec: ModelSpec) -> None:
+    w = Worker(n_threads=2)
+    w.embed(spec, ["x"], kind="query")
+    pid = w.status()["pid"]
+    w.close()
+    assert not Path(f"/proc/{pid}").exists(), "the child exited and was reaped"
+    assert w.status()["pid"] is None
+    with pytest.raises(InferenceError, match="shut down"):
+        w.embed(spec, ["x"], kind="query")
+
+
+def test_child_exits_when_the_daemon_dies(spec: ModelSpec) -> None:
+    """A SIGKILLed daemon closes the pipe; the orphaned worker sees EOF and exits."""
+    code = (
+        "import os, signal\nfrom server.inference import Worker, ModelSpec\n"
+        f"w = Worker(n_threads=2)\nw.embed(ModelSpec('embed', {spec.path!r}), ['x'], kind='query')\n"
+        "print(w.status()['pid'], flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    child = int(r.stdout)
+    stat = Path(f"/proc/{child}/stat")
+    wait_for(lambda: not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
