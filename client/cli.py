@@ -91,20 +91,72 @@ def cli(ctx: click.Context, index: str | None) -> None:
 # -- search ----------------------------------------------------------------------
 
 
+def search_options(min_score_default: float) -> Callable[[Callable], Callable]:
+    """The options `search` and `vsearch` share."""
+
+    def wrap(fn: Callable) -> Callable:
+        for decorator in reversed(
+            [
+                click.argument("query", nargs=-1, required=True),
+                click.option(
+                    "-n",
+                    "limit",
+                    type=click.IntRange(min=1),
+                    default=None,
+                    help="Number of results [5; 20 for --json/--files].",
+                ),
+                click.option(
+                    "-c", "--collection", "collections", multiple=True, help="Search this collection (repeatable)."
+                ),
+                click.option("--all", "all_results", is_flag=True, help="Return every match."),
+                click.option("--min-score", type=click.FloatRange(0, 1), default=min_score_default, show_default=True),
+                click.option("--full", is_flag=True, help="Show whole documents instead of passages."),
+                click.option("--line-numbers", is_flag=True, help="Number passage lines with their file line numbers."),
+                click.option("--full-path", is_flag=True, help="Show on-disk paths instead of qmd:// links."),
+                format_options,
+                pass_ctx,
+            ]
+        ):
+            fn = decorator(fn)
+        return fn
+
+    return wrap
+
+
+def run_search(
+    c: Ctx,
+    endpoint: str,
+    query: tuple[str, ...],
+    limit: int | None,
+    fmt: str | None,
+    flags: dict[str, bool],
+    *,
+    full: bool,
+    line_numbers: bool,
+    full_path: bool,
+    **body: Any,
+) -> None:
+    fmt = pick_format(fmt, flags)
+    limit = limit or (20 if fmt in ("json", "files") else 5)
+    res = c.call("POST", endpoint, {"query": " ".join(query), "limit": limit, "full": full, **body})
+    _warn(res.get("warnings", []))
+    text, warnings = formats.render_search(
+        res["results"],
+        fmt,
+        _style(),
+        full=full,
+        line_numbers=line_numbers,
+        full_path=full_path,
+        cwd=os.getcwd(),
+        below_min_score=res.get("below_min_score", False),
+    )
+    _warn(warnings)
+    _out(text)
+
+
 @cli.command()
-@click.argument("query", nargs=-1, required=True)
-@click.option(
-    "-n", "limit", type=click.IntRange(min=1), default=None, help="Number of results [5; 20 for --json/--files]."
-)
-@click.option("-c", "--collection", "collections", multiple=True, help="Search this collection (repeatable).")
-@click.option("--all", "all_results", is_flag=True, help="Return every match.")
-@click.option("--min-score", type=click.FloatRange(0, 1), default=0.0, show_default=True)
-@click.option("--full", is_flag=True, help="Show whole documents instead of passages.")
-@click.option("--line-numbers", is_flag=True, help="Number passage lines with their file line numbers.")
-@click.option("--full-path", is_flag=True, help="Show on-disk paths instead of qmd:// links.")
+@search_options(min_score_default=0.0)
 @click.option("--explain", is_flag=True, help="Show how each score was made.")
-@format_options
-@pass_ctx
 def search(
     c: Ctx,
     query: tuple[str, ...],
@@ -123,34 +175,57 @@ def search(
 
     Documents matching every word rank first; documents matching some still rank.
     """
-    fmt = pick_format(fmt, flags)
-    limit = limit or (20 if fmt in ("json", "files") else 5)
-    res = c.call(
-        "POST",
+    run_search(
+        c,
         "/v1/search",
-        {
-            "query": " ".join(query),
-            "collections": list(collections) or None,
-            "limit": limit,
-            "min_score": min_score,
-            "all": all_results,
-            "full": full,
-            "explain": explain,
-        },
-    )
-    _warn(res.get("warnings", []))
-    text, warnings = formats.render_search(
-        res["results"],
+        query,
+        limit,
         fmt,
-        _style(),
+        flags,
         full=full,
         line_numbers=line_numbers,
         full_path=full_path,
-        cwd=os.getcwd(),
-        below_min_score=res.get("below_min_score", False),
+        collections=list(collections) or None,
+        min_score=min_score,
+        all=all_results,
+        explain=explain,
     )
-    _warn(warnings)
-    _out(text)
+
+
+@cli.command()
+@search_options(min_score_default=0.3)
+def vsearch(
+    c: Ctx,
+    query: tuple[str, ...],
+    limit: int | None,
+    collections: tuple[str, ...],
+    all_results: bool,
+    min_score: float,
+    full: bool,
+    line_numbers: bool,
+    full_path: bool,
+    fmt: str | None,
+    **flags: bool,
+) -> None:
+    """Vector (semantic) search. Needs embeddings ('qmd embed'); without them it says so
+    and answers with keyword results."""
+    run_search(
+        c,
+        "/v1/vsearch",
+        query,
+        limit,
+        fmt,
+        flags,
+        full=full,
+        line_numbers=line_numbers,
+        full_path=full_path,
+        collections=list(collections) or None,
+        min_score=min_score,
+        all=all_results,
+    )
+
+
+cli.add_command(vsearch, "vector-search")
 
 
 # -- retrieval -------------------------------------------------------------------
@@ -269,12 +344,12 @@ class ProgressBar:
         self.enabled = sys.stderr.isatty()
         self.drawn = False
 
-    def draw(self, done: int, total: int, rate: float) -> None:
+    def draw(self, done: int, total: int, rate: str) -> None:
         if not self.enabled:
             return
         width = 30
         filled = int(width * done / total) if total else width
-        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} files  {rate:.0f} files/s ")
+        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {rate} ")
         sys.stderr.flush()
         self.drawn = True
 
@@ -302,7 +377,7 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
                 if ev["output"].strip():
                     click.echo("\n".join("    " + line for line in ev["output"].rstrip().splitlines()))
             elif kind == "progress":
-                bar.draw(ev["done"], ev["total"], ev["files_per_s"])
+                bar.draw(ev["done"], ev["total"], f"files  {ev['files_per_s']:.0f} files/s")
             elif kind == "summary":
                 bar.clear()
                 for w in ev["warnings"]:
@@ -340,6 +415,50 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
 def update(c: Ctx, collections: tuple[str, ...]) -> None:
     """Re-index collections (running their update commands first)."""
     run_update(c, list(collections) or None)
+
+
+@cli.command()
+@click.option("-c", "--collection", "collections", multiple=True, help="Only these collections.")
+@click.option("-f", "--force", is_flag=True, help="Re-embed everything for the current model.")
+@click.option("--max-docs-per-batch", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--max-batch-mb", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True)
+@pass_ctx
+def embed(c: Ctx, collections: tuple[str, ...], force: bool, max_docs_per_batch: int, max_batch_mb: float) -> None:
+    """Embed documents for vector search (only what changed; resumable; Ctrl-C stops cleanly)."""
+    bar = ProgressBar()
+    body = {
+        "collections": list(collections) or None,
+        "force": force,
+        "max_docs_per_batch": max_docs_per_batch,
+        "max_batch_mb": max_batch_mb,
+    }
+    try:
+        for ev in c.daemon.stream("/v1/embed", body):
+            if ev["event"] == "download":
+                total = ev["total"] or 0
+                bar.draw(ev["done"] // 2**20, total // 2**20, "MB  downloading the embed model")
+            elif ev["event"] == "progress":
+                eta = f"ETA {ev['eta_s']:.0f}s" if ev["done"] < ev["total"] else ""
+                bar.draw(
+                    ev["done"], ev["total"], f"docs  {ev['chunks']} chunks  {ev['chunks_per_s']:.1f} chunks/s  {eta}"
+                )
+            elif ev["event"] == "done":
+                bar.clear()
+                r = ev["report"]
+                if r["clipped"]:
+                    names = ", ".join(sorted({x["file"] for x in r["clipped"]})[:10])
+                    click.echo(
+                        f"⚠ {len(r['clipped'])} chunk(s) were longer than the embedder reads and were embedded "
+                        f"clipped: {names}",
+                        err=True,
+                    )
+                if r["cancelled"]:
+                    click.echo("Stopped early; what was embedded is kept. Run 'qmd embed' again to continue.", err=True)
+                click.echo(f"✓ {r['line']}")
+    except KeyboardInterrupt:
+        bar.clear()
+        click.echo("Cancelled; every completed batch is kept. Run 'qmd embed' again to continue.", err=True)
+        sys.exit(130)
 
 
 @cli.command()

@@ -74,6 +74,13 @@ class SearchRequest(Strict):
     explain: bool = False
 
 
+class EmbedRequest(Strict):
+    collections: list[str] | None = None
+    force: bool = False
+    max_docs_per_batch: int = Field(64, ge=1, le=100_000)
+    max_batch_mb: float = Field(4.0, gt=0, le=1024)
+
+
 class CollectionCreate(Strict):
     path: str = Field(min_length=1)
     name: str | None = None

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from . import __version__
+from . import __version__, vectors
 from .config import (
     DEFAULT_PATTERN,
     Collection,
@@ -34,10 +34,20 @@ from .documents import (
     safe_relpath,
     split_range,
 )
+from .embedding import Embedder, Embedders, EmbedderUnavailable, EmbedReport, embed_pending, embed_query
 from .errors import Conflict, InvalidInput, NotFound, QmdError
 from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
+from .inference import Worker
 from .paths import DEFAULT_INDEX, IndexPaths
-from .search import QueryOutcome, SearchOutcome, file_uri, search, structured_query
+from .search import (
+    QueryOutcome,
+    SearchOutcome,
+    VectorUnavailable,
+    file_uri,
+    search,
+    structured_query,
+    vector_search,
+)
 from .store import Store, fts_delete, fts_put
 
 
@@ -46,9 +56,13 @@ class Engine:
         self.paths = paths
         self.config_file = ConfigFile(paths.config)
         self.store = Store(paths.db)
+        self.store.write(vectors.install)
+        self.worker = Worker()
+        self.embedders = Embedders(self.worker)
         self.started = time.time()
         self._mutate = threading.RLock()
         self._update = threading.Lock()
+        self._embed = threading.Lock()
         self._synced: Config | None = None
         self.config  # noqa: B018 - validates the YAML and mirrors it into the index at start
 
@@ -72,6 +86,7 @@ class Engine:
         return None if self.paths.name == DEFAULT_INDEX else self.paths.name
 
     def close(self) -> None:
+        self.worker.close()
         self.store.close()
 
     # -- collections --------------------------------------------------------
@@ -264,19 +279,119 @@ class Engine:
         return search(self.store, self.config, query, index_name=self.index_label, **kw)  # type: ignore[arg-type]
 
     def query(self, searches: list[tuple[str, str]], **kw: object) -> QueryOutcome:
-        return structured_query(
+        limit = int(kw.get("limit", 10))  # type: ignore[call-overload]
+        collections = kw.get("collections")
+
+        def vector(text: str) -> SearchOutcome:
+            return self._vector_or_raise(text, collections=collections, limit=limit, max_len=300)  # type: ignore[arg-type]
+
+        return structured_query(self.store, self.config, searches, vector=vector, index_name=self.index_label, **kw)  # type: ignore[arg-type]
+
+    # -- vectors ------------------------------------------------------------
+
+    def embedder(self, *, download: bool = False, progress: Progress | None = None) -> Embedder:
+        return self.embedders.get(self.config, self.paths.config.parent, download=download, progress=progress)
+
+    def vector_state(self, collections: list[str] | None = None) -> dict:
+        """Can vector search run, and over how much of the corpus? Never loads a model."""
+        try:
+            emb = self.embedder()
+        except EmbedderUnavailable as e:
+            emb, reason = None, e.message
+        with self.store.read() as conn:
+            space = vectors.find_space(conn, emb.fingerprint) if emb else None
+            pending = len(vectors.pending_hashes(conn, space, collections))
+            embedded = (
+                conn.execute("SELECT COUNT(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()[0]
+                if space
+                else 0
+            )
+            stale = conn.execute(
+                "SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id != ?", (space.id if space else -1,)
+            ).fetchone()[0]
+        available = bool(emb) and embedded > 0
+        if not emb:
+            message = f"vector search unavailable — {pending} documents pending ({reason})"
+        elif not available:
+            message = f"vector search unavailable — {pending} documents pending (run 'qmd embed')"
+        elif pending:
+            message = f"vector search partial — {pending} documents pending (run 'qmd embed')"
+        else:
+            message = f"{embedded} chunks embedded; nothing pending"
+        return {
+            "available": available,
+            "pending": pending,
+            "embedded_chunks": embedded,
+            "stale_contents": stale,
+            "model": emb.uri if emb else None,
+            "fingerprint": emb.fingerprint if emb else None,
+            "message": message,
+        }
+
+    def _vector_or_raise(self, query: str, *, collections: list[str] | None, **kw: object) -> SearchOutcome:
+        state = self.vector_state(collections)
+        if not state["available"]:
+            raise VectorUnavailable(state["message"])
+        emb = self.embedder()
+        try:
+            qvec = embed_query(self.worker, emb, query)
+        except EmbedderUnavailable as e:
+            raise VectorUnavailable(f"vector search unavailable — {e.message}") from e
+        with self.store.read() as conn:
+            space = vectors.find_space(conn, emb.fingerprint)
+        assert space is not None
+        out = vector_search(
             self.store,
             self.config,
-            searches,
-            pending_vectors=self.pending_vectors(),
+            space,
+            qvec,
+            query,
+            collections=collections,
             index_name=self.index_label,
             **kw,  # type: ignore[arg-type]
         )
+        if state["pending"]:
+            out.warnings.append(state["message"])
+        return out
 
-    def pending_vectors(self) -> int:
-        """Documents without embeddings: all of them until vectors are built."""
-        with self.store.read() as conn:
-            return conn.execute("SELECT COUNT(DISTINCT hash) FROM documents WHERE active = 1").fetchone()[0]
+    def vsearch(self, query: str, *, collections: list[str] | None = None, **kw: object) -> SearchOutcome:
+        """Vector search; when it cannot run, keyword results with the reason (never silence)."""
+        try:
+            return self._vector_or_raise(query, collections=collections, **kw)
+        except VectorUnavailable as e:
+            kw.pop("min_score", None)
+            out = self.search(query, collections=collections, **kw)
+            out.warnings.insert(0, f"{e.message}; showing keyword results instead")
+            out.degraded = True
+            return out
+
+    def embed(
+        self,
+        *,
+        collections: list[str] | None = None,
+        force: bool = False,
+        max_docs_per_batch: int = 64,
+        max_batch_bytes: int = 4 * 1024 * 1024,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> EmbedReport:
+        for name in collections or []:
+            self.config.get(name)
+        if max_docs_per_batch < 1 or max_batch_bytes < 1:
+            raise InvalidInput("--max-docs-per-batch and --max-batch-mb must be positive")
+        with self._embed:
+            emb = self.embedder(download=True, progress=progress)
+            return embed_pending(
+                self.store,
+                self.worker,
+                emb,
+                collections=collections,
+                force=force,
+                max_docs_per_batch=max_docs_per_batch,
+                max_batch_bytes=max_batch_bytes,
+                progress=progress,
+                cancel=cancel,
+            )
 
     def get(
         self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
@@ -394,7 +509,7 @@ class Engine:
         collections = self.describe_collections()
         with self.store.read() as conn:
             total = conn.execute("SELECT COUNT(*) FROM documents WHERE active = 1").fetchone()[0]
-        hashes = self.pending_vectors()
+            hashes = conn.execute("SELECT COUNT(DISTINCT hash) FROM documents WHERE active = 1").fetchone()[0]
         try:
             size = self.paths.db.stat().st_size + _size(Path(str(self.paths.db) + "-wal"))
         except OSError:
@@ -409,11 +524,8 @@ class Engine:
             "unique_contents": hashes,
             "sqlite_version": sqlite3.sqlite_version,
             "sqlite_vec": self.store.vec_version,
-            "vector": {
-                "available": False,
-                "pending": hashes,
-                "message": f"vector search unavailable — {hashes} documents pending (embeddings are not built yet)",
-            },
+            "vector": self.vector_state(),
+            "inference": self.worker.status(),
             "collections": collections,
             "global_context": self.config.global_context,
         }
@@ -474,6 +586,7 @@ def _delete_collection(conn: sqlite3.Connection, name: str) -> int:
 
 def _rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
     conn.execute("UPDATE documents SET collection = ? WHERE collection = ?", (new, old))
+    vectors.rename_collection(conn, old, new)
     rows = conn.execute(
         "SELECT d.id, d.path, d.title, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
         " WHERE d.collection = ? AND d.active = 1",

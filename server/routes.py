@@ -12,7 +12,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -23,6 +24,7 @@ from .api import (
     CollectionPatch,
     ContextAdd,
     ContextRemove,
+    EmbedRequest,
     GetRequest,
     Health,
     MultiGetRequest,
@@ -152,6 +154,38 @@ def rename_collection(name: str, body: RenameRequest, request: Request) -> dict:
     return {"old": name, "new": body.new_name}
 
 
+def stream_job(
+    request: Request, name: str, run: Callable[[Callable[[dict], None], threading.Event], dict]
+) -> StreamingResponse:
+    """Run a long job on its own thread and stream its events as NDJSON, ending with
+    `done` (the job's result) or `error`. A client that goes away (Ctrl-C) sets the
+    job's cancel event; the job stops at its next batch boundary, work so far kept."""
+    events: queue.Queue[dict | None] = queue.Queue()
+    cancel = threading.Event()
+
+    def job() -> None:
+        try:
+            events.put({"event": "done", **run(events.put, cancel)})
+        except QmdError as err:
+            events.put({"event": "error", "status": err.status, "error": err.message, **err.detail})
+        except Exception as err:  # noqa: BLE001 - reported to the client, logged by the server
+            request.app.state.log.exception("%s failed", name)
+            events.put({"event": "error", "status": 500, "error": f"internal error: {err}"})
+        finally:
+            events.put(None)
+
+    threading.Thread(target=job, name=f"qmd-{name}", daemon=True).start()
+
+    def stream() -> Iterator[bytes]:
+        try:
+            while (ev := events.get()) is not None:
+                yield (json.dumps(ev) + "\n").encode()
+        finally:
+            cancel.set()
+
+    return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
 @router.post("/v1/update", tags=["cli"])
 def update(body: UpdateRequest, request: Request) -> StreamingResponse:
     """Streams NDJSON events: `collection`, `hook`, `progress`, `summary`, then `done`
@@ -159,27 +193,51 @@ def update(body: UpdateRequest, request: Request) -> StreamingResponse:
     e = engine_of(request)
     for name in body.collections or []:
         e.config.get(name)
-    events: queue.Queue[dict | None] = queue.Queue()
 
-    def job() -> None:
-        try:
-            summaries = e.update(body.collections, progress=events.put)
-            events.put({"event": "done", "summaries": [summary_dict(s) for s in summaries]})
-        except QmdError as err:
-            events.put({"event": "error", "status": err.status, "error": err.message, **err.detail})
-        except Exception as err:  # noqa: BLE001 - reported to the client, logged by the server
-            request.app.state.log.exception("update failed")
-            events.put({"event": "error", "status": 500, "error": f"internal error: {err}"})
-        finally:
-            events.put(None)
+    def run(progress: Callable[[dict], None], _cancel: threading.Event) -> dict:
+        return {"summaries": [summary_dict(s) for s in e.update(body.collections, progress=progress)]}
 
-    threading.Thread(target=job, name="qmd-update", daemon=True).start()
+    return stream_job(request, "update", run)
 
-    def stream() -> Iterator[bytes]:
-        while (ev := events.get()) is not None:
-            yield (json.dumps(ev) + "\n").encode()
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+@router.post("/v1/embed", tags=["cli"])
+def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
+    """Streams `download`/`progress` events, then `done` with the report (rows written,
+    clipped chunks, what is still pending) or `error`."""
+    e = engine_of(request)
+    for name in body.collections or []:
+        e.config.get(name)
+
+    def run(progress: Callable[[dict], None], cancel: threading.Event) -> dict:
+        report = e.embed(
+            collections=body.collections,
+            force=body.force,
+            max_docs_per_batch=body.max_docs_per_batch,
+            max_batch_bytes=int(body.max_batch_mb * 1024 * 1024),
+            progress=progress,
+            cancel=cancel,
+        )
+        return {"report": {**asdict(report), "line": report.line()}}
+
+    return stream_job(request, "embed", run)
+
+
+@router.post("/v1/vsearch", tags=["cli"])
+def cli_vsearch(body: SearchRequest, request: Request) -> dict:
+    out = engine_of(request).vsearch(
+        body.query,
+        collections=body.collections,
+        limit=body.limit,
+        min_score=body.min_score,
+        all_results=body.all,
+        full=body.full,
+    )
+    return {
+        "results": out.hits,
+        "below_min_score": out.below_min_score,
+        "warnings": out.warnings,
+        "degraded": out.degraded,
+    }
 
 
 @router.get("/v1/contexts", tags=["cli"])

@@ -7,12 +7,14 @@ and the line range of its best passage.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+from . import vectors
 from .config import Config
 from .documents import DocRow, fetch_ids
-from .errors import InvalidInput
+from .errors import InvalidInput, QmdError
 from .lexical import LexQuery, parse_lex, search_fts
 from .snippets import best_passage, snippet_header
 from .store import Store
@@ -35,6 +37,7 @@ class SearchOutcome:
     below_min_score: bool = False
     warnings: list[str] = field(default_factory=list)
     terms: tuple[str, ...] = ()
+    degraded: bool = False  # a vector search answered with keyword results
 
 
 def resolve_scope(config: Config, collections: list[str] | None) -> list[str]:
@@ -61,8 +64,9 @@ def shape_hit(
     index_name: str | None,
     max_len: int = 500,
     explain: dict | None = None,
+    lines_within: tuple[int, int] | None = None,
 ) -> dict:
-    passage = best_passage(doc.body, terms, max_len=max_len)
+    passage = best_passage(doc.body, terms, max_len=max_len, lines_within=lines_within)
     coll = config.collections.get(doc.collection)
     return {
         "docid": doc.hash[:6],
@@ -149,6 +153,62 @@ def search(
     return out
 
 
+class VectorUnavailable(QmdError):
+    """Vector search cannot run (no embedder, no vectors yet); the message says why."""
+
+    status = 503
+
+
+def vector_search(
+    store: Store,
+    config: Config,
+    space: vectors.Space,
+    query_vector: Sequence[float],
+    query: str,
+    *,
+    collections: list[str] | None = None,
+    limit: int = 5,
+    min_score: float = 0.0,
+    all_results: bool = False,
+    full: bool = False,
+    index_name: str | None = None,
+    max_len: int = 500,
+) -> SearchOutcome:
+    """Nearest documents by cosine similarity (score = 1 − cosine distance), each
+    pointing at the line range of its nearest chunk; per collection, then merged."""
+    scope = resolve_scope(config, collections)
+    terms = parse_lex(query).terms
+    out = SearchOutcome(hits=[], terms=terms)
+    fetch = vectors.MAX_K if all_results else max(20, 2 * limit)
+    best: dict[int, vectors.VecHit] = {}
+    with store.read() as conn:
+        for name in scope:
+            for h in vectors.search(conn, space, query_vector, name, fetch):
+                if h.doc_id not in best or h.distance < best[h.doc_id].distance:
+                    best[h.doc_id] = h
+        ranked = sorted(best.values(), key=lambda h: (h.distance, h.doc_id))
+        docs = fetch_ids(conn, [h.doc_id for h in ranked[:fetch]])
+    scored = [(h, 1.0 - h.distance) for h in ranked if h.doc_id in docs]
+    kept = [(h, sc) for h, sc in scored if sc >= min_score]
+    out.below_min_score = bool(scored) and not kept
+    if not all_results:
+        kept = kept[:limit]
+    out.hits = [
+        shape_hit(
+            docs[h.doc_id],
+            sc,
+            config,
+            terms,
+            full=full,
+            index_name=index_name,
+            max_len=max_len,
+            lines_within=(h.start_line, h.end_line),
+        )
+        for h, sc in kept
+    ]
+    return out
+
+
 @dataclass
 class QueryOutcome:
     hits: list[dict]
@@ -161,7 +221,7 @@ def structured_query(
     config: Config,
     searches: list[tuple[str, str]],
     *,
-    pending_vectors: int,
+    vector: Callable[[str], SearchOutcome],
     collections: list[str] | None = None,
     limit: int = 10,
     min_score: float = 0.0,
@@ -170,31 +230,30 @@ def structured_query(
     index_name: str | None = None,
     max_len: int = 300,
 ) -> QueryOutcome:
-    """Typed sub-queries (spec §13.3). `lex` runs; `vec`/`hyde` and reranking are
-    reported as skipped with the reason until the index has embeddings and models:
-    a caller is never quietly given less than it asked for."""
+    """Typed sub-queries (spec §13.3): `lex` through FTS, `vec`/`hyde` through
+    `vector` (which raises `VectorUnavailable` when it cannot run: that sub-query is
+    reported as skipped with the reason, never dropped silently). Lists are merged by
+    best score per document; fusion and reranking come with the hybrid pipeline."""
     out = QueryOutcome(hits=[])
     best: dict[str, dict] = {}
     for kind, text in searches:
-        if kind != "lex":
-            out.skipped.append(
-                {
-                    "stage": kind,
-                    "reason": f"vector search unavailable — {pending_vectors} documents pending "
-                    f"(no embeddings yet): {text!r} did not run",
-                }
+        if kind == "lex":
+            res = search(
+                store,
+                config,
+                text,
+                collections=collections,
+                limit=limit,
+                min_score=min_score,
+                index_name=index_name,
+                max_len=max_len,
             )
-            continue
-        res = search(
-            store,
-            config,
-            text,
-            collections=collections,
-            limit=limit,
-            min_score=min_score,
-            index_name=index_name,
-            max_len=max_len,
-        )
+        else:
+            try:
+                res = vector(text)
+            except VectorUnavailable as e:
+                out.skipped.append({"stage": kind, "reason": f"{e.message}: {text!r} did not run"})
+                continue
         out.warnings.extend(res.warnings)
         for hit in res.hits:
             if hit["file"] not in best or hit["score"] > best[hit["file"]]["score"]:

@@ -23,22 +23,30 @@ class Passage:
     matched: bool  # some query term occurs in the passage
 
 
-def best_passage(body: str, terms: tuple[str, ...] | list[str], max_len: int = 500) -> Passage:
+def best_passage(
+    body: str, terms: tuple[str, ...] | list[str], max_len: int = 500, lines_within: tuple[int, int] | None = None
+) -> Passage:
     """Score each line by how many query terms it contains (spec §15.2) and take the
     first best line, one line before and two after. Long passages are cut at
-    `max_len` characters with `...`."""
+    `max_len` characters with `...`. `lines_within` (1-based, inclusive) keeps the
+    search inside a region, e.g. the chunk a vector search matched; with no term
+    there, the passage opens the region."""
     lines = body.split("\n")
     needles = [t.lower() for t in terms if t]
-    best, best_score = 0, 0
+    lo, hi = (
+        (0, len(lines)) if lines_within is None else (max(0, lines_within[0] - 1), min(len(lines), lines_within[1]))
+    )
+    best, best_score = lo, 0
     if needles:
-        for i, line in enumerate(lines):
+        for i in range(lo, hi):
+            line = lines[i]
             low = line.lower()
             score = sum(1 for t in needles if t in low)
             if score > best_score:
                 best, best_score = i, score
                 if score == len(needles):
                     break
-    start = max(0, best - BEFORE)
+    start = max(lo, best - BEFORE) if best_score else best
     end = min(len(lines), best + AFTER)
     text = "\n".join(lines[start:end])
     if len(text) > max_len:

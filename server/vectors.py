@@ -1,0 +1,288 @@
+"""Vectors in the index: one space per embedder fingerprint, partitioned by collection.
+
+Vectors from two embedders never share a table: each fingerprint (model identity +
+prompt format + chunker version) gets its own `vector_spaces` row and its own vec0
+table, so a changed embedder can only make documents *pending*, never mix spaces.
+Within a space, the vec0 table is partitioned by collection (spec §4.3), so a search
+scoped to a small collection scans only that collection and is never starved by a big
+one. `content_vectors` keeps each chunk's embedding too: it is the source the vec0
+rows are made from (a chunk shared by two collections is embedded once).
+
+vec0 is never joined with other tables in one statement (it hangs; spec §4.2): every
+search is a KNN statement first, then plain lookups.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .db import sqlite3
+from .store import utcnow
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS vector_spaces (
+    id INTEGER PRIMARY KEY,
+    fingerprint TEXT NOT NULL UNIQUE,
+    model TEXT NOT NULL,
+    dims INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS content_vectors (
+    id INTEGER PRIMARY KEY,
+    space_id INTEGER NOT NULL REFERENCES vector_spaces(id) ON DELETE CASCADE,
+    hash TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    pos INTEGER NOT NULL,
+    end_pos INTEGER NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    clipped INTEGER NOT NULL DEFAULT 0,
+    total_chunks INTEGER NOT NULL,
+    embed_fingerprint TEXT NOT NULL,
+    embedded_at TEXT NOT NULL,
+    embedding BLOB NOT NULL,
+    UNIQUE (space_id, hash, seq)
+);
+CREATE INDEX IF NOT EXISTS idx_content_vectors_hash ON content_vectors(space_id, hash);
+CREATE TABLE IF NOT EXISTS vector_collection_ids (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS vector_rows (
+    id INTEGER PRIMARY KEY,
+    space_id INTEGER NOT NULL,
+    chunk_id INTEGER NOT NULL,
+    collection_id INTEGER NOT NULL,
+    UNIQUE (chunk_id, collection_id)
+);
+CREATE INDEX IF NOT EXISTS idx_vector_rows_space ON vector_rows(space_id, collection_id);
+"""
+
+MAX_K = 4096
+
+
+def pack(vector: Sequence[float]) -> bytes:
+    return array.array("f", vector).tobytes()
+
+
+def _vec_table(space_id: int) -> str:
+    return f"vectors_s{int(space_id)}"
+
+
+@dataclass(frozen=True)
+class Space:
+    id: int
+    fingerprint: str
+    model: str
+    dims: int
+
+
+def install(conn: sqlite3.Connection) -> None:
+    # statement by statement: executescript would commit the writer's transaction
+    for statement in SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def find_space(conn: sqlite3.Connection, fingerprint: str) -> Space | None:
+    r = conn.execute(
+        "SELECT id, fingerprint, model, dims FROM vector_spaces WHERE fingerprint = ?", (fingerprint,)
+    ).fetchone()
+    return Space(*r) if r else None
+
+
+def ensure_space(conn: sqlite3.Connection, fingerprint: str, model: str, dims: int) -> Space:
+    """The space for this fingerprint, created with its vec0 table on first use (writer only)."""
+    space = find_space(conn, fingerprint)
+    if space:
+        if space.dims != dims:
+            raise RuntimeError(f"vector space {fingerprint[:12]} has {space.dims} dims, the embedder gave {dims}")
+        return space
+    cur = conn.execute(
+        "INSERT INTO vector_spaces(fingerprint, model, dims, created_at) VALUES (?, ?, ?, ?)",
+        (fingerprint, model, dims, utcnow()),
+    )
+    space = Space(int(cur.lastrowid), fingerprint, model, dims)
+    conn.execute(
+        f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
+        f"collection_id INTEGER PARTITION KEY, embedding float[{dims}] distance_metric=cosine)"
+    )
+    return space
+
+
+def drop_space(conn: sqlite3.Connection, space: Space) -> None:
+    conn.execute(f"DROP TABLE IF EXISTS {_vec_table(space.id)}")
+    conn.execute("DELETE FROM vector_rows WHERE space_id = ?", (space.id,))
+    conn.execute("DELETE FROM content_vectors WHERE space_id = ?", (space.id,))
+    conn.execute("DELETE FROM vector_spaces WHERE id = ?", (space.id,))
+
+
+def collection_id(conn: sqlite3.Connection, name: str, *, create: bool) -> int | None:
+    r = conn.execute("SELECT id FROM vector_collection_ids WHERE name = ?", (name,)).fetchone()
+    if r or not create:
+        return r[0] if r else None
+    return int(conn.execute("INSERT INTO vector_collection_ids(name) VALUES (?)", (name,)).lastrowid)
+
+
+def rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
+    """A rename is one row: vec0 partitions are keyed by the id, not the name."""
+    conn.execute("UPDATE vector_collection_ids SET name = ? WHERE name = ?", (new, old))
+
+
+@dataclass(frozen=True)
+class ChunkVector:
+    seq: int
+    pos: int
+    end_pos: int
+    start_line: int
+    end_line: int
+    tokens: int
+    clipped: bool
+    embedding: Sequence[float]
+
+
+def write_document(
+    conn: sqlite3.Connection, space: Space, content_hash: str, chunks: Sequence[ChunkVector], total: int
+) -> None:
+    """Store one content hash's chunk vectors (all of them, or the next batch of them)."""
+    now = utcnow()
+    for c in chunks:
+        conn.execute(
+            "INSERT OR REPLACE INTO content_vectors(space_id, hash, seq, pos, end_pos, start_line, end_line, tokens,"
+            " clipped, total_chunks, embed_fingerprint, embedded_at, embedding) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                space.id,
+                content_hash,
+                c.seq,
+                c.pos,
+                c.end_pos,
+                c.start_line,
+                c.end_line,
+                c.tokens,
+                int(c.clipped),
+                total,
+                space.fingerprint,
+                now,
+                pack(c.embedding),
+            ),
+        )
+
+
+def complete_hashes(conn: sqlite3.Connection, space: Space) -> set[str]:
+    return {
+        r[0]
+        for r in conn.execute(
+            "SELECT hash FROM content_vectors WHERE space_id = ? GROUP BY hash HAVING COUNT(*) = MAX(total_chunks)",
+            (space.id,),
+        )
+    }
+
+
+def sync_partitions(conn: sqlite3.Connection, space: Space) -> tuple[int, int]:
+    """Make the vec0 partitions match the active documents: add a row for every
+    (embedded chunk, collection holding that content), drop rows whose collection no
+    longer holds it. Returns (added, removed)."""
+    table = _vec_table(space.id)
+    complete = complete_hashes(conn, space)
+    wanted: set[tuple[int, int]] = set()
+    pairs = conn.execute("SELECT DISTINCT collection, hash FROM documents WHERE active = 1").fetchall()
+    chunk_ids: dict[str, list[int]] = {}
+    for r in conn.execute("SELECT id, hash FROM content_vectors WHERE space_id = ?", (space.id,)):
+        if r[1] in complete:
+            chunk_ids.setdefault(r[1], []).append(r[0])
+    for coll, h in pairs:
+        if h in chunk_ids:
+            cid = collection_id(conn, coll, create=True)
+            assert cid is not None
+            wanted.update((chunk, cid) for chunk in chunk_ids[h])
+    have = {
+        (r[1], r[2]): r[0]
+        for r in conn.execute("SELECT id, chunk_id, collection_id FROM vector_rows WHERE space_id = ?", (space.id,))
+    }
+    removed = [rid for key, rid in have.items() if key not in wanted]
+    for rid in removed:
+        conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (rid,))
+        conn.execute("DELETE FROM vector_rows WHERE id = ?", (rid,))
+    added = 0
+    for chunk, cid in wanted - have.keys():
+        emb = conn.execute("SELECT embedding FROM content_vectors WHERE id = ?", (chunk,)).fetchone()[0]
+        rid = conn.execute(
+            "INSERT INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?)", (space.id, chunk, cid)
+        ).lastrowid
+        conn.execute(f"INSERT INTO {table}(rowid, collection_id, embedding) VALUES (?, ?, ?)", (rid, cid, emb))
+        added += 1
+    return added, len(removed)
+
+
+def pending_hashes(conn: sqlite3.Connection, space: Space | None, collections: Iterable[str] | None = None) -> set[str]:
+    """Active content in scope without a complete set of vectors in this space."""
+    names = list(collections) if collections is not None else None
+    q = "SELECT DISTINCT hash FROM documents WHERE active = 1"
+    args: list[str] = []
+    if names is not None:
+        q += f" AND collection IN ({','.join('?' * len(names))})"
+        args = names
+    active = {r[0] for r in conn.execute(q, args)}
+    return active - complete_hashes(conn, space) if space else active
+
+
+@dataclass(frozen=True)
+class VecHit:
+    doc_id: int
+    distance: float
+    pos: int
+    end_pos: int
+    start_line: int
+    end_line: int
+
+
+def search(conn: sqlite3.Connection, space: Space, query: Sequence[float], collection: str, limit: int) -> list[VecHit]:
+    """Nearest documents of one collection: KNN over its partition (widened until
+    `limit` distinct documents are found), then chunk → document lookups, keeping
+    each document's nearest chunk."""
+    cid = collection_id(conn, collection, create=False)
+    if cid is None:
+        return []
+    table = _vec_table(space.id)
+    qblob = pack(query)
+    k = min(MAX_K, max(limit * 3, 10))
+    while True:
+        knn = conn.execute(
+            f"SELECT rowid, distance FROM {table} WHERE embedding MATCH ? AND k = ? AND collection_id = ?",
+            (qblob, k, cid),
+        ).fetchall()
+        best = _documents_for(conn, [(r[0], r[1]) for r in knn], collection)
+        if len(best) >= limit or len(knn) < k or k >= MAX_K:
+            break
+        k = min(MAX_K, k * 4)
+    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
+
+
+def _documents_for(conn: sqlite3.Connection, knn: list[tuple[int, float]], collection: str) -> dict[int, VecHit]:
+    best: dict[int, VecHit] = {}
+    for i in range(0, len(knn), 500):
+        part = knn[i : i + 500]
+        dist = {rid: d for rid, d in part}
+        rows = conn.execute(
+            "SELECT vr.id, cv.hash, cv.pos, cv.end_pos, cv.start_line, cv.end_line FROM vector_rows vr"
+            f" JOIN content_vectors cv ON cv.id = vr.chunk_id WHERE vr.id IN ({','.join('?' * len(part))})",
+            [rid for rid, _ in part],
+        ).fetchall()
+        by_hash: dict[str, list[tuple]] = {}
+        for rid, h, pos, end, sl, el in rows:
+            by_hash.setdefault(h, []).append((dist[rid], pos, end, sl, el))
+        if not by_hash:
+            continue
+        docs = conn.execute(
+            f"SELECT id, hash FROM documents WHERE active = 1 AND collection = ? AND hash IN"
+            f" ({','.join('?' * len(by_hash))})",
+            [collection, *by_hash],
+        ).fetchall()
+        for doc_id, h in docs:
+            d, pos, end, sl, el = min(by_hash[h])
+            if doc_id not in best or d < best[doc_id].distance:
+                best[doc_id] = VecHit(doc_id, d, pos, end, sl, el)
+    return best
