@@ -462,6 +462,74 @@ def embed(c: Ctx, collections: tuple[str, ...], force: bool, max_docs_per_batch:
 
 
 @cli.command()
+@click.option("--refresh", is_flag=True, help="Re-check cached models and download changed ones.")
+@pass_ctx
+def pull(c: Ctx, refresh: bool) -> None:
+    """Download the configured models now (resumable), instead of on first use."""
+    bar = ProgressBar()
+    failed = False
+    for ev in c.daemon.stream("/v1/pull", {"refresh": refresh}):
+        if ev["event"] == "model":
+            click.echo(f"{ev['role']}: {ev['uri']} ({ev['source']})")
+        elif ev["event"] == "download":
+            bar.draw(ev["done"] // 2**20, (ev["total"] or 0) // 2**20, "MB")
+        elif ev["event"] == "pulled":
+            bar.clear()
+            if ev.get("error"):
+                failed = True
+                click.echo(f"  ✗ {ev['error']}", err=True)
+            elif ev.get("path"):
+                how = "downloaded" if ev["downloaded"] else "present"
+                click.echo(f"  ✓ {how}: {ev['path']} ({_fmt_bytes(ev['size'])})")
+            else:
+                click.echo(f"  ✓ {ev.get('note', 'nothing to do')}")
+    if failed:
+        sys.exit(1)
+
+
+@cli.command()
+@pass_ctx
+def doctor(c: Ctx) -> None:
+    """Versions, SQLite and sqlite-vec, the llama.cpp build, each model, pending vectors."""
+    d = c.call("GET", "/v1/doctor")
+    inf = d["inference"]
+    ok, warn = "✓", "⚠"
+    lines = [f"{ok} Python {d['python']}"]
+    lines += [f"{ok} {k} {v}" for k, v in d["packages"].items() if v]
+    lines += [f"{warn} {k} not installed" for k, v in d["packages"].items() if not v]
+    lines.append(f"{ok} SQLite {d['sqlite']}")
+    lines.append(
+        f"{ok} sqlite-vec {d['sqlite_vec']}" if d["sqlite_vec"] else f"{warn} sqlite-vec could not load: no vectors"
+    )
+    backend = inf.get("backend") or "not started yet"
+    lines.append(
+        f"{ok} llama.cpp worker: {backend}; {inf['n_threads']} threads; "
+        f"{'GPU refused (QMD_FORCE_CPU)' if inf['force_cpu'] else 'GPU if the build has one'}; "
+        f"restarts {inf['restarts']}"
+    )
+    if inf.get("last_crash"):
+        lines.append(f"{warn} last worker crash: {inf['last_crash']}")
+    for m in d["models"]:
+        if m.get("error"):
+            lines.append(f"{warn} models: {m['error']}")
+            continue
+        head = f"{m['role']}: {m['uri']} ({m['source']})"
+        if m.get("problem"):
+            lines.append(f"{warn} {head} — {m['problem']}")
+        else:
+            state = "loaded" if m.get("loaded") else "not loaded"
+            fp = f", fingerprint {m['fingerprint'][:12]}" if m.get("fingerprint") else ""
+            lines.append(f"{ok} {head}\n    {m['file']} ({_fmt_bytes(m['size'])}, {m['arch']}, {state}{fp})")
+    v = d["vector"]
+    lines.append(f"{ok if not v['pending'] else warn} vectors: {v['message']}")
+    if v["stale_contents"]:
+        lines.append(
+            f"{warn} {v['stale_contents']} documents have vectors from another model (re-embedded by 'qmd embed')"
+        )
+    _out("\n".join(lines))
+
+
+@cli.command()
 @pass_ctx
 def status(c: Ctx) -> None:
     """Index, daemon and collection health."""

@@ -81,6 +81,10 @@ class EmbedRequest(Strict):
     max_batch_mb: float = Field(4.0, gt=0, le=1024)
 
 
+class PullRequest(Strict):
+    refresh: bool = False
+
+
 class CollectionCreate(Strict):
     path: str = Field(min_length=1)
     name: str | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from dataclasses import asdict, replace
@@ -37,7 +38,8 @@ from .documents import (
 from .embedding import Embedder, Embedders, EmbedderUnavailable, EmbedReport, embed_pending, embed_query
 from .errors import Conflict, InvalidInput, NotFound, QmdError
 from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
-from .inference import Worker
+from .inference import ModelSpec, Worker
+from .model_files import FileRef, HfRef, RemoteRef, cache_path, ensure_local, fetch, resolve_models
 from .paths import DEFAULT_INDEX, IndexPaths
 from .search import (
     QueryOutcome,
@@ -501,6 +503,109 @@ class Engine:
                 }
                 for r in rows
             ],
+        }
+
+    # -- models -------------------------------------------------------------
+
+    def _models(self) -> dict:
+        return resolve_models(self.config.models, config_dir=self.paths.config.parent)
+
+    def pull(self, *, refresh: bool = False, progress: Progress | None = None) -> list[dict]:
+        """Download every configured `hf:` model (resumable); check local files. Each role
+        is reported on its own: one failure does not stop the others."""
+        out: list[dict] = []
+        for role, resolved in self._models().items():
+            ref = resolved.ref
+            row = {"role": role, "uri": ref.uri, "source": resolved.source}
+            if progress:
+                progress({"event": "model", **row})
+            try:
+                if isinstance(ref, HfRef):
+                    got = fetch(
+                        ref,
+                        (lambda done, total: progress({"event": "download", "done": done, "total": total}))
+                        if progress
+                        else None,
+                        refresh=refresh,
+                    )
+                    row.update(path=str(got.path), size=got.size, downloaded=got.downloaded)
+                elif isinstance(ref, FileRef):
+                    path = ensure_local(ref)
+                    row.update(path=str(path), size=path.stat().st_size, downloaded=False)
+                else:
+                    row.update(path=None, size=None, downloaded=False, note="remote endpoint: nothing to download")
+            except QmdError as e:
+                row.update(error=e.message)
+            out.append(row)
+            if progress:
+                progress({"event": "pulled", **row})
+        return out
+
+    def doctor(self) -> dict:
+        """Everything worth knowing when something is off; loads no model."""
+        from importlib import metadata
+
+        def version(pkg: str) -> str | None:
+            try:
+                return metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                return None
+
+        models = []
+        try:
+            resolved = self._models()
+        except QmdError as e:
+            resolved, models = {}, [{"role": "*", "error": e.message}]
+        for role, r in resolved.items():
+            row: dict = {"role": role, "uri": r.ref.uri, "source": r.source}
+            local = None
+            if isinstance(r.ref, FileRef):
+                local = r.ref.path
+            elif isinstance(r.ref, HfRef) and cache_path(r.ref).exists():
+                local = cache_path(r.ref)
+            if local is None:
+                row["file"] = None
+                row["problem"] = (
+                    "remote endpoint" if isinstance(r.ref, RemoteRef) else "not downloaded (run 'qmd pull')"
+                )
+            else:
+                try:
+                    info = self.worker.model_info(ModelSpec(role=role, path=str(local)))
+                    row.update(
+                        file=str(local),
+                        size=info["file_size"],
+                        arch=info["arch"],
+                        loaded=info["loaded"],
+                        context_live=info["context_live"],
+                        fingerprint=info.get("fingerprint"),
+                    )
+                except (QmdError, OSError) as e:
+                    row.update(file=str(local), problem=str(getattr(e, "message", e)))
+            models.append(row)
+        return {
+            "python": sys.version.split()[0],
+            "packages": {
+                p: version(p)
+                for p in (
+                    "qmd",
+                    "fastapi",
+                    "uvicorn",
+                    "pydantic",
+                    "mcp",
+                    "sqlite-vec",
+                    "pysqlite3-binary",
+                    "llama_cpp_python",
+                    "wcmatch",
+                    "PyYAML",
+                )
+            },
+            "sqlite": sqlite3.sqlite_version,
+            "sqlite_vec": self.store.vec_version,
+            "inference": self.worker.status(),
+            "models": models,
+            "vector": self.vector_state(),
+            "config_path": str(self.paths.config),
+            "index_path": str(self.paths.db),
         }
 
     # -- status -------------------------------------------------------------

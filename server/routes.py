@@ -28,6 +28,7 @@ from .api import (
     GetRequest,
     Health,
     MultiGetRequest,
+    PullRequest,
     QueryRequest,
     QueryResponse,
     QueryResult,
@@ -220,6 +221,22 @@ def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
         return {"report": {**asdict(report), "line": report.line()}}
 
     return stream_job(request, "embed", run)
+
+
+@router.post("/v1/pull", tags=["cli"])
+def pull(body: PullRequest, request: Request) -> StreamingResponse:
+    """Streams `model`, `download` and `pulled` events per role, then `done`."""
+    e = engine_of(request)
+
+    def run(progress: Callable[[dict], None], _cancel: threading.Event) -> dict:
+        return {"models": e.pull(refresh=body.refresh, progress=progress)}
+
+    return stream_job(request, "pull", run)
+
+
+@router.get("/v1/doctor", tags=["cli"])
+def doctor(request: Request) -> dict:
+    return engine_of(request).doctor()
 
 
 @router.post("/v1/vsearch", tags=["cli"])
