@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC
+from pathlib import Path
 from typing import Any
 
 import click
@@ -529,6 +530,13 @@ def doctor(c: Ctx) -> None:
     _out("\n".join(lines))
 
 
+def _models_line(inf: dict) -> str:
+    loaded = [Path(m["path"]).name + f" ({m['role']})" for m in inf["models_loaded"]]
+    if not loaded:
+        return "none loaded (they load on first use)"
+    return f"{', '.join(loaded)}; {inf['contexts_live']} context(s) live; worker PID {inf['pid']}"
+
+
 @cli.command()
 @pass_ctx
 def status(c: Ctx) -> None:
@@ -541,6 +549,7 @@ def status(c: Ctx) -> None:
         f"Index:  {s['index_path']}",
         f"Size:   {_fmt_bytes(s['size_bytes'])}",
         f"Daemon: running (PID {d['pid']}, up {d['uptime']}s) at {d['url']}",
+        f"Models: {_models_line(s['inference'])}",
         "",
         "Documents",
         f"  Total:    {s['documents']} files indexed",
