@@ -12,9 +12,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
@@ -177,9 +178,11 @@ def stream_job(
 
     threading.Thread(target=job, name=f"qmd-{name}", daemon=True).start()
 
-    def stream() -> Iterator[bytes]:
+    async def stream() -> AsyncIterator[bytes]:
+        # async, so that a disconnect (the task is cancelled, or the next send fails)
+        # runs the `finally` right away instead of leaving a thread blocked on the queue
         try:
-            while (ev := events.get()) is not None:
+            while (ev := await anyio.to_thread.run_sync(events.get, abandon_on_cancel=True)) is not None:
                 yield (json.dumps(ev) + "\n").encode()
         finally:
             cancel.set()

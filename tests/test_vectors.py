@@ -225,3 +225,22 @@ def test_daemon_killed_mid_embed_resumes(env: Env, model: Path, tmp_path: Path) 
         assert f"from {before['pending']} documents" in out and "0 pending" in out
     finally:
         d.stop()
+
+
+def test_ctrl_c_cancels_embed_cleanly(env: Env, model: Path, tmp_path: Path) -> None:
+    d = start(env, model)
+    try:
+        env.ok("collection", "add", str(_corpus(tmp_path, 80)), "--name", "big")
+        proc = _embed_in_background(env)
+        _wait_for_chunks(d, 5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Cancelled" in err and "Traceback" not in err
+        time.sleep(3)  # the job stops at its next batch boundary
+        first = d.http.get("/v1/status").json()["vector"]["embedded_chunks"]
+        time.sleep(2)
+        assert d.http.get("/v1/status").json()["vector"]["embedded_chunks"] == first  # it really stopped
+        assert 0 < first < 160
+        assert "0 pending" in env.ok("embed")  # and resumes
+    finally:
+        d.stop()
