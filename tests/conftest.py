@@ -132,6 +132,20 @@ class Daemon:
         return self.proc.returncode
 
 
+def daemons_on(port: int) -> list[int]:
+    """Pids of every qmdd process started for `port` (autostarted ones included)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"server.main" in cmd and str(port).encode() in cmd:
+                pids.append(int(p.name))
+    return pids
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> Env:
     return Env(tmp_path)

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import ROOT, Env
+from conftest import ROOT, Env, daemons_on
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -238,28 +238,15 @@ def test_imports_no_model_or_database_code() -> None:
 # -- against the real daemon --------------------------------------------------------------------
 
 
-def _daemons_on(port: int) -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"server.main" in cmd and str(port).encode() in cmd:
-                pids.append(int(p.name))
-    return pids
-
-
 @pytest.fixture
 def corpus(env: Env, notes: Path) -> Iterator[Env]:
     """Notes indexed by a daemon the CLI autostarted; every daemon on the port stopped after."""
     env.ok("collection", "add", str(notes), "--name", "notes")
     yield env
-    for pid in _daemons_on(env.port):
+    for pid in daemons_on(env.port):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 15
-    while _daemons_on(env.port) and time.monotonic() < deadline:
+    while daemons_on(env.port) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -299,7 +286,7 @@ def test_sdk_client_over_the_bridge(corpus: Env, name: str, mode: str) -> None:
 
 
 def test_stdout_is_pure_jsonrpc_while_the_daemon_autostarts(env: Env) -> None:
-    assert not _daemons_on(env.port)
+    assert not daemons_on(env.port)
     messages = [
         req(
             1,
@@ -328,9 +315,9 @@ def test_stdout_is_pure_jsonrpc_while_the_daemon_autostarts(env: Env) -> None:
         assert [a["id"] for a in answers] == [1, 2, 3] and all(a["jsonrpc"] == "2.0" for a in answers)
         assert answers[0]["result"]["serverInfo"]["name"] == "qmd"
         assert answers[2]["result"]["structuredContent"]["totalDocuments"] == 0
-        assert len(_daemons_on(env.port)) == 1  # autostarted, detached: it outlives the bridge
+        assert len(daemons_on(env.port)) == 1  # autostarted, detached: it outlives the bridge
     finally:
-        for pid in _daemons_on(env.port):
+        for pid in daemons_on(env.port):
             os.kill(pid, signal.SIGTERM)
 
 
@@ -354,7 +341,7 @@ def test_survives_a_daemon_restart_between_calls(corpus: Env) -> None:
 
 
 def test_two_bridges_share_one_daemon(env: Env) -> None:
-    assert not _daemons_on(env.port)
+    assert not daemons_on(env.port)
     seen: list[int] = []
 
     async def one(cmd: list[str]) -> None:
@@ -371,7 +358,7 @@ def test_two_bridges_share_one_daemon(env: Env) -> None:
     try:
         anyio.run(both)
         assert len(seen) == 2 and seen[0] == seen[1]
-        assert _daemons_on(env.port) == [seen[0]]
+        assert daemons_on(env.port) == [seen[0]]
     finally:
-        for pid in _daemons_on(env.port):
+        for pid in daemons_on(env.port):
             os.kill(pid, signal.SIGTERM)

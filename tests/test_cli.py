@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, Env, write
+from conftest import Daemon, Env, daemons_on, write
 
 HEAVY = (
     "fastapi",
@@ -253,19 +253,6 @@ def test_status(env: Env, added: Path) -> None:
 # -- autostart -------------------------------------------------------------------------------
 
 
-def _daemons_on(port: int) -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"server.main" in cmd and str(port).encode() in cmd:
-                pids.append(int(p.name))
-    return pids
-
-
 def test_autostart_ten_clis_start_one_daemon(env: Env, notes: Path) -> None:
     procs = [
         subprocess.Popen(
@@ -283,13 +270,13 @@ def test_autostart_ten_clis_start_one_daemon(env: Env, notes: Path) -> None:
         assert all(p.returncode == 0 for p in procs), results
         pids = {line for out, _ in results for line in out.splitlines() if line.startswith("Daemon:")}
         assert len(pids) == 1, pids
-        assert len(_daemons_on(env.port)) == 1
+        assert len(daemons_on(env.port)) == 1
         info = json.loads((env.cache / "qmd" / "qmdd.pid").read_text())
         assert f"PID {info['pid']}" in next(iter(pids))
         env.ok("collection", "add", str(notes), "--name", "notes")
         assert "fundraising.md" in env.ok("search", "angel")
     finally:
-        for pid in _daemons_on(env.port):
+        for pid in daemons_on(env.port):
             os.kill(pid, 15)
         time.sleep(0.5)
 
@@ -299,7 +286,7 @@ def test_no_autostart_is_a_clear_error(env: Env) -> None:
     assert r.returncode == 1
     assert "no qmd daemon answers" in r.stderr and "QMD_NO_AUTOSTART" in r.stderr
     assert "Traceback" not in r.stderr
-    assert not _daemons_on(env.port)
+    assert not daemons_on(env.port)
 
 
 def _run_on_tty(env: Env, *args: str) -> str:
@@ -358,6 +345,6 @@ def test_named_index_has_its_own_files_and_daemon(env: Env, notes: Path) -> None
         r = env.qmd("search", "angel")  # default index, same port: refused clearly
         assert r.returncode == 1 and "serves index 'work', not 'index'" in r.stderr
     finally:
-        for pid in _daemons_on(env.port):
+        for pid in daemons_on(env.port):
             os.kill(pid, 15)
         time.sleep(0.5)
