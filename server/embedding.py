@@ -1,10 +1,12 @@
 """Embeddings: which model, the embed job, and vector search.
 
-The embedder is resolved from `index.yml` > env > default (never written back), made
-local (an `hf:` download when needed) and run in the supervised inference worker. Its
-vector space is named by a fingerprint = model file hash + prompt format + chunker
-version + chunk size, stored with every vector: a changed fingerprint makes documents
-pending, it never mixes spaces.
+The embedder is resolved from `index.yml` > env > default (never written back). It runs
+on one of two backends behind the same small interface (`EmbedBackend`: chunk a body,
+embed texts): a GGUF file (an `hf:` download when needed) in the supervised inference
+worker, or an OpenAI-compatible endpoint (`server.remote_embed`). Its vector space is
+named by a fingerprint = model identity (the file's hash and prompt format, or the
+endpoint and model name) + chunker version + chunk size, stored with every vector: a
+changed fingerprint makes documents pending, it never mixes spaces.
 
 The embed job is incremental and resumable: only content without a complete set of
 vectors in the current space is embedded, every batch is committed as it completes (a
@@ -21,13 +23,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from . import vectors
-from .chunking import CHUNKER_VERSION
+from .chunking import CHUNKER_VERSION, Chunk
 from .config import Config
 from .errors import QmdError
-from .inference import InferenceError, ModelSpec, Worker, fingerprint
+from .inference import Embeddings, InferenceError, ModelSpec, Worker, fingerprint
 from .model_files import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
+from .remote_embed import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
+from .remote_embed import Kind, RemoteBackend, RemoteEmbedError
 from .store import Store
 
 Progress = Callable[[dict], None]
@@ -36,6 +41,8 @@ BERT_CHUNK_TOKENS = 256
 says 512: past 256 the tail barely moves the vector (seeds/001)."""
 DEFAULT_CHUNK_TOKENS = 900
 EMBED_SUB_BATCH = 32
+REMOTE_RETRY_S = 30.0
+"""How long a failed probe of a remote embedder is believed before status/search retry it."""
 
 
 class EmbedderUnavailable(QmdError):
@@ -44,12 +51,39 @@ class EmbedderUnavailable(QmdError):
     status = 503
 
 
+class EmbedBackend(Protocol):
+    """Where an embed model runs. The job and query embedding see only this, so a local
+    GGUF and a remote endpoint chunk, embed and report clipping the same way."""
+
+    def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
+        """Chunks of `text`, each within `max_tokens` as this backend counts them."""
+        ...
+
+    def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
+        """Unit vectors for `texts` in input order, with what was clipped and token counts."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalBackend:
+    """A GGUF file run by the supervised inference worker (its own tokenizer, prompt format)."""
+
+    worker: Worker
+    spec: ModelSpec
+
+    def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
+        return self.worker.chunk(self.spec, text, max_tokens=max_tokens)
+
+    def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
+        return self.worker.embed(self.spec, texts, kind=kind, titles=titles)
+
+
 @dataclass(frozen=True)
 class Embedder:
-    """The resolved embed model: what to load and the vector space it writes."""
+    """The resolved embed model: the backend that runs it and the vector space it writes."""
 
     uri: str
-    spec: ModelSpec
+    backend: EmbedBackend = field(compare=False)
     chunk_tokens: int
     fingerprint: str
     dims: int
@@ -70,6 +104,7 @@ class Embedders:
         self.worker = worker
         self._lock = threading.Lock()
         self._cache: dict[str, Embedder] = {}
+        self._failed: dict[str, tuple[float, str]] = {}
 
     def get(
         self, config: Config, config_dir: Path, *, download: bool = False, progress: Progress | None = None
@@ -80,11 +115,23 @@ class Embedders:
             ref = resolve_model("embed", config.models, config_dir=config_dir).ref
         except QmdError as e:
             raise EmbedderUnavailable(f"the embed model setting is invalid: {e.message}") from e
-        if isinstance(ref, RemoteRef):
-            raise EmbedderUnavailable(f"remote embedders ({ref.uri}) are not supported by this version")
         with self._lock:
             if ref.uri in self._cache:
                 return self._cache[ref.uri]
+            if isinstance(ref, RemoteRef):
+                # A failed probe is remembered briefly, so `status` and searches do not each
+                # wait on an unreachable host; `embed` (download=True) always tries again.
+                failed = self._failed.get(ref.uri)
+                if failed and not download and time.monotonic() - failed[0] < REMOTE_RETRY_S:
+                    raise EmbedderUnavailable(failed[1])
+                try:
+                    emb = self._remote(ref)
+                except EmbedderUnavailable as e:
+                    self._failed[ref.uri] = (time.monotonic(), e.message)
+                    raise
+                self._failed.pop(ref.uri, None)
+                self._cache[ref.uri] = emb
+                return emb
             if isinstance(ref, HfRef) and not download and not cache_path(ref).exists():
                 raise EmbedderUnavailable(
                     f"the embed model {ref.uri} is not downloaded yet (run 'qmd pull' or 'qmd embed')"
@@ -104,11 +151,38 @@ class Embedders:
             except QmdError as e:
                 raise EmbedderUnavailable(f"the embed model {path} is not usable: {e.message}") from e
             tokens = _chunk_tokens(info)
-            fp = hashlib.sha256(f"{fingerprint(spec)}|{CHUNKER_VERSION}|{tokens}".encode()).hexdigest()
             name = ref.uri if isinstance(ref, HfRef) else Path(path).name
-            emb = Embedder(ref.uri, spec, tokens, fp, int(info["n_embd"]), name)
+            emb = Embedder(
+                ref.uri,
+                LocalBackend(self.worker, spec),
+                tokens,
+                _space_fingerprint(fingerprint(spec), tokens),
+                int(info["n_embd"]),
+                name,
+            )
             self._cache[ref.uri] = emb
             return emb
+
+    @staticmethod
+    def _remote(ref: RemoteRef) -> Embedder:
+        """An endpoint's embedder, after one probe for its dimensions (a server started
+        later is found once the failed probe's grace period is over)."""
+        try:
+            backend = RemoteBackend(ref.endpoint, ref.model)
+        except RemoteEmbedError as e:
+            raise EmbedderUnavailable(e.message) from e
+        try:
+            dims = backend.probe()
+        except RemoteEmbedError as e:
+            backend.close()
+            raise EmbedderUnavailable(e.message) from e
+        fp = _space_fingerprint(backend.identity, REMOTE_CHUNK_TOKENS)
+        return Embedder(ref.uri, backend, REMOTE_CHUNK_TOKENS, fp, dims, ref.uri)
+
+
+def _space_fingerprint(model_identity: str, chunk_tokens: int) -> str:
+    """The vector space's name: the model's identity, and how its documents were cut."""
+    return hashlib.sha256(f"{model_identity}|{CHUNKER_VERSION}|{chunk_tokens}".encode()).hexdigest()
 
 
 @dataclass
@@ -135,7 +209,6 @@ class EmbedReport:
 
 def embed_pending(
     store: Store,
-    worker: Worker,
     embedder: Embedder,
     *,
     collections: list[str] | None,
@@ -145,6 +218,7 @@ def embed_pending(
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
 ) -> EmbedReport:
+    """Embed what the embedder's space lacks."""
     t0 = time.monotonic()
     report = EmbedReport(model=embedder.model_name, fingerprint=embedder.fingerprint)
 
@@ -177,7 +251,7 @@ def embed_pending(
                     size += len(row[0])
                 i += 1
         for content_hash, body, title, name in batch:
-            written = _embed_document(store, worker, embedder, space, content_hash, body, title, name, report, cancel)
+            written = _embed_document(store, embedder, space, content_hash, body, title, name, report, cancel)
             if not written:
                 report.cancelled = True
                 break
@@ -210,7 +284,6 @@ def embed_pending(
 
 def _embed_document(
     store: Store,
-    worker: Worker,
     embedder: Embedder,
     space: vectors.Space,
     content_hash: str,
@@ -221,7 +294,7 @@ def _embed_document(
     cancel: threading.Event | None,
 ) -> bool:
     """Chunk and embed one content body; commits after each sub-batch. False if cancelled."""
-    chunks = worker.chunk(embedder.spec, body, max_tokens=embedder.chunk_tokens)
+    chunks = embedder.backend.chunk(body, embedder.chunk_tokens)
     with store.read() as conn:
         have = {
             r[0]
@@ -235,7 +308,7 @@ def _embed_document(
             return False
         part = todo[j : j + EMBED_SUB_BATCH]
         texts = [body[c.start : c.end] for _, c in part]
-        embs = worker.embed(embedder.spec, texts, kind="document", titles=[title] * len(texts))
+        embs = embedder.backend.embed(texts, "document", [title] * len(texts))
         rows = [
             vectors.ChunkVector(
                 seq, c.start, c.end, c.start_line, c.end_line, embs.n_tokens[k], c.clipped or k in embs.clipped, embs[k]
@@ -250,8 +323,9 @@ def _embed_document(
     return True
 
 
-def embed_query(worker: Worker, embedder: Embedder, text: str) -> list[float]:
+def embed_query(embedder: Embedder, text: str) -> list[float]:
+    """The query's vector; a backend failure makes vector search unavailable, not the request."""
     try:
-        return list(worker.embed(embedder.spec, [text], kind="query")[0])
-    except InferenceError as e:
+        return list(embedder.backend.embed([text], "query")[0])
+    except (InferenceError, RemoteEmbedError) as e:
         raise EmbedderUnavailable(f"the query could not be embedded: {e.message}") from e

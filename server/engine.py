@@ -336,7 +336,7 @@ class Engine:
             raise VectorUnavailable(state["message"])
         emb = self.embedder()
         try:
-            qvec = embed_query(self.worker, emb, query)
+            qvec = embed_query(emb, query)
         except EmbedderUnavailable as e:
             raise VectorUnavailable(f"vector search unavailable — {e.message}") from e
         with self.store.read() as conn:
@@ -385,7 +385,6 @@ class Engine:
             emb = self.embedder(download=True, progress=progress)
             return embed_pending(
                 self.store,
-                self.worker,
                 emb,
                 collections=collections,
                 force=force,
