@@ -145,6 +145,8 @@ class Store:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._closed = False
+        self.generation = 0
+        """Bumped after every committed write: lets callers cache what they derive from the index."""
         wconn = _connect(path, readonly=False)
         mode = wconn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
@@ -170,6 +172,7 @@ class Store:
                 conn.execute("BEGIN IMMEDIATE")
                 result = fn(conn)
                 conn.execute("COMMIT")
+                self.generation += 1
             except BaseException as e:  # noqa: BLE001 - the caller gets the exception
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
