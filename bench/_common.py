@@ -28,6 +28,18 @@ except ImportError:  # pragma: no cover - run with the project's venv
     sys.exit(f"httpx is missing: run the benchmarks with the project's venv, e.g. {ROOT}/.venv/bin/python")
 
 
+SHARED_EMBED_MODEL = ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2-Q8_0.gguf"
+
+
+def embed_model_path(given: str | None = None) -> str:
+    """The embed GGUF for benchmarks: `given`, else $QMD_BENCH_EMBED_MODEL, else the
+    shared MiniLM Q8_0 next to the checkout (../shared/models/)."""
+    path = Path(given or os.environ.get("QMD_BENCH_EMBED_MODEL") or SHARED_EMBED_MODEL).resolve()
+    if not path.is_file():
+        sys.exit(f"embed model not found: {path} (pass --model or set QMD_BENCH_EMBED_MODEL)")
+    return str(path)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -161,6 +173,61 @@ def proc_cpu_s(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def system_cpu_s() -> tuple[float, float] | None:
+    """(busy, steal) CPU seconds of the whole machine since boot, from /proc/stat: busy
+    counts every process (ours and others), steal the time the hypervisor gave away."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    tck = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tck, steal / tck
+
+
+class CpuWindow:
+    """CPU used by the machine during a measurement, split into ours and everyone else's.
+
+    `ours(...)` is given the CPU seconds of the processes under test; `others_s` is the
+    rest of the machine's busy time (other sessions, tests, indexers): the noise that
+    makes a timing on a shared machine unreliable. `others_share` is it as a fraction of
+    the machine's capacity over the window."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.start = system_cpu_s()
+        self.seconds = 0.0
+        self.busy_s: float | None = None
+        self.steal_s: float | None = None
+
+    def stop(self) -> CpuWindow:
+        self.seconds = time.perf_counter() - self.t0
+        end = system_cpu_s()
+        if self.start and end:
+            self.busy_s = end[0] - self.start[0]
+            self.steal_s = end[1] - self.start[1]
+        return self
+
+    def others(self, ours_s: float | None) -> dict[str, float | None]:
+        if self.busy_s is None or ours_s is None:
+            return {"others_cpu_s": None, "others_share": None, "steal_s": self.steal_s}
+        others = max(self.busy_s - ours_s, 0.0)
+        capacity = self.seconds * (os.cpu_count() or 1)
+        return {
+            "others_cpu_s": round(others, 2),
+            "others_share": round(others / capacity, 3) if capacity else None,
+            "steal_s": round(self.steal_s or 0.0, 2),
+        }
+
+
+def children_cpu_s() -> float:
+    """User + system CPU of this process's reaped children (the CLI processes run so far)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def mb(kb: int | None) -> float | None:

@@ -26,6 +26,7 @@ import itertools
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -677,9 +678,32 @@ class CorpusStats:
         return self.bytes / 1e6
 
 
-def generate(out_dir: str | os.PathLike[str], files: int = 5000, seed: int = 1) -> CorpusStats:
+def cap_document(text: str, max_chars: int) -> str:
+    """`text` cut before the last section heading that starts within `max_chars`, so the
+    cut never splits a code fence, a table or a list; a document whose first section
+    already exceeds `max_chars` keeps that section whole."""
+    if len(text) <= max_chars:
+        return text
+    cut = 0
+    for m in _SECTION.finditer(text):
+        if m.start() > max_chars:
+            break
+        cut = m.start()
+    if cut == 0:
+        m = _SECTION.search(text)
+        cut = m.start() if m else len(text)
+    return text[:cut] + "\n"
+
+
+_SECTION = re.compile(r"\n(?=#{2,3} )")
+
+
+def generate(
+    out_dir: str | os.PathLike[str], files: int = 5000, seed: int = 1, max_chars: int | None = None
+) -> CorpusStats:
     """Write the corpus under `out_dir` (created; existing files with the same names are
-    overwritten, others are left alone). Returns what was written."""
+    overwritten, others are left alone). Returns what was written. `max_chars` caps
+    each file with `cap_document` (for benchmarks that need a small corpus, e.g. embedding)."""
     t0 = time.perf_counter()
     root = Path(out_dir)
     paths = layout(files, seed)
@@ -690,6 +714,8 @@ def generate(out_dir: str | os.PathLike[str], files: int = 5000, seed: int = 1) 
         links = [_relative_link(rel, link_rng.choice(paths)) for _ in range(4)]
         links.append(_relative_link(rel, link_rng.choice(paths)) + f"#{link_rng.choice(CONTENT_WORDS)}")
         text = make_document(i, seed, links)
+        if max_chars is not None:
+            text = cap_document(text, max_chars)
         data = text.encode("utf-8")
         p = root / rel
         if p.parent not in made:
@@ -709,10 +735,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-chars", type=int, default=None, help="cap each file at a section boundary")
     args = ap.parse_args(argv)
     if args.files < 1:
         ap.error("--files must be at least 1")
-    s = generate(args.out_dir, args.files, args.seed)
+    s = generate(args.out_dir, args.files, args.seed, args.max_chars)
     print(
         f"{s.files} files, {s.mb:.1f} MB ({s.bytes / s.files / 1000:.1f} KB mean, largest "
         f"{s.largest / 1000:.0f} KB, {s.over_50k} over 50 KB, vocabulary {len(FUNCTION_WORDS) + len(CONTENT_WORDS)} "

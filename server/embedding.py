@@ -224,7 +224,9 @@ def embed_pending(
 
     def prepare(conn: object) -> vectors.Space:
         old = vectors.find_space(conn, embedder.fingerprint)  # type: ignore[arg-type]
-        if force and old:
+        if force and old and collections:  # only the named collections' contents start over
+            vectors.forget_hashes(conn, old, vectors.pending_hashes(conn, None, collections))  # type: ignore[arg-type]
+        elif force and old:
             vectors.drop_space(conn, old)  # type: ignore[arg-type]
         return vectors.ensure_space(conn, embedder.fingerprint, embedder.model_name, embedder.dims)  # type: ignore[arg-type]
 

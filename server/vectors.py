@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS content_vectors (
     embedding BLOB NOT NULL,
     UNIQUE (space_id, hash, seq)
 );
-CREATE INDEX IF NOT EXISTS idx_content_vectors_hash ON content_vectors(space_id, hash);
+CREATE INDEX IF NOT EXISTS idx_content_vectors_hash ON content_vectors(space_id, hash, total_chunks);
 CREATE TABLE IF NOT EXISTS vector_collection_ids (
     id INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE
@@ -118,6 +118,21 @@ def drop_space(conn: sqlite3.Connection, space: Space) -> None:
     conn.execute("DELETE FROM vector_rows WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM content_vectors WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM vector_spaces WHERE id = ?", (space.id,))
+
+
+def forget_hashes(conn: sqlite3.Connection, space: Space, hashes: Iterable[str]) -> None:
+    """Drop these contents' vectors from the space (`qmd embed -f -c NAME`), leaving the
+    other collections' vectors alone."""
+    table = _vec_table(space.id)
+    for h in hashes:
+        chunk_ids = [
+            r[0] for r in conn.execute("SELECT id FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h))
+        ]
+        for chunk in chunk_ids:
+            for (rid,) in conn.execute("SELECT id FROM vector_rows WHERE chunk_id = ?", (chunk,)).fetchall():
+                conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (rid,))
+            conn.execute("DELETE FROM vector_rows WHERE chunk_id = ?", (chunk,))
+        conn.execute("DELETE FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h))
 
 
 def collection_id(conn: sqlite3.Connection, name: str, *, create: bool) -> int | None:

@@ -244,3 +244,17 @@ def test_ctrl_c_cancels_embed_cleanly(env: Env, model: Path, tmp_path: Path) -> 
         assert "0 pending" in env.ok("embed")  # and resumes
     finally:
         d.stop()
+
+
+def test_force_one_collection_leaves_others(env: Env, model: Path, notes: Path, tmp_path: Path) -> None:
+    d = start(env, model)
+    try:
+        other = write(tmp_path / "other", {"a.md": "# A\n\nalpha notes\n", "b.md": "# B\n\nbeta notes\n"})
+        env.ok("collection", "add", str(notes), "--name", "notes")
+        env.ok("collection", "add", str(other), "--name", "other")
+        assert "from 6 documents" in env.ok("embed")
+        assert "from 2 documents" in env.ok("embed", "-f", "-c", "other")
+        assert "nothing pending" in env.ok("status")
+        assert "from 6 documents" in env.ok("embed", "-f")
+    finally:
+        d.stop()
