@@ -258,3 +258,15 @@ def test_force_one_collection_leaves_others(env: Env, model: Path, notes: Path, 
         assert "from 6 documents" in env.ok("embed", "-f")
     finally:
         d.stop()
+
+
+def test_worker_killed_between_queries_restarts(embedded: tuple[Env, Daemon]) -> None:
+    env, d = embedded
+    assert env.json("vsearch", "sourdough bread", "--json")  # the worker is up
+    before = d.http.get("/v1/status").json()["inference"]
+    os.kill(before["pid"], signal.SIGKILL)
+    time.sleep(0.2)
+    hits = env.json("vsearch", "sourdough bread", "--json")  # a fresh worker answers
+    assert hits and hits[0]["file"] == "qmd://notes/cooking/bread.md"
+    after = d.http.get("/v1/status").json()["inference"]
+    assert after["pid"] != before["pid"] and after["restarts"] == before["restarts"] + 1
