@@ -39,8 +39,8 @@ from .api import (
     UpdateRequest,
 )
 from .engine import Engine, summary_dict
-from .errors import QmdError
-from .search import numbered_snippet
+from .errors import InvalidInput, QmdError
+from .search import SearchOutcome, numbered_snippet
 
 router = APIRouter()
 
@@ -100,7 +100,16 @@ def cli_search(body: SearchRequest, request: Request) -> dict:
         full=body.full,
         explain=body.explain,
     )
-    return {"results": out.hits, "below_min_score": out.below_min_score, "warnings": out.warnings}
+    return _search_answer(out)
+
+
+def _search_answer(out: SearchOutcome) -> dict:
+    return {
+        "results": out.hits,
+        "below_min_score": out.below_min_score,
+        "warnings": out.warnings,
+        "degraded": out.degraded,
+    }
 
 
 @router.get("/v1/status", tags=["cli"])
@@ -244,6 +253,8 @@ def doctor(request: Request) -> dict:
 
 @router.post("/v1/vsearch", tags=["cli"])
 def cli_vsearch(body: SearchRequest, request: Request) -> dict:
+    if body.explain:
+        raise InvalidInput("explain is not available for vector search yet (it comes with the hybrid query)")
     out = engine_of(request).vsearch(
         body.query,
         collections=body.collections,
@@ -252,12 +263,7 @@ def cli_vsearch(body: SearchRequest, request: Request) -> dict:
         all_results=body.all,
         full=body.full,
     )
-    return {
-        "results": out.hits,
-        "below_min_score": out.below_min_score,
-        "warnings": out.warnings,
-        "degraded": out.degraded,
-    }
+    return _search_answer(out)
 
 
 @router.get("/v1/contexts", tags=["cli"])
