@@ -270,3 +270,9 @@ def test_worker_killed_between_queries_restarts(embedded: tuple[Env, Daemon]) ->
     assert hits and hits[0]["file"] == "qmd://notes/cooking/bread.md"
     after = d.http.get("/v1/status").json()["inference"]
     assert after["pid"] != before["pid"] and after["restarts"] == before["restarts"] + 1
+
+
+def test_vsearch_refuses_explain(embedded: tuple[Env, Daemon]) -> None:
+    _, d = embedded
+    r = d.http.post("/v1/vsearch", json={"query": "bread", "explain": True})
+    assert r.status_code == 400 and "explain is not available for vector search" in r.json()["error"]
