@@ -213,11 +213,10 @@ def similar_paths(conn: sqlite3.Connection, config: Config, query: str, limit: i
 
 def _not_found(conn: sqlite3.Connection, config: Config, raw: str, rel: str) -> NotFound:
     for coll in config.collections.values():
-        if coll.ignore and wglob.globmatch(rel, list(coll.ignore), flags=MATCH_FLAGS):
+        rule = next((g for g in coll.ignore if wglob.globmatch(rel, g, flags=MATCH_FLAGS)), None)
+        if rule is not None:
             return NotFound(
-                f"Document is excluded by ignore rule: {raw} (collection {coll.name}, "
-                f"rule {next(g for g in coll.ignore if wglob.globmatch(rel, g, flags=MATCH_FLAGS))})",
-                similar=[],
+                f"Document is excluded by ignore rule: {raw} (collection {coll.name}, rule {rule})", similar=[]
             )
     similar = similar_paths(conn, config, rel)
     hint = f" — did you mean: {', '.join(similar)}?" if similar else ""

@@ -45,6 +45,7 @@ from .search import (
     QueryOutcome,
     SearchOutcome,
     VectorUnavailable,
+    doc_fields,
     file_uri,
     search,
     structured_query,
@@ -434,17 +435,7 @@ class Engine:
         }
 
     def _doc_fields(self, doc: DocRow, cfg: Config) -> dict:
-        coll = cfg.collections.get(doc.collection)
-        return {
-            "file": file_uri(doc.collection, doc.path, self.index_label),
-            "docid": doc.hash[:6],
-            "collection": doc.collection,
-            "path": doc.path,
-            "abs_path": str(coll.root / doc.path) if coll else None,
-            "title": doc.title,
-            "context": cfg.context_for(doc.collection, doc.path),
-            "modified_at": doc.modified_at,
-        }
+        return {**doc_fields(doc, cfg, self.index_label), "modified_at": doc.modified_at}
 
     def multi_get(
         self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None, cwd: str | None = None

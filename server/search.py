@@ -54,6 +54,20 @@ def file_uri(collection: str, path: str, index_name: str | None) -> str:
     return uri + f"?index={quote(index_name)}" if index_name else uri
 
 
+def doc_fields(doc: DocRow, config: Config, index_name: str | None) -> dict:
+    """What names a document on the wire: the pointer every result and `get` carries."""
+    coll = config.collections.get(doc.collection)
+    return {
+        "file": file_uri(doc.collection, doc.path, index_name),
+        "docid": doc.hash[:6],
+        "collection": doc.collection,
+        "path": doc.path,
+        "abs_path": str(coll.root / doc.path) if coll else None,
+        "title": doc.title,
+        "context": config.context_for(doc.collection, doc.path),
+    }
+
+
 def shape_hit(
     doc: DocRow,
     score: float,
@@ -67,16 +81,9 @@ def shape_hit(
     lines_within: tuple[int, int] | None = None,
 ) -> dict:
     passage = best_passage(doc.body, terms, max_len=max_len, lines_within=lines_within)
-    coll = config.collections.get(doc.collection)
     return {
-        "docid": doc.hash[:6],
+        **doc_fields(doc, config, index_name),
         "score": score,
-        "file": file_uri(doc.collection, doc.path, index_name),
-        "collection": doc.collection,
-        "path": doc.path,
-        "abs_path": str(coll.root / doc.path) if coll else None,
-        "title": doc.title,
-        "context": config.context_for(doc.collection, doc.path),
         "line": passage.line,
         "start_line": passage.start_line,
         "end_line": passage.end_line,
