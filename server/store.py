@@ -140,7 +140,7 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future, bool] | None] = queue.Queue()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -165,14 +165,15 @@ class Store:
             item = self._queue.get()
             if item is None:
                 break
-            fn, fut = item
+            fn, fut, bump = item
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 result = fn(conn)
                 conn.execute("COMMIT")
-                self.generation += 1
+                if bump:
+                    self.generation += 1
             except BaseException as e:  # noqa: BLE001 - the caller gets the exception
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -185,17 +186,19 @@ class Store:
         finally:
             conn.close()
 
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
-        """Queue `fn(conn)` to run in one transaction on the writer thread."""
+    def submit(self, fn: Callable[[sqlite3.Connection], T], *, bump: bool = True) -> Future[T]:
+        """Queue `fn(conn)` to run in one transaction on the writer thread. `bump=False`
+        for writes that change nothing derived from documents (the model cache), so
+        `generation`-keyed caches survive them."""
         if self._closed:
             raise RuntimeError("the index is closed")
         fut: Future[T] = Future()
-        self._queue.put((fn, fut))
+        self._queue.put((fn, fut, bump))
         return fut
 
-    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def write(self, fn: Callable[[sqlite3.Connection], T], *, bump: bool = True) -> T:
         """Like `submit`, and wait for the result (re-raising the writer's exception)."""
-        return self.submit(fn).result()
+        return self.submit(fn, bump=bump).result()
 
     # -- reads --------------------------------------------------------------
 

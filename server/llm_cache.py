@@ -1,0 +1,53 @@
+"""Model outputs worth keeping: query expansions and rerank scores (`llm_cache`).
+
+Keys are content hashes of what produced the output (spec §12, §14.2), so the cache is
+never stale: a different model, query or passage is a different key. `qmd update`
+leaves the table alone (the original wiped it, §26), and a cache write does not bump
+`Store.generation`, since no document changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+
+from .store import Store
+
+
+def cache_key(kind: str, payload: dict) -> str:
+    """sha256 of `kind` + compact JSON of `payload` in its given key order (the original's scheme)."""
+    return hashlib.sha256((kind + json.dumps(payload, separators=(",", ":"), ensure_ascii=False)).encode()).hexdigest()
+
+
+def get_many(store: Store, keys: list[str]) -> dict[str, str]:
+    """Cached results by key; absent keys are missing from the answer."""
+    out: dict[str, str] = {}
+    with store.read() as conn:
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            marks = ",".join("?" * len(part))
+            out.update(conn.execute(f"SELECT hash, result FROM llm_cache WHERE hash IN ({marks})", part).fetchall())
+    return out
+
+
+def get(store: Store, key: str) -> str | None:
+    return get_many(store, [key]).get(key)
+
+
+def put_many(store: Store, items: dict[str, str]) -> None:
+    """Store results without waiting for the writer: a lost cache entry costs only a recomputation."""
+    if not items:
+        return
+    now = datetime.now(UTC).isoformat()
+    rows = [(k, v, now) for k, v in items.items()]
+    store.submit(
+        lambda conn: conn.executemany(
+            "INSERT OR REPLACE INTO llm_cache(hash, result, created_at) VALUES (?, ?, ?)", rows
+        ),
+        bump=False,
+    )
+
+
+def delete(store: Store, key: str) -> None:
+    store.submit(lambda conn: conn.execute("DELETE FROM llm_cache WHERE hash = ?", (key,)), bump=False)
