@@ -136,7 +136,7 @@ def run_search(
     line_numbers: bool,
     full_path: bool,
     **body: Any,
-) -> None:
+) -> dict:
     fmt = pick_format(fmt, flags)
     limit = limit or (20 if fmt in ("json", "files") else 5)
     res = c.call("POST", endpoint, {"query": " ".join(query), "limit": limit, "full": full, **body})
@@ -153,6 +153,7 @@ def run_search(
     )
     _warn(warnings)
     _out(text)
+    return res
 
 
 @cli.command()
@@ -227,6 +228,95 @@ def vsearch(
 
 
 cli.add_command(vsearch, "vector-search")
+
+
+_QUERY_HELP = """Hybrid search: keyword + vectors, query expansion, reranking.
+
+\b
+QUERY is plain text (expanded by the local model) or a query document,
+one typed line per sub-query (spec grammar):
+  query           = expand_query | query_document ;
+  expand_query    = text | explicit_expand ;
+  explicit_expand = "expand:" text ;
+  query_document  = [ intent_line ] { typed_line } ;
+  intent_line     = "intent:" text newline ;
+  typed_line      = type ":" text newline ;
+  type            = "lex" | "vec" | "hyde" ;
+lex: keywords, "exact phrase", -excluded (BM25); vec: a question;
+hyde: a sentence the answer would contain; intent: what the search is for.
+
+\b
+Examples:
+  qmd query "how do I raise money for a startup"
+  qmd query $'lex: "series a" term sheet\\nvec: how do seed rounds work'
+  qmd query $'intent: web page load times\\nlex: performance\\nhyde: The page renders in under a second.'
+  qmd query "release notes" --intent "the 2026.4 launch" --budget-ms 2000
+
+Each stage's time, and why a stage was skipped, go to stderr
+(all of them with --explain). Scores are 0-1: fusion of the result
+lists blended with the reranker's relevance (see README)."""
+
+
+@cli.command(help=_QUERY_HELP)
+@search_options(min_score_default=0.0)
+@click.option("--intent", default=None, help="What the search is for: steers passages and reranking.")
+@click.option(
+    "-C",
+    "--candidate-limit",
+    type=click.IntRange(min=1, max=1000),
+    default=40,
+    show_default=True,
+    help="Candidates kept after fusion and reranked.",
+)
+@click.option("--no-rerank", is_flag=True, help="Rank by fusion alone.")
+@click.option(
+    "--budget-ms",
+    type=click.IntRange(min=1, max=600_000),
+    default=None,
+    help="Answer within this many ms: drop expansion, then reranking, then vectors as needed.",
+)
+@click.option("--explain", is_flag=True, help="Show how each score was made, and every stage's time.")
+def query(
+    c: Ctx,
+    query: tuple[str, ...],
+    limit: int | None,
+    collections: tuple[str, ...],
+    all_results: bool,
+    min_score: float,
+    full: bool,
+    line_numbers: bool,
+    full_path: bool,
+    intent: str | None,
+    candidate_limit: int,
+    no_rerank: bool,
+    budget_ms: int | None,
+    explain: bool,
+    fmt: str | None,
+    **flags: bool,
+) -> None:
+    res = run_search(
+        c,
+        "/v1/query",
+        query,
+        limit,
+        fmt,
+        flags,
+        full=full,
+        line_numbers=line_numbers,
+        full_path=full_path,
+        collections=list(collections) or None,
+        min_score=min_score,
+        all=all_results,
+        explain=explain,
+        intent=intent,
+        candidate_limit=candidate_limit,
+        rerank=not no_rerank,
+        budget_ms=budget_ms,
+    )
+    _warn(formats.stage_lines(res, verbose=explain))
+
+
+cli.add_command(query, "deep-search")
 
 
 # -- retrieval -------------------------------------------------------------------

@@ -334,6 +334,22 @@ def _score_text(score: float, style: Style) -> str:
     return _paint(pct, _DIM, style)
 
 
+def stage_lines(answer: Mapping[str, Any], *, verbose: bool) -> list[str]:
+    """What each stage of a hybrid query did (stderr): skipped and partial stages always,
+    every stage with its time when `verbose`."""
+    lines = []
+    for st in answer.get("stages") or []:
+        if verbose or st["status"] in ("skipped", "partial"):
+            timing = f" ({st['ms']:.0f} ms)" if st["status"] != "skipped" or st["ms"] else ""
+            lines.append(f"{st['stage']}: {st['status']}{timing}" + (f" - {st['detail']}" if st["detail"] else ""))
+    if verbose and answer.get("expansion"):
+        lines += [f"  ├─ {e['type']}: {e['query'][:72]}" for e in answer["expansion"]]
+    if verbose:
+        budget = answer.get("budget_ms")
+        lines.append(f"total: {answer.get('elapsed_ms', 0):.0f} ms" + (f" (budget {budget} ms)" if budget else ""))
+    return lines
+
+
 def _explain_lines(explain: Mapping[str, Any]) -> list[str]:
     """The `--explain` summary printed under the score line (§14.4)."""
 
@@ -362,6 +378,9 @@ def _explain_lines(explain: Mapping[str, Any]) -> list[str]:
             for c in contributions
         )
         lines.append(f"  Top RRF contributions: {summary}")
+    if explain.get("rerankRaw") is not None:
+        cached = " (cached)" if explain.get("rerankCached") else ""
+        lines.append(f"  Rerank: raw={explain['rerankRaw']:.4f} -> {num(explain.get('rerankScore', 0.0))}{cached}")
     return lines
 
 
@@ -393,6 +412,9 @@ def _search_json(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], fu
         if ident.docid:
             item["docid"] = ident.docid
         item["score"] = _round_half_up(hit["score"], 2)
+        for part in ("fusion", "rerank"):  # the hybrid query's score components
+            if part in hit:
+                item[part] = None if hit[part] is None else _round_half_up(hit[part], 2)
         item["file"] = ident.name
         item["line"] = hit["line"]
         item["lines"] = f"{hit['start_line']}-{hit['end_line']}"

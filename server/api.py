@@ -6,9 +6,12 @@ misspelled `collection`, and users got answers from the wrong collections.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .hybrid import QueryOptions
+from .querydoc import QueryDoc, parse_query, typed_query
 
 
 class Strict(BaseModel):
@@ -29,15 +32,63 @@ class SubSearch(Strict):
 
 
 class QueryRequest(Strict):
-    """Body of `POST /query` and `/search` (spec §21.1)."""
+    """Body of `POST /query` and `/search` (spec §21.1): typed `searches`, or a `query`
+    (plain text to expand, or a query document of `lex:`/`vec:`/`hyde:` lines)."""
 
-    searches: list[SubSearch] = Field(min_length=1, max_length=10)
+    query: str | None = Field(None, max_length=20_000)
+    searches: list[SubSearch] | None = Field(None, min_length=1, max_length=10)
     collections: list[str] | None = None
     limit: int = Field(10, ge=1, le=1000)
     minScore: float = Field(0.0, ge=0.0, le=1.0)
-    candidateLimit: int | None = Field(None, ge=1, le=1000)
+    candidateLimit: int = Field(40, ge=1, le=1000)
     intent: str | None = Field(None, max_length=2000)
     rerank: bool = True
+    budgetMs: int | None = Field(None, ge=1, le=600_000)
+    explain: bool = False
+
+    @model_validator(mode="after")
+    def _one_form(self) -> QueryRequest:
+        if (self.query is None) == (self.searches is None):
+            raise ValueError("give either 'query' (text or a query document) or 'searches' (typed sub-queries)")
+        return self
+
+
+class CamelQuery(Protocol):
+    """The query fields `POST /query` and the MCP `query` tool share (camelCase on the wire)."""
+
+    query: str | None
+    searches: list[SubSearch] | list | None
+    collections: list[str] | None
+    limit: int
+    minScore: float
+    candidateLimit: int
+    intent: str | None
+    rerank: bool
+    budgetMs: int | None
+
+
+def query_plan(req: CamelQuery, *, explain: bool = False) -> tuple[QueryDoc, QueryOptions]:
+    """What to search and how, from either wire form; grammar errors raise `InvalidInput`."""
+    if req.searches is not None:
+        doc = typed_query([(s.type, s.query) for s in req.searches], req.intent)
+    else:
+        doc = parse_query(req.query or "", req.intent)
+    return doc, QueryOptions(
+        collections=req.collections,
+        limit=req.limit,
+        min_score=req.minScore,
+        candidate_limit=req.candidateLimit,
+        rerank=req.rerank,
+        budget_ms=req.budgetMs,
+        explain=explain,
+    )
+
+
+class StageReport(BaseModel):
+    stage: str
+    status: Literal["ran", "cached", "partial", "skipped", "off"]
+    ms: float
+    detail: str
 
 
 class SkippedStage(BaseModel):
@@ -50,16 +101,28 @@ class QueryResult(BaseModel):
     file: str
     title: str
     score: float
+    fusion: float | None = None
+    rerank: float | None = None
     context: str | None
     line: int
     lines: str
     snippet: str
+    explain: dict | None = None
+
+
+class Expanded(BaseModel):
+    type: str
+    query: str
 
 
 class QueryResponse(BaseModel):
     results: list[QueryResult]
+    stages: list[StageReport]
     skipped: list[SkippedStage]
     warnings: list[str]
+    expansion: list[Expanded] | None = None
+    elapsedMs: float
+    budgetMs: int | None = None
 
 
 class SearchRequest(Strict):
@@ -72,6 +135,22 @@ class SearchRequest(Strict):
     all: bool = False
     full: bool = False
     explain: bool = False
+
+
+class CliQueryRequest(Strict):
+    """The CLI's `qmd query`: the argument as typed (spec §11 grammar)."""
+
+    query: str = Field(max_length=20_000)
+    intent: str | None = Field(None, max_length=2000)
+    collections: list[str] | None = None
+    limit: int = Field(10, ge=1, le=100_000)
+    min_score: float = Field(0.0, ge=0.0, le=1.0)
+    all: bool = False
+    full: bool = False
+    explain: bool = False
+    candidate_limit: int = Field(40, ge=1, le=1000)
+    rerank: bool = True
+    budget_ms: int | None = Field(None, ge=1, le=600_000)
 
 
 class EmbedRequest(Strict):

@@ -37,18 +37,22 @@ from .documents import (
 )
 from .embedding import Embedder, Embedders, EmbedderUnavailable, EmbedReport, embed_pending, embed_query
 from .errors import Conflict, InvalidInput, NotFound, QmdError
+from .expansion import Expander, worker_generate
+from .hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
 from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
 from .inference import ModelSpec, Worker
-from .model_files import FileRef, HfRef, RemoteRef, cache_path, ensure_local, fetch, resolve_models
+from .model_files import FileRef, HfRef, RemoteRef, cache_path, ensure_local, fetch, local_model, resolve_models
 from .paths import DEFAULT_INDEX, IndexPaths
+from .querydoc import QueryDoc
+from .rerank import Reranker, make_reranker
 from .search import (
-    QueryOutcome,
     SearchOutcome,
     VectorUnavailable,
     doc_fields,
     file_uri,
+    resolve_scope,
     search,
-    structured_query,
+    vector_hits,
     vector_search,
 )
 from .store import Store, fts_delete, fts_put
@@ -67,6 +71,9 @@ class Engine:
         self._update = threading.Lock()
         self._embed = threading.Lock()
         self._vector_states: dict[tuple, dict] = {}
+        self.costs = CostModel()
+        self._expanders: dict[str, Expander] = {}
+        self._rerankers: dict[str, Reranker] = {}
         self._synced: Config | None = None
         self.config  # noqa: B018 - validates the YAML and mirrors it into the index at start
 
@@ -282,14 +289,69 @@ class Engine:
     def search(self, query: str, **kw: object) -> SearchOutcome:
         return search(self.store, self.config, query, index_name=self.index_label, **kw)  # type: ignore[arg-type]
 
-    def query(self, searches: list[tuple[str, str]], **kw: object) -> QueryOutcome:
-        limit = int(kw.get("limit", 10))  # type: ignore[call-overload]
-        collections = kw.get("collections")
+    def query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
+        """The hybrid query: typed routing, expansion, RRF, rerank, within `opts.budget_ms`."""
+        cfg = self.config
+        resolve_scope(cfg, opts.collections)  # an unknown collection is the caller's error, before any model loads
+        legs = Legs(*self._vector_leg(opts.collections), *self._expander(cfg), *self._reranker(cfg))
+        return HybridQuery(self.store, cfg, legs, self.costs, index_name=self.index_label).run(doc, opts)
 
-        def vector(text: str) -> SearchOutcome:
-            return self._vector_or_raise(text, collections=collections, limit=limit, max_len=300)  # type: ignore[arg-type]
+    def _vector_leg(self, collections: list[str] | None) -> tuple[VectorLeg | None, str]:
+        state = self.vector_state(collections)
+        if not state["available"]:
+            return None, state["message"]
+        try:
+            emb = self.embedder()
+        except EmbedderUnavailable as e:
+            return None, f"vector search unavailable — {e.message}"
+        with self.store.read() as conn:
+            space = vectors.find_space(conn, emb.fingerprint)
+        if space is None:
+            return None, state["message"]
+        scope = resolve_scope(self.config, collections)
 
-        return structured_query(self.store, self.config, searches, vector=vector, index_name=self.index_label, **kw)  # type: ignore[arg-type]
+        def embed(texts: list[str]) -> list[list[float]]:
+            try:
+                return [list(v) for v in emb.backend.embed(texts, "query")]
+            except QmdError as e:
+                raise VectorUnavailable(
+                    f"vector search unavailable — the query could not be embedded: {e.message}"
+                ) from e
+
+        return (
+            VectorLeg(
+                embed=embed,
+                search=lambda qvec, k: vector_hits(self.store, space, qvec, scope, k),
+                model=emb.uri,
+                warning=state["message"] if state["pending"] else None,
+            ),
+            "",
+        )
+
+    def _expander(self, cfg: Config) -> tuple[Expander | None, str]:
+        """The query expander, or why there is none (announced as a skipped stage)."""
+        try:
+            uri, path = local_model("generate", cfg.models, self.paths.config.parent)
+            key = f"{uri}|{path}"
+            if key not in self._expanders:
+                spec = ModelSpec(role="generate", path=str(path))
+                info = self.worker.model_info(spec)
+                self._expanders[key] = Expander(
+                    worker_generate(self.worker, spec), uri, info["name"], info["chat_template"], self.store
+                )
+            return self._expanders[key], ""
+        except QmdError as e:
+            return None, f"query expansion unavailable — {e.message}"
+
+    def _reranker(self, cfg: Config) -> tuple[Reranker | None, str]:
+        try:
+            uri, path = local_model("rerank", cfg.models, self.paths.config.parent)
+            key = f"{uri}|{path}"
+            if key not in self._rerankers:
+                self._rerankers[key] = make_reranker(self.worker, str(path), uri)
+            return self._rerankers[key], ""
+        except QmdError as e:
+            return None, f"reranking unavailable — {e.message}"
 
     # -- vectors ------------------------------------------------------------
 

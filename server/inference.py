@@ -72,6 +72,16 @@ class ModelSpec(NamedTuple):
     """Context size; None = min(role ceiling, the model's trained context)."""
 
 
+class Completion(NamedTuple):
+    """Generated text and what it cost, so callers can log latency and budget tokens."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    """Wall time in the worker from tokenizing to the last token (no model load, no pipe)."""
+
+
 class Embeddings(list[list[float]]):
     """Unit vectors in input order, plus what the caller must report about clipping.
 
@@ -187,6 +197,11 @@ def file_sha256(path: str) -> str:
     with _cache_lock:
         _sha_cache[key] = digest.hexdigest()
     return _sha_cache[key]
+
+
+def _is_rank_model(meta: dict[str, Any]) -> bool:
+    """A cross-encoder: the GGUF asks for rank pooling (`{arch}.pooling_type` 4)."""
+    return meta.get(f"{meta.get('general.architecture', '')}.pooling_type") == 4
 
 
 # --- prompt formats (spec §8.1) ---
@@ -362,6 +377,99 @@ class Worker:
             for start, end, start_line, end_line, tokens, clipped in self._call(request, timeout, activity)
         ]
 
+    def complete(
+        self,
+        spec: ModelSpec,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, str]] | None = None,
+        max_tokens: int,
+        stop: list[str],
+        temperature: float = 0.0,
+        top_k: int = 40,
+        top_p: float = 1.0,
+        seed: int = 0,
+        timeout: float | None = None,
+    ) -> Completion:
+        """Text generated after a raw `prompt`, or after `messages` rendered by the GGUF's own chat template.
+
+        Temperature 0 is greedy, so the same prompt gives the same text. Each call starts
+        from an empty KV cache: calls are independent. The prompt plus `max_tokens` must fit
+        the context; the worker says by how much it does not (an `InferenceError`, and the
+        worker stays up).
+        """
+        if (prompt is None) == (messages is None):
+            raise ValueError("complete() takes exactly one of prompt or messages")
+        params = self._generative_params(spec, "complete")
+        activity = f"generating up to {max_tokens} tokens with {os.path.basename(spec.path)}"
+        request = {
+            "op": "complete",
+            "model": params,
+            "prompt": prompt,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "stop": stop,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "seed": seed,
+        }
+        return Completion(**self._call(request, timeout, activity))
+
+    def render_chat(self, spec: ModelSpec, messages: list[dict[str, str]], *, timeout: float | None = None) -> str:
+        """`messages` as the raw prompt the model's chat template makes of them, ending where the reply starts.
+
+        Rendered in the worker, where the template and the BOS/EOS token texts are; a model
+        without a chat template is an `InferenceError` that says so.
+        """
+        activity = f"rendering a chat prompt with {os.path.basename(spec.path)}"
+        return self._call(
+            {"op": "render_chat", "model": self._generative_params(spec, "render_chat"), "messages": messages},
+            timeout,
+            activity,
+        )
+
+    def likelihood(
+        self, spec: ModelSpec, prefixes: list[str], continuation: str, *, timeout: float | None = None
+    ) -> list[float]:
+        """Mean log P(continuation tokens | prefix) for each prefix: query likelihood (models README §4).
+
+        Higher is more likely; values are negative. The prefix gets BOS (if the vocabulary adds
+        one) and its special tokens parsed; the continuation neither. A prefix too long for the
+        context with the continuation is an error: shortening it is the caller's call.
+        """
+        if not continuation:
+            raise ValueError("likelihood() needs a non-empty continuation")
+        params = self._generative_params(spec, "likelihood")
+        if not prefixes:
+            return []
+        activity = f"scoring {len(prefixes)} prefix{'es' * (len(prefixes) != 1)} with {os.path.basename(spec.path)}"
+        request = {"op": "likelihood", "model": params, "prefixes": prefixes, "continuation": continuation}
+        return self._call(request, timeout, activity)
+
+    def yes_no(self, spec: ModelSpec, prompts: list[str], *, timeout: float | None = None) -> list[float]:
+        """P(yes) / (P(yes) + P(no)) for the token after each prompt, in [0, 1]."""
+        params = self._generative_params(spec, "yes_no")
+        if not prompts:
+            return []
+        activity = f"asking yes/no of {len(prompts)} prompt{'s' * (len(prompts) != 1)} of {os.path.basename(spec.path)}"
+        return self._call({"op": "yes_no", "model": params, "prompts": prompts}, timeout, activity)
+
+    def rank(self, spec: ModelSpec, query: str, documents: list[str], *, timeout: float | None = None) -> list[float]:
+        """Cross-encoder relevance of each document to `query`, in [0, 1], by llama.cpp rank pooling.
+
+        Needs a GGUF whose `{arch}.pooling_type` is rank (4). A query and document pair that
+        does not fit the context is an error; the caller truncates documents.
+        """
+        if not _is_rank_model(gguf_metadata(spec.path)):
+            raise ValueError(f"rank() needs a cross-encoder (rank pooling); {os.path.basename(spec.path)} is not one")
+        params = self._load_params(spec)
+        if not documents:
+            return []
+        activity = f"ranking {len(documents)} document{'s' * (len(documents) != 1)} with {os.path.basename(spec.path)}"
+        request = {"op": "rank", "model": params, "query": query, "documents": documents}
+        return self._call(request, timeout, activity)
+
     def model_info(self, spec: ModelSpec) -> dict[str, Any]:
         """What the file is and what the worker holds of it; never starts the child or loads weights."""
         meta = gguf_metadata(spec.path)
@@ -378,6 +486,8 @@ class Worker:
             "n_ctx": params["n_ctx"],
             "pooling": _POOLING.get(meta.get(f"{arch}.pooling_type", 0)),
             "chat_template": "tokenizer.chat_template" in meta,
+            "rerank_template": "tokenizer.chat_template.rerank" in meta,
+            "has_bos": "tokenizer.ggml.bos_token_id" in meta,
             "file_size": os.path.getsize(spec.path),
             "sha256": file_sha256(spec.path),
             "loaded": bool(resident),
@@ -443,18 +553,29 @@ class Worker:
         arch = meta.get("general.architecture", "")
         ceiling = CONTEXT[spec.role]
         n_ctx = spec.n_ctx or min(ceiling, int(meta.get(f"{arch}.context_length") or ceiling))
-        # An embedding sequence must fit one micro-batch (non-causal attention), so the
-        # batch is the whole context; generation streams through 512-token batches.
-        n_batch = n_ctx if spec.role == "embed" else min(512, n_ctx)
+        # A cross-encoder (rank pooling) is run like an embedder: its output is pooled, not logits.
+        embedding = spec.role == "embed" or _is_rank_model(meta)
+        # A pooled sequence must fit one micro-batch (non-causal attention), so the batch is
+        # the whole context; generation streams through 512-token batches.
+        n_batch = n_ctx if embedding else min(512, n_ctx)
         return {
             "role": spec.role,
             "path": os.path.realpath(spec.path),
-            "embedding": spec.role == "embed",
+            "embedding": embedding,
             "n_ctx": n_ctx,
             "n_batch": n_batch,
             "n_ubatch": n_batch,
             "n_threads": spec.n_threads or self.n_threads,
         }
+
+    def _generative_params(self, spec: ModelSpec, op: str) -> dict[str, Any]:
+        """Load parameters for an op that reads logits; an embedder or cross-encoder has none to read."""
+        params = self._load_params(spec)
+        if params["embedding"]:
+            raise ValueError(
+                f"{op}() needs a generative model; {os.path.basename(spec.path)} is run as an embedder or cross-encoder"
+            )
+        return params
 
     def _call(self, request: dict[str, Any], timeout: float | None, activity: str) -> Any:
         """Send one request and wait for its reply, starting the child if there is none."""

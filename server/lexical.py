@@ -45,7 +45,17 @@ import unicodedata
 from dataclasses import dataclass
 from itertools import groupby
 
-__all__ = ["LexHit", "LexQuery", "STOP_WORDS", "lex_score", "norm_cjk", "parse_lex", "search_fts"]
+__all__ = [
+    "LexHit",
+    "LexQuery",
+    "STOP_WORDS",
+    "identifier_tokens",
+    "intent_terms",
+    "lex_score",
+    "norm_cjk",
+    "parse_lex",
+    "search_fts",
+]
 
 # Han, Hiragana, Katakana and Hangul blocks (the scripts of spec §10.1), as code-point ranges.
 # Listed by block rather than by exact script property so the regex stays a plain character
@@ -374,3 +384,43 @@ def search_fts(conn: sqlite3.Connection, query: LexQuery, collection: str | None
     hits = [LexHit(doc_id, bm25, matched, total, lex_score(bm25, matched, total)) for doc_id, bm25, matched in rows]
     hits.sort(key=lambda hit: (-hit.score, hit.doc_id))
     return hits
+
+
+_INTENT_STOP = STOP_WORDS | frozenset("find need show tell want looking notes search".split())
+_EDGE = re.compile(r"^[^\w]+|[^\w]+$")
+
+
+def intent_terms(intent: str | None) -> tuple[str, ...]:
+    """Words of an intent that steer passage choice (spec §15.1): lowercased, edge
+    punctuation stripped, longer than one character, not a stop word."""
+    if not intent:
+        return ()
+    words = (_EDGE.sub("", w).replace("_", "") for w in intent.lower().split())
+    return tuple(dict.fromkeys(w for w in words if len(w) > 1 and w not in _INTENT_STOP))
+
+
+_IDENTIFIER = re.compile(
+    r"""^(?:
+        \#?\d{2,}                                  # 1234, #1234
+      | v?\d+(?:[.\-_/:]\d+)+[a-z0-9.\-]*         # 2026-04-10, v1.2.3, 2026.4.10, 10:30
+      | [a-z]+[-_]?\d[\w\-]*                       # abc-123, rfc7231, ticket_42, q3
+      | [\w.\-]*[/\\][\w./\\\-]+                    # src/app.py, docs/
+      | [\w\-]+\.(?:md|txt|py|ts|js|json|ya?ml|toml|go|rs|sh|html|css|sql|c|h|cpp|java|rb|swift|kt)
+      | [a-z0-9]+(?:_[a-z0-9]+)+                   # snake_case
+      | 0x[0-9a-f]+                                # hex
+    )$""",
+    re.VERBOSE | re.IGNORECASE,
+)
+_MIXED_CASE = re.compile(r"^[\w.\-]*[a-z][a-z0-9]*[A-Z][\w.\-]*$|^[A-Z]{2,}[a-z]\w*$")  # getUserById, HTTPServer
+
+
+def identifier_tokens(query: str) -> tuple[str, ...]:
+    """Tokens of `query` that look like identifiers: ids, dates, versions, paths,
+    CamelCase, snake_case, numbers. For a lookup these should match exactly, so they
+    raise the keyword leg's weight in the hybrid query (seeds/002)."""
+    out = []
+    for raw in query.split():
+        token = raw.strip("\"'`()[]{},;!?").rstrip(".")
+        if token and (_IDENTIFIER.match(token) or _MIXED_CASE.match(token)):
+            out.append(token)
+    return tuple(dict.fromkeys(out))

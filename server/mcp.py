@@ -40,9 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from . import __version__
+from .api import query_plan
 from .documents import split_range
 from .engine import Engine
 from .errors import InvalidInput, NotFound, QmdError
+from .hybrid import primary_text
 from .search import numbered_snippet
 from .store import utcnow
 
@@ -50,6 +52,9 @@ log = logging.getLogger("qmd.mcp")
 
 DEFAULT_QUERY_LIMIT = 8
 """At most ~8 pointers by default (seeds/002): a budget that keeps ranking honest."""
+DEFAULT_BUDGET_MS = 4000
+"""Agents call `query` in loops: by default an answer comes within ~4 s, dropping
+expansion, then reranking, then vectors as needed (each drop is reported)."""
 DEFAULT_MAX_BYTES = 65536
 MAX_QUERY_CHARS = 20_000
 URI_SCHEME = "qmd://"
@@ -76,10 +81,11 @@ class QueryArgs(_Args):
     query: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS)
     limit: int = Field(DEFAULT_QUERY_LIMIT, ge=1, le=1000)
     minScore: float = Field(0.0, ge=0.0, le=1.0)
-    candidateLimit: int | None = Field(None, ge=1, le=1000)
+    candidateLimit: int = Field(40, ge=1, le=1000)
     collections: list[str] | None = None
     intent: str | None = Field(None, max_length=2000)
     rerank: bool = True
+    budgetMs: int = Field(DEFAULT_BUDGET_MS, ge=1, le=600_000)
 
 
 class GetArgs(_Args):
@@ -165,8 +171,15 @@ Examples:
 {"type": "vec", "query": "how do we size the database pool"}], "intent": "tuning the API server"}
   {"query": "seed round investors", "collections": ["notes"], "limit": 5}
 
-At most 8 results unless `limit` says otherwise. Stages that could not run (vec/hyde before \
-embeddings exist, reranking) are reported under `skipped`, never dropped silently."""
+A plain `query` is expanded by the local model into lex/vec/hyde lines (skipped when the \
+keyword match is already conclusive); all lists are fused (RRF) and the best passages \
+reranked. `score` = fusion blended with rerank, 0-1: `fusion` is how strongly the searches \
+agree (1 = first everywhere), `rerank` the reranker's relevance (null if not scored). \
+Threshold on `score` around 0.3 to drop weak pointers.
+
+At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
+(default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
+could not run are reported under `skipped` with the reason, never dropped silently."""
 
 _QUERY_INPUT: dict[str, Any] = {
     "type": "object",
@@ -194,7 +207,8 @@ _QUERY_INPUT: dict[str, Any] = {
             "type": "string",
             "minLength": 1,
             "maxLength": MAX_QUERY_CHARS,
-            "description": "Plain-text query (runs as one lex search for now). Mutually exclusive with `searches`.",
+            "description": "Plain-text query, expanded by the local model (or a query document of "
+            "lex:/vec:/hyde: lines). Mutually exclusive with `searches`.",
         },
         "limit": {
             "type": "integer",
@@ -214,7 +228,8 @@ _QUERY_INPUT: dict[str, Any] = {
             "type": "integer",
             "minimum": 1,
             "maximum": 1000,
-            "description": "Candidates handed to the reranker (default 40).",
+            "default": 40,
+            "description": "Candidates kept after fusion and handed to the reranker.",
         },
         "collections": {
             "type": "array",
@@ -227,6 +242,13 @@ _QUERY_INPUT: dict[str, Any] = {
             "description": "What the search is for; disambiguates the query and focuses snippets.",
         },
         "rerank": {"type": "boolean", "default": True, "description": "Rerank the merged candidates."},
+        "budgetMs": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 600000,
+            "default": DEFAULT_BUDGET_MS,
+            "description": "Answer within this many milliseconds; stages that do not fit are skipped and reported.",
+        },
     },
     "additionalProperties": False,
 }
@@ -236,6 +258,8 @@ _POINTER_PROPERTIES: dict[str, Any] = {
     "file": {"type": "string"},
     "title": {"type": "string"},
     "score": {"type": "number"},
+    "fusion": {"type": "number"},
+    "rerank": {"type": ["number", "null"]},
     "context": {"type": ["string", "null"]},
     "line": {"type": "integer"},
     "lines": {"type": "string"},
@@ -258,8 +282,22 @@ _QUERY_OUTPUT: dict[str, Any] = {
             },
         },
         "warnings": {"type": "array", "items": {"type": "string"}},
+        "stages": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "stage": {"type": "string"},
+                    "status": {"type": "string", "enum": ["ran", "cached", "partial", "skipped", "off"]},
+                    "ms": {"type": "number"},
+                    "detail": {"type": "string"},
+                },
+                "required": ["stage", "status", "ms", "detail"],
+            },
+        },
+        "elapsedMs": {"type": "number"},
     },
-    "required": ["results", "skipped", "warnings"],
+    "required": ["results", "skipped", "warnings", "stages", "elapsedMs"],
 }
 
 _GET_INPUT: dict[str, Any] = {
@@ -378,39 +416,20 @@ def run_query(engine: Engine, args: QueryArgs) -> types.CallToolResult:
     """Typed or plain search; every result is a pointer to a line range, not an answer."""
     if args.query is not None and args.searches is not None:
         raise InvalidInput("Error: 'query' and 'searches' are mutually exclusive; provide only one")
-    if args.searches is not None:
-        searches = [(s.type, s.query) for s in args.searches]
-    elif args.query is not None:
-        searches = [("lex", args.query)]
-    else:
+    if args.query is None and args.searches is None:
         raise InvalidInput("Error: provide either 'query' (plain text) or 'searches' (typed sub-queries)")
-    out = engine.query(
-        searches,
-        collections=args.collections,
-        limit=args.limit,
-        min_score=args.minScore,
-        intent=args.intent,
-        rerank=args.rerank,
-    )
-    skipped = list(out.skipped)
-    if args.query is not None:
-        skipped.insert(
-            0,
-            {
-                "stage": "expand",
-                "reason": "query expansion is not available yet: the plain query ran as one lex search",
-            },
-        )
-    primary = args.query or next(
-        (q for kind in ("lex", "vec") for t, q in searches if t == kind),
-        searches[0][1],
-    )
+    doc, opts = query_plan(args)
+    out = engine.query(doc, opts)
+    skipped = out.skipped
+    primary = primary_text(doc)
     results = [
         {
             "docid": "#" + h["docid"],
             "file": display_path(h["collection"], h["path"]),
             "title": h["title"],
             "score": round(h["score"], 2),
+            "fusion": round(h["fusion"], 2),
+            "rerank": None if h["rerank"] is None else round(h["rerank"], 2),
             "context": h["context"],
             "line": h["line"],
             "lines": f"{h['start_line']}-{h['end_line']}",
@@ -438,7 +457,13 @@ def run_query(engine: Engine, args: QueryArgs) -> types.CallToolResult:
         )
     return types.CallToolResult(
         content=[_text("\n\n".join(blocks))],
-        structured_content={"results": results, "skipped": skipped, "warnings": out.warnings},
+        structured_content={
+            "results": results,
+            "skipped": skipped,
+            "warnings": out.warnings,
+            "stages": [st.as_dict() for st in out.stages],
+            "elapsedMs": round(out.elapsed_ms, 1),
+        },
     )
 
 

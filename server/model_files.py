@@ -290,6 +290,20 @@ def ensure_local(ref: ModelRef, progress: Progress | None = None, *, environ: Ma
     raise InvalidInput(f"{ref.uri} is a remote endpoint: it has no local model file")
 
 
+def local_model(
+    role: Role, models: Mapping[str, str] | None, config_dir: Path | None, environ: Mapping[str, str] = os.environ
+) -> tuple[str, Path]:
+    """(URI, local file) of a role's model, never downloading: a query must not stall on
+    a gigabyte. The error says what to run instead."""
+    ref = resolve_model(role, models, environ, config_dir).ref
+    if isinstance(ref, HfRef):
+        path = cache_path(ref, environ)
+        if not path.exists():
+            raise NotFound(f"the {role} model {ref.uri} is not downloaded (run 'qmd pull')")
+        return ref.uri, path
+    return ref.uri, ensure_local(ref, environ=environ)
+
+
 def fetch(
     ref: HfRef,
     progress: Progress | None = None,

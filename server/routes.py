@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 
 from . import __version__
 from .api import (
+    CliQueryRequest,
     CollectionCreate,
     CollectionPatch,
     ContextAdd,
@@ -36,10 +37,14 @@ from .api import (
     RenameRequest,
     SearchRequest,
     SkippedStage,
+    StageReport,
     UpdateRequest,
+    query_plan,
 )
 from .engine import Engine, summary_dict
 from .errors import InvalidInput, QmdError
+from .hybrid import QueryOptions
+from .querydoc import parse_query
 from .search import SearchOutcome, numbered_snippet
 
 router = APIRouter()
@@ -60,33 +65,54 @@ def health(request: Request) -> Health:
 @router.post("/query", response_model=QueryResponse, tags=["public"])
 @router.post("/search", response_model=QueryResponse, tags=["public"])
 def query(body: QueryRequest, request: Request) -> QueryResponse:
-    """Typed searches (spec §21.1): `lex` runs now; `vec`/`hyde` and reranking are
-    listed under `skipped` with the reason, never dropped silently."""
-    out = engine_of(request).query(
-        [(s.type, s.query) for s in body.searches],
-        collections=body.collections,
-        limit=body.limit,
-        min_score=body.minScore,
-        intent=body.intent,
-        rerank=body.rerank,
-    )
+    """The hybrid query (spec §13): typed `searches` or a `query` to expand. The answer
+    lists every stage with its time, and why any stage did not run."""
+    out = engine_of(request).query(*query_plan(body, explain=body.explain))
+    answer = out.as_dict()
     return QueryResponse(
         results=[
             QueryResult(
                 docid="#" + h["docid"],
                 file=h["file"],
                 title=h["title"],
-                score=round(h["score"], 2),
+                score=round(h["score"], 4),
+                fusion=h["fusion"],
+                rerank=h["rerank"],
                 context=h["context"],
                 line=h["line"],
                 lines=f"{h['start_line']}-{h['end_line']}",
                 snippet=numbered_snippet(h),
+                explain=h["explain"],
             )
             for h in out.hits
         ],
+        stages=[StageReport(**s) for s in answer["stages"]],
         skipped=[SkippedStage(**s) for s in out.skipped],
         warnings=out.warnings,
+        expansion=answer["expansion"],
+        elapsedMs=answer["elapsed_ms"],
+        budgetMs=body.budgetMs,
     )
+
+
+@router.post("/v1/query", tags=["cli"])
+def cli_query(body: CliQueryRequest, request: Request) -> dict:
+    out = engine_of(request).query(
+        parse_query(body.query, body.intent),
+        QueryOptions(
+            collections=body.collections,
+            limit=body.limit,
+            min_score=body.min_score,
+            all_results=body.all,
+            full=body.full,
+            explain=body.explain,
+            candidate_limit=body.candidate_limit,
+            rerank=body.rerank,
+            budget_ms=body.budget_ms,
+            max_len=500,
+        ),
+    )
+    return out.as_dict()
 
 
 @router.post("/v1/search", tags=["cli"])
@@ -254,7 +280,7 @@ def doctor(request: Request) -> dict:
 @router.post("/v1/vsearch", tags=["cli"])
 def cli_vsearch(body: SearchRequest, request: Request) -> dict:
     if body.explain:
-        raise InvalidInput("explain is not available for vector search yet (it comes with the hybrid query)")
+        raise InvalidInput("explain is not available for vector search: use 'qmd query --explain'")
     out = engine_of(request).vsearch(
         body.query,
         collections=body.collections,

@@ -7,7 +7,7 @@ and the line range of its best passage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -79,8 +79,9 @@ def shape_hit(
     max_len: int = 500,
     explain: dict | None = None,
     lines_within: tuple[int, int] | None = None,
+    intent_terms: tuple[str, ...] = (),
 ) -> dict:
-    passage = best_passage(doc.body, terms, max_len=max_len, lines_within=lines_within)
+    passage = best_passage(doc.body, terms, max_len=max_len, lines_within=lines_within, intent_terms=intent_terms)
     return {
         **doc_fields(doc, config, index_name),
         "score": score,
@@ -187,14 +188,9 @@ def vector_search(
     terms = parse_lex(query).terms
     out = SearchOutcome(hits=[], terms=terms)
     fetch = vectors.MAX_K if all_results else max(20, 2 * limit)
-    best: dict[int, vectors.VecHit] = {}
+    ranked = vector_hits(store, space, query_vector, scope, fetch)
     with store.read() as conn:
-        for name in scope:
-            for h in vectors.search(conn, space, query_vector, name, fetch):
-                if h.doc_id not in best or h.distance < best[h.doc_id].distance:
-                    best[h.doc_id] = h
-        ranked = sorted(best.values(), key=lambda h: (h.distance, h.doc_id))
-        docs = fetch_ids(conn, [h.doc_id for h in ranked[:fetch]])
+        docs = fetch_ids(conn, [h.doc_id for h in ranked])
     scored = [(h, 1.0 - h.distance) for h in ranked if h.doc_id in docs]
     kept = [(h, sc) for h, sc in scored if sc >= min_score]
     out.below_min_score = bool(scored) and not kept
@@ -216,62 +212,17 @@ def vector_search(
     return out
 
 
-@dataclass
-class QueryOutcome:
-    hits: list[dict]
-    skipped: list[dict] = field(default_factory=list)  # {"stage", "reason"}: what could not run, and why
-    warnings: list[str] = field(default_factory=list)
-
-
-def structured_query(
-    store: Store,
-    config: Config,
-    searches: list[tuple[str, str]],
-    *,
-    vector: Callable[[str], SearchOutcome],
-    collections: list[str] | None = None,
-    limit: int = 10,
-    min_score: float = 0.0,
-    intent: str | None = None,
-    rerank: bool = True,
-    index_name: str | None = None,
-    max_len: int = 300,
-) -> QueryOutcome:
-    """Typed sub-queries (spec §13.3): `lex` through FTS, `vec`/`hyde` through
-    `vector` (which raises `VectorUnavailable` when it cannot run: that sub-query is
-    reported as skipped with the reason, never dropped silently). Lists are merged by
-    best score per document; fusion and reranking come with the hybrid pipeline."""
-    out = QueryOutcome(hits=[])
-    best: dict[str, dict] = {}
-    for kind, text in searches:
-        if kind == "lex":
-            res = search(
-                store,
-                config,
-                text,
-                collections=collections,
-                limit=limit,
-                min_score=min_score,
-                index_name=index_name,
-                max_len=max_len,
-            )
-        else:
-            try:
-                res = vector(text)
-            except VectorUnavailable as e:
-                out.skipped.append({"stage": kind, "reason": f"{e.message}: {text!r} did not run"})
-                continue
-        out.warnings.extend(res.warnings)
-        for hit in res.hits:
-            if hit["file"] not in best or hit["score"] > best[hit["file"]]["score"]:
-                best[hit["file"]] = hit
-    if rerank:
-        out.skipped.append({"stage": "rerank", "reason": "no rerank model is loaded in this version"})
-    if intent:
-        out.warnings.append("intent was not applied: keyword-only search does not use it yet")
-    out.hits = sorted(best.values(), key=lambda h: -h["score"])[:limit]
-    out.warnings = list(dict.fromkeys(out.warnings))
-    return out
+def vector_hits(
+    store: Store, space: vectors.Space, query_vector: Sequence[float], scope: list[str], fetch: int
+) -> list[vectors.VecHit]:
+    """Each document's nearest chunk over the collections in `scope`, nearest first."""
+    best: dict[int, vectors.VecHit] = {}
+    with store.read() as conn:
+        for name in scope:
+            for h in vectors.search(conn, space, query_vector, name, fetch):
+                if h.doc_id not in best or h.distance < best[h.doc_id].distance:
+                    best[h.doc_id] = h
+    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:fetch]
 
 
 def numbered_snippet(hit: dict) -> str:

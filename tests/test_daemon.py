@@ -97,7 +97,7 @@ def test_wildcard_bind_warns(env: Env) -> None:
         (b'{"searches": [{"type": "lex", "query": "x"}], "limit": 0}', 400, "limit"),
         (b'{"searches": [{"type": "regex", "query": "x"}]}', 400, "searches.0.type"),
         (b'{"searches": []}', 400, "searches"),
-        (b"{}", 400, "missing required field 'searches'"),
+        (b"{}", 400, "give either 'query' (text or a query document) or 'searches'"),
         (b"[]", 400, ""),
     ],
 )
@@ -177,7 +177,8 @@ def test_query_runs_lex_and_reports_vectors_skipped(daemon: Daemon, env: Env, no
     assert top["snippet"].splitlines()[1] == "6: "
     assert "7: Angel investors fund early startups." in top["snippet"]
     stages = {s["stage"]: s["reason"] for s in body["skipped"]}
-    assert "vector search unavailable" in stages["vec"] and "documents pending" in stages["vec"]
+    assert "vector search unavailable" in stages["vector"] and "documents pending" in stages["vector"]
+    assert 'not run: vec "who funds startups"' in stages["vector"]
     assert "rerank" in stages
 
 

@@ -156,8 +156,10 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
         "collections",
         "intent",
         "rerank",
+        "budgetMs",
     ]
     assert query["properties"]["limit"]["default"] == 8
+    assert query["properties"]["budgetMs"]["default"] == 4000
     assert query["properties"]["rerank"]["default"] is True
     assert query["properties"]["searches"]["maxItems"] == 10
     assert query["properties"]["searches"]["items"]["properties"]["type"]["enum"] == ["lex", "vec", "hyde"]
@@ -245,21 +247,22 @@ def test_query_reports_vec_and_hyde_as_skipped(shared: Daemon) -> None:
     assert result.structured_content is not None
     assert [r["file"] for r in result.structured_content["results"]] == ["notes/cooking/bread.md"]
     skipped = {s["stage"]: s["reason"] for s in result.structured_content["skipped"]}
-    assert set(skipped) == {"vec", "hyde", "rerank"}
-    assert skipped["vec"].startswith("vector search unavailable")
-    assert "how do I bake bread" in skipped["vec"]
-    assert any("intent" in w for w in result.structured_content["warnings"])
+    assert set(skipped) == {"vector", "rerank"}
+    assert skipped["vector"].startswith("vector search unavailable")
+    assert 'not run: vec "how do I bake bread", hyde "Bake the loaf at a high temperature."' in skipped["vector"]
+    stages = {s["stage"]: s["status"] for s in result.structured_content["stages"]}
+    assert stages == {"keyword": "ran", "vector": "skipped", "fuse": "ran", "rerank": "skipped"}
     text = text_of(result)
-    assert "Not run:\n  - vec: vector search unavailable" in text
-    assert "  - hyde: vector search unavailable" in text
-    assert "Warnings:\n  - intent was not applied" in text
+    assert "Not run:\n  - vector: vector search unavailable" in text
 
 
-def test_plain_query_runs_as_one_lex_search_and_says_so(shared: Daemon) -> None:
+def test_plain_query_is_hybrid_and_says_what_did_not_run(shared: Daemon) -> None:
     result = tool(shared, "query", {"query": "sourdough", "rerank": False})
     assert result.structured_content is not None
     assert [r["file"] for r in result.structured_content["results"]] == ["notes/cooking/bread.md"]
-    assert [s["stage"] for s in result.structured_content["skipped"]] == ["expand"]
+    assert [s["stage"] for s in result.structured_content["skipped"]] == ["expand", "vector"]
+    stages = {s["stage"]: s["status"] for s in result.structured_content["stages"]}
+    assert stages["probe"] == "ran" and stages["rerank"] == "off"
     assert text_of(result).startswith('Found 1 result(s) for "sourdough":\n\nNot run:\n  - expand: ')
 
 

@@ -50,7 +50,7 @@ def test_before_embedding_everything_is_announced(env: Env, model: Path, notes: 
         assert "showing keyword results instead" in r.stderr
         assert "vector search unavailable — 4 documents pending" in env.ok("status")
         body = d.http.post("/query", json={"searches": [{"type": "vec", "query": "who funds startups"}]}).json()
-        assert body["skipped"][0]["stage"] == "vec" and "4 documents pending" in body["skipped"][0]["reason"]
+        assert body["skipped"][0]["stage"] == "vector" and "4 documents pending" in body["skipped"][0]["reason"]
     finally:
         d.stop()
 

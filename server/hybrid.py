@@ -1,0 +1,618 @@
+"""The hybrid query (spec §13.2–13.3): probe, expand, route, fuse, rerank, within a budget.
+
+Stages, in order:
+- **probe**: BM25 for the original query; a strong, complete match skips expansion.
+- **expand**: the generate model rewrites the query into typed lines (cached).
+- **keyword** / **vector**: typed routing; lex lines to FTS, vec/hyde lines to vectors,
+  the original query to both. Lists of the original query (or of the first sub-query of
+  a typed document) weigh 2; identifier-like tokens (ids, dates, versions, paths) double
+  the keyword weight, since a lookup must match them exactly (seeds/002).
+- **fuse**: weighted RRF (`server.fusion`), top `candidate_limit` candidates.
+- **rerank**: the best passage of each candidate, scored by the rerank model (cached).
+
+A budget drops stages in the order the issue fixes: expansion first, then reranking
+(fewer candidates before none), then vectors; keyword search always answers. Costs are
+planned from running estimates of this machine's own timings (`CostModel`) and checked
+again between rerank batches. Every answer lists each stage with what it did, its time,
+and, when it did not run or ran partly, why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from . import llm_cache
+from .config import Config
+from .documents import DocRow, fetch_ids
+from .errors import QmdError
+from .expansion import Expander, Expansion, strong_signal
+from .fusion import Candidate, RankedList, blend, fuse
+from .lexical import identifier_tokens, intent_terms, parse_lex
+from .querydoc import QueryDoc
+from .rerank import Reranker
+from .search import lexical_hits, resolve_scope, shape_hit
+from .snippets import best_passage, passage_window
+from .store import Store
+from .vectors import VecHit
+
+LIST_FETCH = 20
+"""Results per ranked list (the original's 20): RRF barely counts rank 20 anyway."""
+DEFAULT_CANDIDATES = 40
+IDENTIFIER_BOOST = 2.0
+RERANK_PASSAGE_CHARS = 900
+"""About 200 tokens: the best passage and its neighbourhood. Cost is linear in it."""
+RERANK_BATCH = 4
+"""Candidates scored per worker call; the deadline is checked between calls."""
+SHAPE_RESERVE_S = 0.02
+"""Kept back from the budget for snippets and the answer itself."""
+
+Status = Literal["ran", "cached", "partial", "skipped", "off"]
+"""`off`: the caller turned the stage off (`--no-rerank`); not a degradation, so not in `skipped`."""
+
+
+@dataclass
+class Stage:
+    """One line of the answer's account of itself."""
+
+    stage: str
+    status: Status
+    ms: float = 0.0
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return {"stage": self.stage, "status": self.status, "ms": round(self.ms, 1), "detail": self.detail}
+
+
+@dataclass
+class QueryOptions:
+    collections: list[str] | None = None
+    limit: int = 10
+    min_score: float = 0.0
+    all_results: bool = False
+    candidate_limit: int = DEFAULT_CANDIDATES
+    rerank: bool = True
+    budget_ms: float | None = None
+    explain: bool = False
+    full: bool = False
+    max_len: int = 300
+
+
+@dataclass
+class HybridOutcome:
+    hits: list[dict]
+    stages: list[Stage]
+    warnings: list[str] = field(default_factory=list)
+    expansion: list[tuple[str, str]] | None = None
+    below_min_score: bool = False
+    elapsed_ms: float = 0.0
+    budget_ms: float | None = None
+    terms: tuple[str, ...] = ()
+
+    @property
+    def skipped(self) -> list[dict]:
+        """Stages that did not run, or ran partly, with the reason."""
+        return [{"stage": s.stage, "reason": s.detail} for s in self.stages if s.status in ("skipped", "partial")]
+
+    def as_dict(self) -> dict:
+        return {
+            "results": self.hits,
+            "stages": [s.as_dict() for s in self.stages],
+            "skipped": self.skipped,
+            "warnings": self.warnings,
+            "expansion": [{"type": t, "query": q} for t, q in self.expansion] if self.expansion is not None else None,
+            "below_min_score": self.below_min_score,
+            "elapsed_ms": round(self.elapsed_ms, 1),
+            "budget_ms": self.budget_ms,
+        }
+
+
+class CostModel:
+    """What each stage costs on this machine, in seconds per unit: an exponentially
+    weighted mean of observed timings, starting from priors measured on 2 CPU cores
+    with the small test models (a first query plans conservatively)."""
+
+    PRIORS = {"expand": 1.0, "embed": 0.03, "vsearch": 0.01, "rerank": 0.3, "fts": 0.005}
+    ALPHA = 0.3
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._est: dict[str, float] = {}
+
+    def estimate(self, key: str, model: str = "") -> float:
+        with self._lock:
+            return self._est.get(f"{key}:{model}", self.PRIORS[key])
+
+    def observe(self, key: str, seconds: float, units: int = 1, model: str = "") -> None:
+        if units < 1:
+            return
+        per = seconds / units
+        name = f"{key}:{model}"
+        with self._lock:
+            old = self._est.get(name)
+            self._est[name] = per if old is None else (1 - self.ALPHA) * old + self.ALPHA * per
+
+
+@dataclass
+class VectorLeg:
+    """What the vector stage needs: query embedding and a KNN over the scope."""
+
+    embed: Callable[[list[str]], list[list[float]]]
+    search: Callable[[Sequence[float], int], list[VecHit]]
+    model: str
+    warning: str | None = None  # e.g. documents still pending
+
+
+@dataclass
+class Legs:
+    """The optional stages and, for each one missing, why (announced, never silent)."""
+
+    vector: VectorLeg | None
+    vector_reason: str
+    expander: Expander | None
+    expander_reason: str
+    reranker: Reranker | None
+    reranker_reason: str
+
+
+class _Clock:
+    def __init__(self, budget_ms: float | None) -> None:
+        self.t0 = time.perf_counter()
+        self.deadline = None if budget_ms is None else self.t0 + budget_ms / 1000
+
+    def remaining(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+
+@dataclass
+class _Sub:
+    """A sub-query to route: its type, text, and list weight."""
+
+    kind: Literal["original", "lex", "vec", "hyde"]
+    text: str
+    weight: float
+
+
+class HybridQuery:
+    """One query run over one index; the engine builds it with the legs it has."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        legs: Legs,
+        costs: CostModel,
+        *,
+        index_name: str | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.legs = legs
+        self.costs = costs
+        self.index_name = index_name
+
+    def run(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
+        clock = _Clock(opts.budget_ms)
+        stages: list[Stage] = []
+        out = HybridOutcome(hits=[], stages=stages, budget_ms=opts.budget_ms)
+        scope = resolve_scope(self.config, opts.collections)
+        primary = primary_text(doc)
+        lexq = parse_lex(primary)
+        out.terms = lexq.terms
+        if not scope:
+            out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
+            return out
+        idents = identifier_tokens(primary)
+        lists: list[RankedList] = []
+        vec_hits: dict[int, VecHit] = {}
+        expansion_lists: list[int] = []
+
+        if doc.mode == "expand":
+            subs = self._expand_mode(doc, opts, scope, clock, stages, lists, idents, out)
+        else:
+            subs = _typed_subs(doc)
+        self._keyword(subs, scope, stages, lists, expansion_lists, typed=doc.mode == "typed")
+        self._vectors(subs, scope, opts, clock, stages, lists, vec_hits, expansion_lists, out)
+        if out.expansion and self.legs.expander and not any(lists[i].items for i in expansion_lists):
+            self.legs.expander.forget(doc.query)  # expansions that found nothing are not worth keeping (§12)
+
+        t = time.perf_counter()
+        fused = fuse(lists)
+        candidates = fused[: opts.candidate_limit]  # --all returns every candidate, never more (spec §17.2)
+        stages.append(
+            Stage(
+                "fuse",
+                "ran",
+                (time.perf_counter() - t) * 1000,
+                f"{sum(1 for r in lists if r.items)} lists, {len(fused)} documents, "
+                f"{len(candidates)} candidates (limit {opts.candidate_limit})",
+            )
+        )
+        with self.store.read() as conn:
+            docs = fetch_ids(conn, [c.doc_id for c in candidates])
+        candidates = [c for c in candidates if c.doc_id in docs]
+        iterms = intent_terms(doc.intent)
+        rerank = self._rerank(candidates, docs, vec_hits, primary, doc.intent, lexq.terms, iterms, opts, clock, stages)
+        self._shape(candidates, docs, vec_hits, rerank, lexq.terms, iterms, opts, out)
+        if idents:
+            out.warnings.append(f"identifier-like tokens {', '.join(idents)}: keyword lists weigh double")
+        if doc.intent and doc.mode == "expand":
+            out.warnings.append("intent steers passage choice and reranking; it is not sent to expansion (§12)")
+        out.warnings = list(dict.fromkeys(out.warnings))
+        out.elapsed_ms = clock.elapsed_ms()
+        return out
+
+    # -- stages ---------------------------------------------------------------
+
+    def _expand_mode(
+        self,
+        doc: QueryDoc,
+        opts: QueryOptions,
+        scope: list[str],
+        clock: _Clock,
+        stages: list[Stage],
+        lists: list[RankedList],
+        idents: tuple[str, ...],
+        out: HybridOutcome,
+    ) -> list[_Sub]:
+        """Probe BM25, then expand unless the probe is conclusive or the budget says no."""
+        query = doc.query
+        t = time.perf_counter()
+        probe = self._fts(query, scope)
+        weight = 2.0 * (IDENTIFIER_BOOST if idents else 1.0)
+        lists.append(RankedList("fts", "original", query, weight, [(h.doc.id, h.score) for h in probe]))
+        stages.append(Stage("probe", "ran", (time.perf_counter() - t) * 1000, f"{len(probe)} keyword hits"))
+        subs = [_Sub("original", query, 2.0)]
+
+        t = time.perf_counter()
+        scores = [h.score for h in probe]
+        expander = self.legs.expander
+        if strong_signal(scores, doc.intent, top_matched_all=bool(probe) and probe[0].matched == probe[0].total):
+            second = scores[1] if len(scores) > 1 else 0.0
+            stages.append(Stage("expand", "skipped", 0, f"strong keyword signal ({scores[0]:.2f} vs {second:.2f})"))
+            return subs
+        if expander is None:
+            stages.append(Stage("expand", "skipped", 0, self.legs.expander_reason))
+            return subs
+        cached = expander.cached(query)
+        if cached is None:
+            need = self.costs.estimate("expand", expander.model_uri)
+            after = self._reserve_after_expand(opts, scope)
+            if need + after > clock.remaining():
+                stages.append(
+                    Stage(
+                        "expand",
+                        "skipped",
+                        0,
+                        f"budget: expansion takes ~{need * 1000:.0f} ms and the later stages ~{after * 1000:.0f} ms; "
+                        f"{max(clock.remaining(), 0) * 1000:.0f} ms left",
+                    )
+                )
+                return subs
+        try:
+            exp: Expansion = cached or expander.expand(query)
+        except QmdError as e:
+            stages.append(Stage("expand", "skipped", (time.perf_counter() - t) * 1000, e.message))
+            return subs
+        if not exp.cached:
+            self.costs.observe("expand", exp.seconds, model=expander.model_uri)
+        out.expansion = exp.lines
+        text = ", ".join(f"{k}: {v}" for k, v in exp.lines)
+        if exp.fallback:
+            detail = "the model gave no usable line; searching the query as it is"
+        else:
+            detail = f"{len(exp.lines)} lines ({text})"
+        stages.append(Stage("expand", "cached" if exp.cached else "ran", (time.perf_counter() - t) * 1000, detail))
+        if not exp.fallback:
+            subs += [_Sub(k, v, 1.0) for k, v in exp.lines]  # type: ignore[arg-type]
+        return subs
+
+    def _reserve_after_expand(self, opts: QueryOptions, scope: list[str]) -> float:
+        """What must still fit after expansion: vectors for a few texts, rerank of the candidates."""
+        total = SHAPE_RESERVE_S + 3 * self.costs.estimate("fts")
+        vec = self.legs.vector
+        if vec:
+            total += 3 * (self.costs.estimate("embed", vec.model) + len(scope) * self.costs.estimate("vsearch"))
+        rr = self.legs.reranker
+        if rr and opts.rerank:
+            total += min(opts.candidate_limit, self._documents_in(scope)) * self.costs.estimate("rerank", rr.uri)
+        return total
+
+    def _documents_in(self, scope: list[str]) -> int:
+        with self.store.read() as conn:
+            marks = ",".join("?" * len(scope))
+            return conn.execute(
+                f"SELECT COUNT(*) FROM documents WHERE active = 1 AND collection IN ({marks})", scope
+            ).fetchone()[0]
+
+    def _fts(self, text: str, scope: list[str]) -> list:
+        lexq = parse_lex(text)
+        if not lexq.positives:
+            return []
+        t = time.perf_counter()
+        hits = lexical_hits(self.store, lexq, scope, LIST_FETCH)
+        self.costs.observe("fts", time.perf_counter() - t)
+        return hits
+
+    def _keyword(
+        self,
+        subs: list[_Sub],
+        scope: list[str],
+        stages: list[Stage],
+        lists: list[RankedList],
+        expansion_lists: list[int],
+        *,
+        typed: bool,
+    ) -> None:
+        """FTS for every lex sub-query (the original query of an expand query went
+        through the probe). A typed lex line with identifiers weighs double."""
+        t = time.perf_counter()
+        n = 0
+        for sub in subs:
+            if sub.kind != "lex":
+                continue
+            hits = self._fts(sub.text, scope)
+            weight = sub.weight * (IDENTIFIER_BOOST if typed and identifier_tokens(sub.text) else 1.0)
+            lists.append(RankedList("fts", "lex", sub.text, weight, [(h.doc.id, h.score) for h in hits]))
+            expansion_lists.append(len(lists) - 1)
+            n += 1
+        if n:
+            found = sum(len(r.items) for r in lists if r.source == "fts" and r.query_type == "lex")
+            stages.append(Stage("keyword", "ran", (time.perf_counter() - t) * 1000, f"{n} lex lists, {found} hits"))
+
+    def _vectors(
+        self,
+        subs: list[_Sub],
+        scope: list[str],
+        opts: QueryOptions,
+        clock: _Clock,
+        stages: list[Stage],
+        lists: list[RankedList],
+        vec_hits: dict[int, VecHit],
+        expansion_lists: list[int],
+        out: HybridOutcome,
+    ) -> None:
+        wanted = [s for s in subs if s.kind in ("original", "vec", "hyde")]
+        if not wanted:
+            return
+        leg = self.legs.vector
+        not_run = ", ".join(f'{s.kind} "{s.text}"' for s in wanted)
+        if leg is None:
+            stages.append(Stage("vector", "skipped", 0, f"{self.legs.vector_reason}; not run: {not_run}"))
+            return
+        per_text = self.costs.estimate("embed", leg.model) + len(scope) * self.costs.estimate("vsearch")
+        fit = int(max(clock.remaining() - SHAPE_RESERVE_S, 0) / per_text) if clock.deadline else len(wanted)
+        if fit < 1:
+            stages.append(
+                Stage(
+                    "vector",
+                    "skipped",
+                    0,
+                    f"budget: vector search takes ~{per_text * 1000:.0f} ms per query; "
+                    f"{max(clock.remaining(), 0) * 1000:.0f} ms left; not run: {not_run}",
+                )
+            )
+            return
+        run = wanted[:fit]
+        t = time.perf_counter()
+        try:
+            qvecs = leg.embed([s.text for s in run])
+        except QmdError as e:
+            stages.append(
+                Stage("vector", "skipped", (time.perf_counter() - t) * 1000, f"{e.message}; not run: {not_run}")
+            )
+            return
+        t_embed = time.perf_counter() - t
+        self.costs.observe("embed", t_embed, len(run), model=leg.model)
+        t2 = time.perf_counter()
+        for sub, qvec in zip(run, qvecs):
+            hits = leg.search(qvec, LIST_FETCH)
+            for h in hits:
+                if h.doc_id not in vec_hits or h.distance < vec_hits[h.doc_id].distance:
+                    vec_hits[h.doc_id] = h
+            lists.append(
+                RankedList("vec", sub.kind, sub.text, sub.weight, [(h.doc_id, 1.0 - h.distance) for h in hits])
+            )
+            if sub.kind != "original":
+                expansion_lists.append(len(lists) - 1)
+        self.costs.observe("vsearch", time.perf_counter() - t2, len(run) * len(scope))
+        detail = f"{len(run)} queries embedded in {t_embed * 1000:.0f} ms"
+        if len(run) < len(wanted):
+            detail += f"; budget: {len(wanted) - len(run)} of {len(wanted)} vector queries dropped"
+        stages.append(
+            Stage("vector", "partial" if len(run) < len(wanted) else "ran", (time.perf_counter() - t) * 1000, detail)
+        )
+        if leg.warning:
+            out.warnings.append(leg.warning)
+
+    def _rerank(
+        self,
+        candidates: list[Candidate],
+        docs: dict[int, DocRow],
+        vec_hits: dict[int, VecHit],
+        query: str,
+        intent: str | None,
+        terms: tuple[str, ...],
+        iterms: tuple[str, ...],
+        opts: QueryOptions,
+        clock: _Clock,
+        stages: list[Stage],
+    ) -> dict[int, tuple[float, float, bool]]:
+        """doc id → (normalised score, raw score, cached) for the candidates scored."""
+        rr = self.legs.reranker
+        if not opts.rerank:
+            stages.append(Stage("rerank", "off", 0, "not requested (--no-rerank / rerank: false)"))
+            return {}
+        if rr is None:
+            stages.append(Stage("rerank", "skipped", 0, self.legs.reranker_reason))
+            return {}
+        if not candidates:
+            return {}
+        t = time.perf_counter()
+        rquery = f"{intent}\n\n{query}" if intent else query
+        passages = {
+            c.doc_id: _rerank_passage(docs[c.doc_id], vec_hits.get(c.doc_id), c, terms, iterms) for c in candidates
+        }
+        model = f"{rr.uri}|{rr.method}"
+        keys = {
+            c.doc_id: llm_cache.cache_key("rerank", {"query": rquery, "model": model, "chunk": passages[c.doc_id]})
+            for c in candidates
+        }
+        cached = llm_cache.get_many(self.store, list(keys.values()))
+        raw: dict[int, tuple[float, bool]] = {}
+        for c in candidates:
+            if keys[c.doc_id] in cached:
+                raw[c.doc_id] = (float(cached[keys[c.doc_id]]), True)
+        todo = [c.doc_id for c in candidates if c.doc_id not in raw]
+        per = self.costs.estimate("rerank", rr.uri)
+        new: dict[str, str] = {}
+        error = ""
+        scored_new = 0
+        for i in range(0, len(todo), RERANK_BATCH):
+            batch = todo[i : i + RERANK_BATCH]
+            if clock.deadline is not None and clock.remaining() - SHAPE_RESERVE_S < per * len(batch):
+                batch = batch[: int(max(clock.remaining() - SHAPE_RESERVE_S, 0) / per)]
+                if not batch:
+                    break
+            tb = time.perf_counter()
+            try:
+                scores = rr.score(rquery, [passages[d] for d in batch])
+            except QmdError as e:
+                error = e.message
+                break
+            self.costs.observe("rerank", time.perf_counter() - tb, len(batch), model=rr.uri)
+            per = self.costs.estimate("rerank", rr.uri)
+            for d, s in zip(batch, scores):
+                raw[d] = (s, False)
+                new[keys[d]] = repr(s)
+            scored_new += len(batch)
+        llm_cache.put_many(self.store, new)
+        ms = (time.perf_counter() - t) * 1000
+        if not raw:
+            why = error or (
+                f"budget: scoring takes ~{per * 1000:.0f} ms per candidate; "
+                f"{max(clock.remaining(), 0) * 1000:.0f} ms left"
+            )
+            stages.append(Stage("rerank", "skipped", ms, why))
+            return {}
+        ids = [d for d in (c.doc_id for c in candidates) if d in raw]
+        norm = rr.normalize([raw[d][0] for d in ids])
+        n_cached = sum(1 for d in ids if raw[d][1])
+        detail = f"{rr.method}: {len(ids)} of {len(candidates)} candidates ({n_cached} cached, {scored_new} scored)"
+        if len(ids) < len(candidates):
+            detail += f"; {error or 'budget'}: the other {len(candidates) - len(ids)} count 0 for the rerank term"
+        stages.append(Stage("rerank", "partial" if len(ids) < len(candidates) else "ran", ms, detail))
+        return {d: (n, raw[d][0], raw[d][1]) for d, n in zip(ids, norm)}
+
+    def _shape(
+        self,
+        candidates: list[Candidate],
+        docs: dict[int, DocRow],
+        vec_hits: dict[int, VecHit],
+        rerank: dict[int, tuple[float, float, bool]],
+        terms: tuple[str, ...],
+        iterms: tuple[str, ...],
+        opts: QueryOptions,
+        out: HybridOutcome,
+    ) -> None:
+        reranked = bool(rerank)
+        scored: list[tuple[float, float, Candidate]] = []
+        for c in candidates:
+            if reranked:
+                got = rerank.get(c.doc_id)
+                score, w = blend(c, got[0] if got else None)
+            else:
+                score, w = c.fusion, 1.0
+            scored.append((score, w, c))
+        scored.sort(key=lambda x: (-x[0], x[2].rrf_rank))
+        kept = [x for x in scored if x[0] >= opts.min_score]
+        out.below_min_score = bool(scored) and not kept
+        if not opts.all_results:
+            kept = kept[: opts.limit]
+        for score, w, c in kept:
+            vh = vec_hits.get(c.doc_id)
+            only_vec = all(k.source == "vec" for k in c.contributions)
+            got = rerank.get(c.doc_id)
+            hit = shape_hit(
+                docs[c.doc_id],
+                score,
+                self.config,
+                terms,
+                full=opts.full,
+                index_name=self.index_name,
+                max_len=opts.max_len,
+                lines_within=(vh.start_line, vh.end_line) if vh and only_vec else None,
+                intent_terms=iterms,
+                explain=_explain(c, got, w, score) if opts.explain else None,
+            )
+            hit["fusion"] = round(c.fusion, 4)
+            hit["rerank"] = round(got[0], 4) if got else None
+            out.hits.append(hit)
+
+
+def primary_text(doc: QueryDoc) -> str:
+    """The text that picks passages and is reranked against (§13.3 step 5)."""
+    if doc.mode == "expand":
+        return doc.query
+    for kind in ("lex", "vec"):
+        for s in doc.searches:
+            if s.type == kind:
+                return s.text
+    return doc.searches[0].text
+
+
+def _typed_subs(doc: QueryDoc) -> list[_Sub]:
+    """The first sub-query's lists weigh 2 whatever its type (§13.3, [P])."""
+    return [_Sub(s.type, s.text, 2.0 if i == 0 else 1.0) for i, s in enumerate(doc.searches)]
+
+
+def _rerank_passage(
+    doc: DocRow, vh: VecHit | None, c: Candidate, terms: tuple[str, ...], iterms: tuple[str, ...]
+) -> str:
+    """The candidate's best chunk: around its best keyword line, or the chunk its
+    vector match came from when only vectors found it."""
+    only_vec = all(k.source == "vec" for k in c.contributions)
+    within = (vh.start_line, vh.end_line) if vh and only_vec else None
+    passage = best_passage(doc.body, terms, max_len=10**9, lines_within=within, intent_terms=iterms)
+    text = passage_window(doc.body, passage, RERANK_PASSAGE_CHARS)
+    return f"{doc.title}\n{text}" if doc.title and doc.title not in text else text
+
+
+def _explain(c: Candidate, got: tuple[float, float, bool] | None, weight: float, score: float) -> dict:
+    """Why this result ranked where it did, in the original's `--explain` shape (§14.4);
+    `positionScore` is the fused score as a fraction of its maximum (see `server.fusion`)."""
+    return {
+        "ftsScores": [round(k.backend_score, 4) for k in c.contributions if k.source == "fts"],
+        "vectorScores": [round(k.backend_score, 4) for k in c.contributions if k.source == "vec"],
+        "rrf": {
+            "rank": c.rrf_rank,
+            "positionScore": round(c.fusion, 4),
+            "weight": weight,
+            "baseScore": round(c.base, 6),
+            "topRankBonus": c.bonus,
+            "totalScore": round(c.total, 6),
+            "contributions": [
+                {
+                    "listIndex": k.list_index,
+                    "source": k.source,
+                    "queryType": k.query_type,
+                    "query": k.query,
+                    "rank": k.rank,
+                    "weight": k.weight,
+                    "backendScore": round(k.backend_score, 4),
+                    "rrfContribution": round(k.rrf, 6),
+                }
+                for k in sorted(c.contributions, key=lambda k: -k.rrf)
+            ],
+        },
+        "rerankScore": round(got[0], 4) if got else 0.0,
+        "rerankRaw": round(got[1], 4) if got else None,
+        "rerankCached": got[2] if got else None,
+        "blendedScore": round(score, 4),
+    }

@@ -1,0 +1,237 @@
+"""Rerankers: relevance of a passage to a query from a local model, three ways behind one interface.
+
+- **cross-encoder**: a GGUF with rank pooling (Qwen3-Reranker from ggml-org, bge/ms-marco
+  conversions) scores the joined pair in one pass; the best scorer when there is one.
+- **yes-no**: a generative reranker (a "...Reranker" GGUF without rank pooling) is asked
+  whether the document meets the query; score P(yes) / (P(yes) + P(no)).
+- **query-likelihood**: any other generative model scores how likely it finds the query
+  as a question the passage answers (UPR). With the 135M-270M models the project can run
+  offline this ranks well (models README §4: MRR 0.88-0.94) where yes-no is near random.
+
+`make_reranker` picks the method from the GGUF's metadata; the caller may force one.
+Every scorer cuts passages to `PASSAGE_TOKENS` tokens first: only a candidate's best
+chunk is scored, the cost is linear in its length, and the prompt must fit the context.
+Generative scorers run the model under the "generate" role, so a file that also expands
+queries is loaded once, not twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Literal, Protocol
+
+from .errors import InvalidInput
+from .inference import ModelSpec, Worker
+
+Method = Literal["cross-encoder", "yes-no", "query-likelihood"]
+METHODS: tuple[Method, ...] = ("cross-encoder", "yes-no", "query-likelihood")
+
+PASSAGE_TOKENS = 256
+"""Passage cap per scored pair, in the model's own tokens (the beginning is kept)."""
+
+_EMBEDDING_POOLING = ("mean", "cls", "last")
+_PASSAGE = "\x00qmd-passage\x00"
+_QUERY = "\x00qmd-query\x00"
+"""Placeholders rendered through a chat template once, then replaced per pair (no round trip each)."""
+
+# Qwen3-Reranker's own instructions: what a generative reranker named so was trained on.
+_JUDGE = (
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the "
+    'answer can only be "yes" or "no".'
+)
+_INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+class Reranker(Protocol):
+    """What the hybrid query needs of a reranker."""
+
+    uri: str
+    """Model identity for cache keys (the caller passes the resolved URI)."""
+    method: Method
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        """Raw scores, one per passage, higher = more relevant (cacheable per (query, passage))."""
+        ...
+
+    def normalize(self, raw: list[float]) -> list[float]:
+        """Map one query's raw scores to [0, 1] for blending (identity for probabilities)."""
+        ...
+
+
+class _Scorer:
+    """What every scorer shares: the worker, the model, and cutting passages to the token cap."""
+
+    def __init__(self, worker: Worker, spec: ModelSpec, uri: str, passage_tokens: int) -> None:
+        self.worker = worker
+        self.spec = spec
+        self.uri = uri
+        self.passage_tokens = passage_tokens
+
+    def fit(self, passages: list[str]) -> list[str]:
+        """Each passage cut to at most `passage_tokens` tokens by the model's tokenizer, its beginning kept.
+
+        Measured in the worker (special tokens included, so the cap is conservative by one or
+        two), cut here by characters in proportion (5% under, since tokens are not spread
+        evenly), and measured again until every passage fits: usually one extra round trip
+        for the long ones only. A passage shrinks every round until it fits or is empty, so
+        this ends even for a cap below the tokenizer's own special tokens.
+        """
+        out = list(passages)
+        todo = list(range(len(out)))
+        while todo:
+            counts = self.worker.count_tokens(self.spec, [out[i] for i in todo])
+            over = [(i, n) for i, n in zip(todo, counts, strict=True) if n > self.passage_tokens and out[i]]
+            for i, n in over:
+                out[i] = out[i][: int(len(out[i]) * self.passage_tokens / n * 0.95)]
+            todo = [i for i, _ in over]
+        return out
+
+    def normalize(self, raw: list[float]) -> list[float]:
+        """Already probabilities in [0, 1]: unchanged, and comparable across queries."""
+        return list(raw)
+
+
+class CrossEncoderReranker(_Scorer):
+    """A rank-pooling GGUF scoring each (query, passage) pair: `Worker.rank`, probabilities in [0, 1]."""
+
+    method: Method = "cross-encoder"
+
+    def __init__(self, worker: Worker, path: str, uri: str, *, passage_tokens: int = PASSAGE_TOKENS) -> None:
+        super().__init__(worker, ModelSpec("rerank", path), uri, passage_tokens)
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        """P(relevant) per passage from the model's classification head."""
+        if not passages:
+            return []
+        return self.worker.rank(self.spec, query, self.fit(passages))
+
+
+class YesNoReranker(_Scorer):
+    """A generative reranker asked "does this document meet the query?": P(yes) / (P(yes) + P(no)).
+
+    With a chat template the pair goes in Qwen3-Reranker's format (a judging system turn,
+    then Instruct/Query/Document), rendered by the model's own template; without one, a
+    plain "Query: … Document: … Relevant (yes/no):" prompt.
+    """
+
+    method: Method = "yes-no"
+
+    def __init__(
+        self, worker: Worker, path: str, uri: str, *, chat: bool, passage_tokens: int = PASSAGE_TOKENS
+    ) -> None:
+        super().__init__(worker, ModelSpec("generate", path), uri, passage_tokens)
+        self.chat = chat
+        self._template: tuple[str, str] | None = None
+
+    def _prompt(self, query: str, passage: str) -> str:
+        """The prompt whose next token is the model's yes or no."""
+        if not self.chat:
+            return f"Query: {query}\nDocument: {passage}\nRelevant (yes/no):"
+        if self._template is None:
+            user = f"<Instruct>: {_INSTRUCT}\n<Query>: {_QUERY}\n<Document>: {_PASSAGE}"
+            rendered = self.worker.render_chat(
+                self.spec, [{"role": "system", "content": _JUDGE}, {"role": "user", "content": user}]
+            )
+            self._template = _split(rendered, self.spec.path)
+        head, tail = self._template
+        return head.replace(_QUERY, query) + passage + tail.replace(_QUERY, query)
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        """P(yes) / (P(yes) + P(no)) per passage."""
+        if not passages:
+            return []
+        prompts = [self._prompt(query, p) for p in self.fit(passages)]
+        return self.worker.yes_no(self.spec, prompts)
+
+
+class QueryLikelihoodReranker(_Scorer):
+    """Mean log P(query tokens | passage prompt) (UPR; models README §4), higher = more relevant.
+
+    Prompts: a chat model gets "Write a search query that this document answers." with the
+    passage as its user turn, rendered by its own template, the query being the reply; a
+    base model (no template, e.g. Gemma 270M) gets "Passage: …\\nA question that this passage
+    answers: " followed by the query.
+    """
+
+    method: Method = "query-likelihood"
+
+    def __init__(
+        self, worker: Worker, path: str, uri: str, *, chat: bool, passage_tokens: int = PASSAGE_TOKENS
+    ) -> None:
+        super().__init__(worker, ModelSpec("generate", path), uri, passage_tokens)
+        self.chat = chat
+        self._template: tuple[str, str] | None = None
+
+    def _prefix(self, passage: str) -> str:
+        """The prompt the query is scored after."""
+        if not self.chat:
+            return f"Passage: {passage}\nA question that this passage answers: "
+        if self._template is None:
+            user = f"Write a search query that this document answers.\nDocument: {_PASSAGE}"
+            self._template = _split(
+                self.worker.render_chat(self.spec, [{"role": "user", "content": user}]), self.spec.path
+            )
+        head, tail = self._template
+        return head + passage + tail
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        """Mean log-probability per query token, per passage: negative, roughly -3 to -16."""
+        if not passages:
+            return []
+        return self.worker.likelihood(self.spec, [self._prefix(p) for p in self.fit(passages)], query)
+
+    def normalize(self, raw: list[float]) -> list[float]:
+        """exp(lp - max lp): each candidate's per-token likelihood of the query relative to the best candidate.
+
+        The scores are relative within one query's candidate set: their level depends on
+        the query (how predictable its words are), so only differences mean anything, and a
+        1.0 says "best of these candidates", not "relevant". Because the raw score is a mean
+        per token, exp of a difference is the per-token likelihood ratio: 1 nat/token worse
+        gives 0.37, 2 nats 0.14. Chosen over min-max, which stretches any spread to the full
+        [0, 1] and so would let a 0.01-nat difference between equally good passages move a
+        blended ranking as much as a real gap does. A single candidate, or candidates that
+        all score the same, get 1.0 each: a constant, so the rerank term reorders nothing.
+        """
+        if not raw:
+            return []
+        best = max(raw)
+        return [math.exp(lp - best) for lp in raw]
+
+
+def _split(rendered: str, path: str) -> tuple[str, str]:
+    """A rendered chat prompt split around the passage placeholder, which must appear exactly once."""
+    parts = rendered.split(_PASSAGE)
+    if len(parts) != 2:
+        raise InvalidInput(f"the chat template of {os.path.basename(path)} does not pass a user message through intact")
+    return parts[0], parts[1]
+
+
+def make_reranker(worker: Worker, path: str, uri: str, *, method: str | None = None) -> Reranker:
+    """The scorer for the GGUF at `path`: rank pooling → cross-encoder; a generative model named
+    "…rerank…" → yes-no; any other generative model → query-likelihood. `method` overrides
+    the choice and is checked against what the model can do.
+    """
+    info = worker.model_info(ModelSpec("rerank", path))
+    name = f"{info['name'] or ''} {os.path.basename(path)}"
+    label = os.path.basename(path)
+    pooling = info["pooling"]
+    if method is not None and method not in METHODS:
+        raise InvalidInput(f"unknown rerank method {method!r}; choose one of {', '.join(METHODS)}")
+    if pooling in _EMBEDDING_POOLING:
+        raise InvalidInput(f"{label} is an embedding model ({pooling} pooling); it cannot rerank")
+    if method is None:
+        if pooling == "rank":
+            method = "cross-encoder"
+        else:
+            method = "yes-no" if re.search(r"rerank", name, re.IGNORECASE) else "query-likelihood"
+    if method == "cross-encoder":
+        if pooling != "rank":
+            raise InvalidInput(f"{label} has no rank pooling, so it cannot run as a cross-encoder")
+        return CrossEncoderReranker(worker, path, uri)
+    if pooling == "rank":
+        raise InvalidInput(f"{label} is a cross-encoder (rank pooling); it has no token probabilities for {method}")
+    if method == "yes-no":
+        return YesNoReranker(worker, path, uri, chat=info["chat_template"])
+    return QueryLikelihoodReranker(worker, path, uri, chat=info["chat_template"])

@@ -1,0 +1,140 @@
+"""The hybrid pipeline in process, on a real index, with scripted expansion and rerank
+scorers: routing weights, partial rerank under a budget, failures reported as skipped
+stages. (The real models run the same code in test_query.py.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import NOTES, write
+
+from server.engine import Engine
+from server.errors import QmdError
+from server.expansion import Expander, Prompt
+from server.hybrid import CostModel, HybridQuery, Legs, QueryOptions
+from server.paths import IndexPaths
+from server.querydoc import parse_query
+
+MORE = {f"extra/note-{i}.md": f"# Note {i}\n\nInvestors and bread, item {i}.\n" for i in range(8)}
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    paths = IndexPaths("test", tmp_path / "index.sqlite", tmp_path / "index.yml", tmp_path)
+    e = Engine(paths)
+    e.create_collection(str(write(tmp_path / "notes", {**NOTES, **MORE})), name="notes")
+    e.update()
+    yield e
+    e.close()
+
+
+class ScriptedReranker:
+    """Scores by whether the passage mentions 'angel'; takes `cost` seconds per passage."""
+
+    uri = "scripted"
+    method = "query-likelihood"
+
+    def __init__(self, cost: float = 0.0, fail: bool = False) -> None:
+        self.cost = cost
+        self.fail = fail
+        self.calls = 0
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        self.calls += 1
+        if self.fail:
+            raise QmdError("the inference worker crashed (SIGKILL) while scoring")
+        time.sleep(self.cost * len(passages))
+        return [-2.0 if "angel" in p.lower() else -9.0 for p in passages]
+
+    def normalize(self, raw: list[float]) -> list[float]:
+        return [1.0 if r > -5 else 0.1 for r in raw]
+
+
+def run(engine: Engine, text: str, legs: Legs, costs: CostModel | None = None, **opts: object):  # noqa: ANN201
+    q = HybridQuery(engine.store, engine.config, legs, costs or CostModel())
+    return q.run(parse_query(text), QueryOptions(**opts))  # type: ignore[arg-type]
+
+
+def legs(reranker: object = None, expander: Expander | None = None) -> Legs:
+    return Legs(None, "no vectors in this test", expander, "no generator", reranker, "no reranker")  # type: ignore[arg-type]
+
+
+def test_expansion_lines_route_to_keyword_lists_with_weight_one(engine: Engine) -> None:
+    def generate(p: Prompt) -> str:
+        return (
+            "lex: angel investors\nvec: who gives money to startups\nhyde: Angel investors put money into seed rounds."
+        )
+
+    expander = Expander(generate, "scripted", None, False, engine.store)
+    out = run(engine, "money investors", legs(expander=expander), rerank=False, explain=True)
+    st = {s.stage: s for s in out.stages}
+    assert st["expand"].status == "ran" and "3 lines" in st["expand"].detail
+    assert st["vector"].status == "skipped" and "no vectors in this test" in st["vector"].detail
+    contributions = out.hits[0]["explain"]["rrf"]["contributions"]
+    assert {(c["queryType"], c["weight"]) for c in contributions} == {("original", 2.0), ("lex", 1.0)}
+    assert out.expansion == [
+        ("lex", "angel investors"),
+        ("vec", "who gives money to startups"),
+        ("hyde", "Angel investors put money into seed rounds."),
+    ]
+
+
+def test_expansion_failure_is_a_skipped_stage(engine: Engine) -> None:
+    def generate(p: Prompt) -> str:
+        raise QmdError("the inference worker exited with status 1 while generating")
+
+    out = run(engine, "money investors", legs(expander=Expander(generate, "x", None, False, engine.store)))
+    st = {s.stage: s for s in out.stages}
+    assert st["expand"].status == "skipped" and "exited with status 1" in st["expand"].detail
+    assert out.hits
+
+
+def test_rerank_reorders_and_caches(engine: Engine) -> None:
+    rr = ScriptedReranker()
+    out = run(engine, "investors", legs(rr), explain=True)
+    by_path = {h["path"]: h for h in out.hits}
+    assert by_path["fundraising.md"]["rerank"] == 1.0 and by_path["ideas.md"]["rerank"] == pytest.approx(0.1)
+    for h in out.hits:  # the documented blend, position-weighted
+        w = h["explain"]["rrf"]["weight"]
+        assert h["score"] == pytest.approx(w * h["fusion"] + (1 - w) * h["rerank"], abs=1e-3)
+    assert [h["score"] for h in out.hits] == sorted((h["score"] for h in out.hits), reverse=True)
+    engine.store.write(lambda conn: None, bump=False)  # let the cache writes land
+    calls = rr.calls
+    again = run(engine, "investors", legs(rr))
+    assert rr.calls == calls
+    assert "10 cached, 0 scored" in {s.stage: s for s in again.stages}["rerank"].detail
+
+
+def test_budget_reranks_only_what_fits_and_says_so(engine: Engine) -> None:
+    costs = CostModel()
+    costs.observe("rerank", 0.1, model="scripted")
+    out = run(engine, "investors bread", legs(ScriptedReranker(cost=0.1)), costs, budget_ms=300, limit=20)
+    st = {s.stage: s for s in out.stages}["rerank"]
+    assert st.status == "partial", st
+    assert "count 0 for the rerank term" in st.detail
+    scored = [h for h in out.hits if h["rerank"] is not None]
+    assert 1 <= len(scored) < len(out.hits)
+    assert out.elapsed_ms < 1000
+
+
+def test_rerank_failure_keeps_the_fused_order(engine: Engine) -> None:
+    out = run(engine, "investors", legs(ScriptedReranker(fail=True)))
+    st = {s.stage: s for s in out.stages}["rerank"]
+    assert st.status == "skipped" and "SIGKILL" in st.detail
+    assert out.hits and all(h["rerank"] is None for h in out.hits)
+    assert out.hits[0]["score"] == out.hits[0]["fusion"]
+
+
+def test_min_score_and_limit(engine: Engine) -> None:
+    out = run(engine, "investors", legs(), min_score=0.99)
+    assert len(out.hits) == 1 and out.hits[0]["score"] >= 0.99
+    none = run(engine, "investors", legs(ScriptedReranker()), min_score=0.99, limit=3)
+    assert none.hits == [] and none.below_min_score
+
+
+def test_unknown_collection_is_the_callers_error(engine: Engine) -> None:
+    with pytest.raises(QmdError, match="nope"):
+        engine.query(parse_query("investors"), QueryOptions(collections=["nope"]))
