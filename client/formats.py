@@ -340,7 +340,7 @@ def stage_lines(answer: Mapping[str, Any], *, verbose: bool) -> list[str]:
     lines = []
     for st in answer.get("stages") or []:
         if verbose or st["status"] in ("skipped", "partial"):
-            timing = f" ({st['ms']:.0f} ms)" if st["status"] != "skipped" or st["ms"] else ""
+            timing = f" ({st['ms']:.0f} ms)" if st["status"] not in ("skipped", "off") or st["ms"] else ""
             lines.append(f"{st['stage']}: {st['status']}{timing}" + (f" - {st['detail']}" if st["detail"] else ""))
     if verbose and answer.get("expansion"):
         lines += [f"  ├─ {e['type']}: {e['query'][:72]}" for e in answer["expansion"]]

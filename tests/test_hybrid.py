@@ -36,6 +36,7 @@ class ScriptedReranker:
 
     uri = "scripted"
     method = "query-likelihood"
+    passage_tokens = 256
 
     def __init__(self, cost: float = 0.0, fail: bool = False) -> None:
         self.cost = cost
