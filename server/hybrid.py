@@ -209,13 +209,12 @@ class HybridQuery:
         if not scope:
             out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
             return out
-        idents = identifier_tokens(primary)
         lists: list[RankedList] = []
         vec_hits: dict[int, VecHit] = {}
         expansion_lists: list[int] = []
 
         if doc.mode == "expand":
-            subs = self._expand_mode(doc, opts, scope, clock, stages, lists, idents, out)
+            subs = self._expand_mode(doc, opts, scope, clock, stages, lists, out)
         else:
             subs = _typed_subs(doc)
         self._keyword(subs, scope, stages, lists, expansion_lists, typed=doc.mode == "typed")
@@ -241,10 +240,6 @@ class HybridQuery:
         iterms = intent_terms(doc.intent)
         rerank = self._rerank(candidates, docs, vec_hits, primary, doc.intent, lexq.terms, iterms, opts, clock, stages)
         self._shape(candidates, docs, vec_hits, rerank, lexq.terms, iterms, opts, out)
-        if idents:
-            out.warnings.append(f"identifier-like tokens {', '.join(idents)}: keyword lists weigh double")
-        if doc.intent and doc.mode == "expand":
-            out.warnings.append("intent steers passage choice and reranking; it is not sent to expansion (§12)")
         out.warnings = list(dict.fromkeys(out.warnings))
         out.elapsed_ms = clock.elapsed_ms()
         return out
@@ -259,16 +254,19 @@ class HybridQuery:
         clock: _Clock,
         stages: list[Stage],
         lists: list[RankedList],
-        idents: tuple[str, ...],
         out: HybridOutcome,
     ) -> list[_Sub]:
         """Probe BM25, then expand unless the probe is conclusive or the budget says no."""
         query = doc.query
+        idents = identifier_tokens(query)
         t = time.perf_counter()
         probe = self._fts(query, scope)
         weight = 2.0 * (IDENTIFIER_BOOST if idents else 1.0)
         lists.append(RankedList("fts", "original", query, weight, [(h.doc.id, h.score) for h in probe]))
-        stages.append(Stage("probe", "ran", (time.perf_counter() - t) * 1000, f"{len(probe)} keyword hits"))
+        detail = f"{len(probe)} keyword hits"
+        if idents:
+            detail += f"; identifier-like {', '.join(idents)}: keyword weight doubled"
+        stages.append(Stage("probe", "ran", (time.perf_counter() - t) * 1000, detail))
         subs = [_Sub("original", query, 2.0)]
 
         t = time.perf_counter()
@@ -355,17 +353,23 @@ class HybridQuery:
         through the probe). A typed lex line with identifiers weighs double."""
         t = time.perf_counter()
         n = 0
+        boosted: list[str] = []
         for sub in subs:
             if sub.kind != "lex":
                 continue
             hits = self._fts(sub.text, scope)
-            weight = sub.weight * (IDENTIFIER_BOOST if typed and identifier_tokens(sub.text) else 1.0)
+            idents = identifier_tokens(sub.text) if typed else ()
+            boosted += idents
+            weight = sub.weight * (IDENTIFIER_BOOST if idents else 1.0)
             lists.append(RankedList("fts", "lex", sub.text, weight, [(h.doc.id, h.score) for h in hits]))
             expansion_lists.append(len(lists) - 1)
             n += 1
         if n:
             found = sum(len(r.items) for r in lists if r.source == "fts" and r.query_type == "lex")
-            stages.append(Stage("keyword", "ran", (time.perf_counter() - t) * 1000, f"{n} lex lists, {found} hits"))
+            detail = f"{n} lex lists, {found} hits"
+            if boosted:
+                detail += f"; identifier-like {', '.join(dict.fromkeys(boosted))}: keyword weight doubled"
+            stages.append(Stage("keyword", "ran", (time.perf_counter() - t) * 1000, detail))
 
     def _vectors(
         self,

@@ -174,7 +174,7 @@ def test_identifiers_double_the_keyword_weight(hybrid: tuple[Env, Daemon]) -> No
     assert "meeting-2026-04-10.md" in answer["results"][0]["file"]
     fts = [c for c in answer["results"][0]["explain"]["rrf"]["contributions"] if c["source"] == "fts"]
     assert fts[0]["weight"] == 4.0
-    assert any("identifier-like tokens 2026.4.10" in w for w in answer["warnings"])
+    assert "identifier-like 2026.4.10: keyword weight doubled" in stages(answer)["probe"]["detail"]
 
 
 def test_mcp_default_budget_and_stages(hybrid: tuple[Env, Daemon]) -> None:
