@@ -610,6 +610,7 @@ def doctor(c: Ctx) -> None:
         else:
             state = "loaded" if m.get("loaded") else "not loaded"
             fp = f", fingerprint {m['fingerprint'][:12]}" if m.get("fingerprint") else ""
+            fp += f", reranks by {m['method']}" if m.get("method") else ""
             lines.append(f"{ok} {head}\n    {m['file']} ({_fmt_bytes(m['size'])}, {m['arch']}, {state}{fp})")
     v = d["vector"]
     lines.append(f"{ok if not v['pending'] else warn} vectors: {v['message']}")

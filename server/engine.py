@@ -646,6 +646,8 @@ class Engine:
                         context_live=info["context_live"],
                         fingerprint=info.get("fingerprint"),
                     )
+                    if role == "rerank":
+                        row["method"] = make_reranker(self.worker, str(local), r.ref.uri).method
                 except (QmdError, OSError) as e:
                     row.update(file=str(local), problem=str(getattr(e, "message", e)))
             models.append(row)

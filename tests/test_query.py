@@ -136,6 +136,7 @@ def test_cli_query_and_deep_search_alias(hybrid: tuple[Env, Daemon]) -> None:
     hits = json.loads(r.stdout)
     assert len(hits) == 3 and "startup-fundraising-memo.md" in hits[0]["file"]
     assert {"score", "fusion", "rerank", "lines", "docid"} <= set(hits[0])
+    assert "reranks by query-likelihood" in env.ok("doctor")
     r2 = env.qmd("deep-search", "lex: fundraising\nvec: how do startups raise a seed round", "-c", "eval", "--files")
     assert r2.returncode == 0 and "startup-fundraising-memo.md" in r2.stdout.splitlines()[0]
 
