@@ -110,7 +110,26 @@ class CrossEncoderReranker(_Scorer):
         return self.worker.rank(self.spec, query, self.fit(passages))
 
 
-class YesNoReranker(_Scorer):
+class _GenerativeScorer(_Scorer):
+    """A scorer reading token probabilities of a generative model, under the "generate"
+    role; a chat model gets its prompt rendered once by its own template."""
+
+    def __init__(
+        self, worker: Worker, path: str, uri: str, *, chat: bool, passage_tokens: int = PASSAGE_TOKENS
+    ) -> None:
+        super().__init__(worker, ModelSpec("generate", path), uri, passage_tokens)
+        self.chat = chat
+        self._template: tuple[str, str] | None = None
+
+    def _chat_template(self, messages: list[dict[str, str]]) -> tuple[str, str]:
+        """`messages` (with the passage placeholder) rendered by the model, split around the
+        placeholder; rendered on first use only."""
+        if self._template is None:
+            self._template = _split(self.worker.render_chat(self.spec, messages), self.spec.path)
+        return self._template
+
+
+class YesNoReranker(_GenerativeScorer):
     """A generative reranker asked "does this document meet the query?": P(yes) / (P(yes) + P(no)).
 
     With a chat template the pair goes in Qwen3-Reranker's format (a judging system turn,
@@ -120,24 +139,12 @@ class YesNoReranker(_Scorer):
 
     method: Method = "yes-no"
 
-    def __init__(
-        self, worker: Worker, path: str, uri: str, *, chat: bool, passage_tokens: int = PASSAGE_TOKENS
-    ) -> None:
-        super().__init__(worker, ModelSpec("generate", path), uri, passage_tokens)
-        self.chat = chat
-        self._template: tuple[str, str] | None = None
-
     def _prompt(self, query: str, passage: str) -> str:
         """The prompt whose next token is the model's yes or no."""
         if not self.chat:
             return f"Query: {query}\nDocument: {passage}\nRelevant (yes/no):"
-        if self._template is None:
-            user = f"<Instruct>: {_INSTRUCT}\n<Query>: {_QUERY}\n<Document>: {_PASSAGE}"
-            rendered = self.worker.render_chat(
-                self.spec, [{"role": "system", "content": _JUDGE}, {"role": "user", "content": user}]
-            )
-            self._template = _split(rendered, self.spec.path)
-        head, tail = self._template
+        user = f"<Instruct>: {_INSTRUCT}\n<Query>: {_QUERY}\n<Document>: {_PASSAGE}"
+        head, tail = self._chat_template([{"role": "system", "content": _JUDGE}, {"role": "user", "content": user}])
         return head.replace(_QUERY, query) + passage + tail.replace(_QUERY, query)
 
     def score(self, query: str, passages: list[str]) -> list[float]:
@@ -148,7 +155,7 @@ class YesNoReranker(_Scorer):
         return self.worker.yes_no(self.spec, prompts)
 
 
-class QueryLikelihoodReranker(_Scorer):
+class QueryLikelihoodReranker(_GenerativeScorer):
     """Mean log P(query tokens | passage prompt) (UPR; models README §4), higher = more relevant.
 
     Prompts: a chat model gets "Write a search query that this document answers." with the
@@ -159,23 +166,12 @@ class QueryLikelihoodReranker(_Scorer):
 
     method: Method = "query-likelihood"
 
-    def __init__(
-        self, worker: Worker, path: str, uri: str, *, chat: bool, passage_tokens: int = PASSAGE_TOKENS
-    ) -> None:
-        super().__init__(worker, ModelSpec("generate", path), uri, passage_tokens)
-        self.chat = chat
-        self._template: tuple[str, str] | None = None
-
     def _prefix(self, passage: str) -> str:
         """The prompt the query is scored after."""
         if not self.chat:
             return f"Passage: {passage}\nA question that this passage answers: "
-        if self._template is None:
-            user = f"Write a search query that this document answers.\nDocument: {_PASSAGE}"
-            self._template = _split(
-                self.worker.render_chat(self.spec, [{"role": "user", "content": user}]), self.spec.path
-            )
-        head, tail = self._template
+        user = f"Write a search query that this document answers.\nDocument: {_PASSAGE}"
+        head, tail = self._chat_template([{"role": "user", "content": user}])
         return head + passage + tail
 
     def score(self, query: str, passages: list[str]) -> list[float]:
