@@ -51,10 +51,6 @@ class Contribution:
     backend_score: float
     rrf: float
 
-    @property
-    def label(self) -> str:
-        return f"{self.source}/{self.query_type}#{self.rank}"
-
 
 @dataclass
 class Candidate:

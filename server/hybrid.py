@@ -91,7 +91,6 @@ class HybridOutcome:
     below_min_score: bool = False
     elapsed_ms: float = 0.0
     budget_ms: float | None = None
-    terms: tuple[str, ...] = ()
 
     @property
     def skipped(self) -> list[dict]:
@@ -205,7 +204,6 @@ class HybridQuery:
         scope = resolve_scope(self.config, opts.collections)
         primary = primary_text(doc)
         lexq = parse_lex(primary)
-        out.terms = lexq.terms
         if not scope:
             out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
             return out
@@ -541,8 +539,6 @@ class HybridQuery:
         if not opts.all_results:
             kept = kept[: opts.limit]
         for score, w, c in kept:
-            vh = vec_hits.get(c.doc_id)
-            only_vec = all(k.source == "vec" for k in c.contributions)
             got = rerank.get(c.doc_id)
             hit = shape_hit(
                 docs[c.doc_id],
@@ -552,7 +548,7 @@ class HybridQuery:
                 full=opts.full,
                 index_name=self.index_name,
                 max_len=opts.max_len,
-                lines_within=(vh.start_line, vh.end_line) if vh and only_vec else None,
+                lines_within=_vector_region(c, vec_hits.get(c.doc_id)),
                 intent_terms=iterms,
                 explain=_explain(c, got, w, score) if opts.explain else None,
             )
@@ -577,13 +573,20 @@ def _typed_subs(doc: QueryDoc) -> list[_Sub]:
     return [_Sub(s.type, s.text, 2.0 if i == 0 else 1.0) for i, s in enumerate(doc.searches)]
 
 
+def _vector_region(c: Candidate, vh: VecHit | None) -> tuple[int, int] | None:
+    """The lines of the chunk a vector search matched, when only vectors found the
+    candidate: no keyword line to point at, so its passage lies there."""
+    if vh is None or any(k.source != "vec" for k in c.contributions):
+        return None
+    return vh.start_line, vh.end_line
+
+
 def _rerank_passage(
     doc: DocRow, vh: VecHit | None, c: Candidate, terms: tuple[str, ...], iterms: tuple[str, ...]
 ) -> str:
     """The candidate's best chunk: around its best keyword line, or the chunk its
     vector match came from when only vectors found it."""
-    only_vec = all(k.source == "vec" for k in c.contributions)
-    within = (vh.start_line, vh.end_line) if vh and only_vec else None
+    within = _vector_region(c, vh)
     passage = best_passage(doc.body, terms, max_len=10**9, lines_within=within, intent_terms=iterms)
     text = passage_window(doc.body, passage, RERANK_PASSAGE_CHARS)
     return f"{doc.title}\n{text}" if doc.title and doc.title not in text else text

@@ -23,7 +23,10 @@ def test_rrf_contributions_and_bonus_follow_the_spec() -> None:
     assert by[3].bonus == 0.02
     assert [c.doc_id for c in fused] == [2, 1, 3]
     assert [c.rrf_rank for c in fused] == [1, 2, 3]
-    assert [k.label for k in by[2].contributions] == ["fts/original#2", "vec/vec#1"]
+    assert [(k.source, k.query_type, k.rank) for k in by[2].contributions] == [
+        ("fts", "original", 2),
+        ("vec", "vec", 1),
+    ]
 
 
 def test_fusion_is_a_fraction_of_the_best_possible_score() -> None:
