@@ -135,10 +135,14 @@ def run_search(
     full: bool,
     line_numbers: bool,
     full_path: bool,
+    collections: tuple[str, ...],
+    min_score: float,
+    all_results: bool,
     **body: Any,
 ) -> dict:
     fmt = pick_format(fmt, flags)
     limit = limit or (20 if fmt in ("json", "files") else 5)
+    body.update(collections=list(collections) or None, min_score=min_score, all=all_results)
     res = c.call("POST", endpoint, {"query": " ".join(query), "limit": limit, "full": full, **body})
     _warn(res.get("warnings", []))
     text, warnings = formats.render_search(
@@ -187,9 +191,9 @@ def search(
         full=full,
         line_numbers=line_numbers,
         full_path=full_path,
-        collections=list(collections) or None,
+        collections=collections,
         min_score=min_score,
-        all=all_results,
+        all_results=all_results,
         explain=explain,
     )
 
@@ -221,9 +225,9 @@ def vsearch(
         full=full,
         line_numbers=line_numbers,
         full_path=full_path,
-        collections=list(collections) or None,
+        collections=collections,
         min_score=min_score,
-        all=all_results,
+        all_results=all_results,
     )
 
 
@@ -304,9 +308,9 @@ def query(
         full=full,
         line_numbers=line_numbers,
         full_path=full_path,
-        collections=list(collections) or None,
+        collections=collections,
         min_score=min_score,
-        all=all_results,
+        all_results=all_results,
         explain=explain,
         intent=intent,
         candidate_limit=candidate_limit,
