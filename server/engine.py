@@ -293,7 +293,13 @@ class Engine:
         """The hybrid query: typed routing, expansion, RRF, rerank, within `opts.budget_ms`."""
         cfg = self.config
         resolve_scope(cfg, opts.collections)  # an unknown collection is the caller's error, before any model loads
-        legs = Legs(*self._vector_leg(opts.collections), *self._expander(cfg), *self._reranker(cfg))
+        # Only the models this query can use are resolved (a local model's file is checked on each resolve).
+        unused: tuple[None, str] = (None, "")
+        legs = Legs(
+            *self._vector_leg(opts.collections),
+            *(self._expander(cfg) if doc.mode == "expand" else unused),
+            *(self._reranker(cfg) if opts.rerank else unused),
+        )
         return HybridQuery(self.store, cfg, legs, self.costs, index_name=self.index_label).run(doc, opts)
 
     def _vector_leg(self, collections: list[str] | None) -> tuple[VectorLeg | None, str]:
