@@ -94,7 +94,7 @@ class Isolated:
         self, *args: str, qmd_script: bool = False, check: bool = True
     ) -> tuple[float, subprocess.CompletedProcess[str]]:
         """Run the CLI once as a fresh process; return (wall seconds, result)."""
-        cmd = [str(Path(PYTHON).parent / "qmd"), *args] if qmd_script else [PYTHON, "-m", "client.cli", *args]
+        cmd = [str(Path(PYTHON).parent / "qmd"), *args] if qmd_script else [PYTHON, "-m", "qmd.client.cli", *args]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=self.home, env=self.vars, capture_output=True, text=True, timeout=900)
         wall = time.perf_counter() - t0
@@ -108,14 +108,14 @@ class Isolated:
 
 
 class Daemon:
-    """`python -m server.main --port P` in the isolated environment, stopped with SIGTERM."""
+    """`python -m qmd.server.daemon --port P` in the isolated environment, stopped with SIGTERM."""
 
     def __init__(self, env: Isolated) -> None:
         self.env = env
         self.output = env.base / "qmdd.out"
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "server.main", "--port", str(env.port)],
+            [PYTHON, "-m", "qmd.server.daemon", "--port", str(env.port)],
             cwd=env.home,
             env=env.vars,
             stdout=open(self.output, "wb"),
@@ -306,7 +306,7 @@ def table(
 
 def machine() -> dict[str, Any]:
     try:
-        from server.db import sqlite3 as qsqlite
+        from qmd.server.index.db import sqlite3 as qsqlite
 
         sqlite_version = qsqlite.sqlite_version
         sqlite_module = qsqlite.__name__

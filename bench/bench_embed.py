@@ -11,7 +11,7 @@ and then, block by block, embeds each block three ways:
 
   qmd     `qmd embed -c BLOCK` (round 1) / `qmd embed -c BLOCK -f` (later rounds), a
           fresh CLI process: wall time of the process, and the daemon's own report
-  worker  the daemon's inference worker (`server.inference.Worker`) driven from this
+  worker  the daemon's inference worker (`qmd.server.models.worker.Worker`) driven from this
           process as the embed job drives it, without the daemon, SQLite or HTTP:
           `chunk` every body, then `embed` the chunks 32 at a time
   bare    the exact chunk texts the daemon embedded (content_vectors pos/end_pos
@@ -63,7 +63,7 @@ from _common import (  # noqa: E402
 
 REPORT = re.compile(r"Embedded (\d+) chunks from (\d+) documents in ([\d.]+)s \(([\d.]+) chunks/s\); (\d+) pending")
 SUB_BATCH = 32
-"""Texts per worker `embed` request, as the embed job sends them (server/embedding.py)."""
+"""Texts per worker `embed` request, as the embed job sends them (server/index/embed_job.py)."""
 
 
 def parse_report(stdout: str) -> dict:
@@ -134,8 +134,8 @@ class WorkerSide:
     """qmd's inference worker without the daemon: a child process, pickled frames."""
 
     def __init__(self, model: str, threads: int) -> None:
-        from server.embedding import _chunk_tokens
-        from server.inference import ModelSpec, Worker
+        from qmd.server.index.embed_job import _chunk_tokens
+        from qmd.server.models.worker import ModelSpec, Worker
 
         self.worker = Worker(n_threads=threads, idle_seconds=3600, force_cpu=False)
         self.spec = ModelSpec(role="embed", path=model)

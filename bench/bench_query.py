@@ -33,8 +33,8 @@ CLI's own body (limit 5, candidate limit 40). Right after every query the same t
 `POST /v1/search` (BM25 only): the same-run baseline each mode is reported against. The
 answer's `stages` give per-stage mean/p95 ms per mode (a stage that did not appear counts
 0 ms) and how often each was skipped, partial or off, with the most common reason. Cold CLI
-processes: `python -m client.cli query` on (e)'s cached queries, interleaved with
-`python -m client.cli search` and `python -c pass`.
+processes: `python -m qmd.client.cli query` on (e)'s cached queries, interleaved with
+`python -m qmd.client.cli search` and `python -c pass`.
 
 Bare model work, after the daemon (and its inference worker) has stopped, so the two never
 compete for the cores: in this process, llama-cpp-python directly with the worker's
@@ -237,7 +237,7 @@ def query_body(q: Q, **over: Any) -> dict[str, Any]:
 def typed_document(text: str) -> str:
     """`lex:` the query's keywords (stop words out, phrases and negations kept) and `vec:` the
     query as prose (a vec line may not carry lex syntax)."""
-    from server.lexical import STOP_WORDS
+    from qmd.server.search.lexical import STOP_WORDS
 
     if '"' in text:
         lex = text
@@ -403,10 +403,10 @@ def run_corpus(
                 intent = ["--intent", q.intent] if q.intent else []
                 cli["python_pass"].append(time_process([PYTHON, "-c", "pass"], env.vars, env.home))
                 cli["cli_query"].append(
-                    time_process([PYTHON, "-m", "client.cli", "query", q.text, *intent], env.vars, env.home)
+                    time_process([PYTHON, "-m", "qmd.client.cli", "query", q.text, *intent], env.vars, env.home)
                 )
                 cli["cli_search"].append(
-                    time_process([PYTHON, "-m", "client.cli", "search", q.text], env.vars, env.home)
+                    time_process([PYTHON, "-m", "qmd.client.cli", "search", q.text], env.vars, env.home)
                 )
         cli_others = win.stop().others(ours() - ours0)
         say(f"[{name}] CLI measured")
@@ -479,8 +479,7 @@ class Bare:
         import io
 
         from llama_cpp import Llama
-
-        from server.inference import CONTEXT, gguf_metadata, usable_cores
+        from qmd.server.models.worker import CONTEXT, gguf_metadata, usable_cores
 
         meta = gguf_metadata(path)
         arch = meta.get("general.architecture", "")
@@ -538,11 +537,11 @@ def bare_floors(
     records: list[dict], candidates: list[dict], models: dict[str, str], per_query: int, say: Say, name: str
 ) -> dict:
     """Expansion completions and rerank forward passes for the same queries, in this process."""
-    from server.expansion import build_prompt, fallback, parse_expansion
-    from server.hybrid import RERANK_PASSAGE_CHARS
-    from server.lexical import intent_terms
-    from server.rerank import PASSAGE_TOKENS
-    from server.snippets import best_passage, passage_window
+    from qmd.server.search.expansion import build_prompt, fallback, parse_expansion
+    from qmd.server.search.hybrid import RERANK_PASSAGE_CHARS
+    from qmd.server.search.lexical import intent_terms
+    from qmd.server.search.rerank import PASSAGE_TOKENS
+    from qmd.server.search.snippets import best_passage, passage_window
 
     out: dict[str, Any] = {"expansion": [], "rerank": []}
     win = CpuWindow()
@@ -782,7 +781,7 @@ def report(res: dict, args: argparse.Namespace, say: Say, show: bool) -> dict:
     if "cli_query" in S:
         rows.append(
             [
-                "python -m client.cli query (cached)",
+                "python -m qmd.client.cli query (cached)",
                 S["cli_query"]["n"],
                 S["cli_query"]["p50_ms"],
                 S["cli_query"]["p95_ms"],
@@ -793,7 +792,7 @@ def report(res: dict, args: argparse.Namespace, say: Say, show: bool) -> dict:
         )
         rows.append(
             [
-                "python -m client.cli search",
+                "python -m qmd.client.cli search",
                 S["cli_search"]["n"],
                 S["cli_search"]["p50_ms"],
                 S["cli_search"]["p95_ms"],

@@ -9,11 +9,11 @@ runs 20 fixed queries (1 word, 2-3 words, questions, phrases, negations):
 
   (a) HTTP      `POST /v1/search` from a warm httpx client, the CLI's own request body;
                 p50/p95 over 20 queries x --rounds (after one warm-up pass)
-  (b) CLI       a fresh `python -m client.cli search "q"` process per query, and the
+  (b) CLI       a fresh `python -m qmd.client.cli search "q"` process per query, and the
                 same through the `.venv/bin/qmd` entry-point script, against the warm
                 daemon; p50/p95 over 20 queries x --cli-rounds
-  (c) baseline  `python -c pass` (interpreter start), `python -c "import client.cli"`
-                (start + the CLI's imports), `python -m client.cli --help`, and
+  (c) baseline  `python -c pass` (interpreter start), `python -c "import qmd.client.cli"`
+                (start + the CLI's imports), `python -m qmd.client.cli --help`, and
                 `GET /health` over the warm client (the HTTP floor); after the daemon
                 stops, the same searches in-process through `Engine.search` (no HTTP)
 
@@ -97,11 +97,11 @@ def time_process(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
 
 
 def import_profile(env: dict[str, str], cwd: Path, top: int = 10) -> list[tuple[str, float]]:
-    """The heaviest imports under `import client.cli` (python -X importtime), by cumulative
+    """The heaviest imports under `import qmd.client.cli` (python -X importtime), by cumulative
     time: its direct imports, and theirs, named `parent > child`. Interpreter start-up
     imports (site, encodings) are left out: `python -c pass` already counts them."""
     r = subprocess.run(
-        [PYTHON, "-X", "importtime", "-c", "import client.cli"],
+        [PYTHON, "-X", "importtime", "-c", "import qmd.client.cli"],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -113,15 +113,15 @@ def import_profile(env: dict[str, str], cwd: Path, top: int = 10) -> list[tuple[
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
         if m:
             rows.append(((len(m.group(3)) - 1) // 2, m.group(4), int(m.group(2)) / 1e6))
-    end = next((i for i, (d, name, _) in enumerate(rows) if d == 0 and name == "client.cli"), None)
+    end = next((i for i, (d, name, _) in enumerate(rows) if d == 0 and name == "qmd.client.cli"), None)
     if end is None:
         return []
     start = end
     while start > 0 and rows[start - 1][0] > 0:
         start -= 1
     # Children are printed before their parent: walk backwards to name each child's parent.
-    out = [("client.cli (total)", rows[end][2])]
-    parents: dict[int, str] = {0: "client.cli"}
+    out = [("qmd.client.cli (total)", rows[end][2])]
+    parents: dict[int, str] = {0: "qmd.client.cli"}
     for depth, name, secs in reversed(rows[start:end]):
         parents[depth] = name
         if depth == 1:
@@ -144,7 +144,7 @@ def new_connection_health(port: int) -> float:
 
 
 def httpx_client_setup() -> float:
-    """What `client.connection.Daemon` pays to build its httpx.Client (default verify=True)."""
+    """What `qmd.client.connection.Daemon` pays to build its httpx.Client (default verify=True)."""
     import httpx
 
     t0 = time.perf_counter()
@@ -217,14 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.cli_rounds):
             for _, q in QUERIES:
                 py_pass.append(time_process([PYTHON, "-c", "pass"], env.vars, env.home))
-                cli_module.append(time_process([PYTHON, "-m", "client.cli", "search", q], env.vars, env.home))
-                py_import.append(time_process([PYTHON, "-c", "import client.cli"], env.vars, env.home))
+                cli_module.append(time_process([PYTHON, "-m", "qmd.client.cli", "search", q], env.vars, env.home))
+                py_import.append(time_process([PYTHON, "-c", "import qmd.client.cli"], env.vars, env.home))
                 cli_script.append(time_process([script, "search", q], env.vars, env.home))
-                py_help.append(time_process([PYTHON, "-m", "client.cli", "--help"], env.vars, env.home))
+                py_help.append(time_process([PYTHON, "-m", "qmd.client.cli", "--help"], env.vars, env.home))
         print("CLI measured", flush=True)
         imports = import_profile(env.vars, env.home)
         probe = subprocess.run(
-            [PYTHON, "-c", "import sys, client.cli; print('httpx' in sys.modules)"],
+            [PYTHON, "-c", "import sys, qmd.client.cli; print('httpx' in sys.modules)"],
             env=env.vars,
             cwd=env.home,
             capture_output=True,
@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
 
         # In-process engine (no HTTP), on the same index, once the daemon has let go of it.
         os.environ.update({k: env.vars[k] for k in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")})
-        from server.engine import Engine
-        from server.paths import IndexPaths
+        from qmd.server.engine import Engine
+
+        from qmd.paths import IndexPaths
 
         engine = Engine(IndexPaths.resolve(None))
         try:
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{p['http_search'] / p['http_health']:.1f}x GET /health",
             ],
             [
-                "(b) python -m client.cli search",
+                "(b) python -m qmd.client.cli search",
                 S["cli_module"],
                 f"{p['cli_module'] / p['python_pass']:.1f}x python -c pass",
             ],
@@ -302,12 +303,12 @@ def main(argv: list[str] | None = None) -> int:
             ],
             ["(c) python -c pass", S["python_pass"], ""],
             [
-                '(c) python -c "import client.cli"',
+                '(c) python -c "import qmd.client.cli"',
                 S["python_import_cli"],
                 f"{p['python_import_cli'] / p['python_pass']:.1f}x python -c pass",
             ],
             [
-                "(c) python -m client.cli --help",
+                "(c) python -m qmd.client.cli --help",
                 S["cli_help"],
                 f"{p['cli_help'] / p['python_pass']:.1f}x python -c pass",
             ],
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["where a CLI search's p50 goes", "ms", "share"],
                 [
                     ["Python start-up (python -c pass)", start, start / p["cli_module"]],
-                    ["importing client.cli and what it imports", imp, imp / p["cli_module"]],
+                    ["importing qmd.client.cli and what it imports", imp, imp / p["cli_module"]],
                     ["the rest: connect, /health, search, render", rest, rest / p["cli_module"]],
                     *(
                         [
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(
             table(
-                ["heaviest imports under client.cli", "ms (cumulative)"],
+                ["heaviest imports under qmd.client.cli", "ms (cumulative)"],
                 [[name, secs * 1000] for name, secs in imports],
                 formats=[None, ".1f"],
             )

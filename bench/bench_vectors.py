@@ -11,15 +11,15 @@
       HTTP  `POST /v1/vsearch` from a warm httpx client (the CLI's body: limit 5, min
             score 0.3), interleaved with `POST /v1/search` (keyword), the same-run
             baseline; 20 queries x --rounds after a warm-up pass
-      CLI   a fresh `python -m client.cli vsearch "q"` process per query against the
+      CLI   a fresh `python -m qmd.client.cli vsearch "q"` process per query against the
             warm daemon, interleaved with `... search "q"` and `python -c pass`
     After the daemon stops, the same vector searches run in-process through the
     `Engine`, split into its steps: `vector_state` (pending count), the query
     embedding (inference worker round trip), the KNN + document lookups + snippets.
 
-(b) scale. For each size N, a temporary `server.store.Store` gets N synthetic 384-dim
+(b) scale. For each size N, a temporary `qmd.server.index.store.Store` gets N synthetic 384-dim
     unit vectors (8 chunks per document) in collection `big`, plus 1,000 in a collection
-    `small` beside it, written with `server.vectors` itself (`ensure_space`,
+    `small` beside it, written with `qmd.server.index.vectors` itself (`ensure_space`,
     `write_document`, `sync_partitions`) over matching `content`/`documents` rows.
     Then `vectors.search(conn, space, q, collection, limit=10)` p50/p95 over --queries
     random unit queries, in `big` and in `small`; the bare vec0 KNN statement (k=30, what
@@ -137,8 +137,8 @@ def round_trip(args: argparse.Namespace, model: str) -> dict:
         for _ in range(args.cli_rounds):
             for _, q in QUERIES:
                 py_pass.append(time_process([PYTHON, "-c", "pass"], env.vars, env.home))
-                cli_v.append(time_process([PYTHON, "-m", "client.cli", "vsearch", q], env.vars, env.home))
-                cli_k.append(time_process([PYTHON, "-m", "client.cli", "search", q], env.vars, env.home))
+                cli_v.append(time_process([PYTHON, "-m", "qmd.client.cli", "vsearch", q], env.vars, env.home))
+                cli_k.append(time_process([PYTHON, "-m", "qmd.client.cli", "search", q], env.vars, env.home))
         cli_others = win.stop().others(ours() - ours0)
         print("CLI measured", flush=True)
         status = http.get("/v1/status").raise_for_status().json()
@@ -163,8 +163,12 @@ def round_trip(args: argparse.Namespace, model: str) -> dict:
         rows = [
             ["POST /v1/vsearch, warm httpx", "http_vsearch", f"{p['http_vsearch'] / p['http_search']:.1f}x search"],
             ["POST /v1/search (keyword), warm httpx", "http_search", ""],
-            ["python -m client.cli vsearch", "cli_vsearch", f"{p['cli_vsearch'] / p['cli_search']:.2f}x search"],
-            ["python -m client.cli search (keyword)", "cli_search", f"{p['cli_search'] / p['python_pass']:.1f}x pass"],
+            ["python -m qmd.client.cli vsearch", "cli_vsearch", f"{p['cli_vsearch'] / p['cli_search']:.2f}x search"],
+            [
+                "python -m qmd.client.cli search (keyword)",
+                "cli_search",
+                f"{p['cli_search'] / p['python_pass']:.1f}x pass",
+            ],
             ["python -c pass", "python_pass", ""],
             ["in-process Engine.vsearch", "engine_vsearch", f"{p['engine_vsearch'] / p['http_vsearch']:.2f}x HTTP"],
             [
@@ -227,11 +231,12 @@ def in_process(env: Isolated, model: str, rounds: int) -> dict[str, list[float]]
     """The daemon's vsearch steps, timed in this process on the same index."""
     os.environ.update({k: env.vars[k] for k in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")})
     os.environ["QMD_EMBED_MODEL"] = model
-    from server.embedding import embed_query
-    from server.engine import Engine
-    from server.paths import IndexPaths
-    from server.search import vector_search
-    from server.vectors import find_space
+    from qmd.server.engine import Engine
+    from qmd.server.index.embed_job import embed_query
+    from qmd.server.index.vectors import find_space
+    from qmd.server.search.keyword import vector_search
+
+    from qmd.paths import IndexPaths
 
     engine = Engine(IndexPaths.resolve(None))
     out: dict[str, list[float]] = {
@@ -278,9 +283,9 @@ def unit_vector(rng: random.Random) -> array:
 
 
 def build(path: Path, n_big: int, seed: int) -> dict:
-    """An index with `n_big` vectors in `big` and SMALL in `small`, through server.vectors."""
-    from server import vectors
-    from server.store import Store, utcnow
+    """An index with `n_big` vectors in `big` and SMALL in `small`, through qmd.server.index.vectors."""
+    from qmd.server.index import vectors
+    from qmd.server.index.store import Store, utcnow
 
     rng = random.Random(f"qmd-bench-vectors-{seed}")
     store = Store(path)
@@ -325,8 +330,8 @@ def build(path: Path, n_big: int, seed: int) -> dict:
 
 
 def scale(args: argparse.Namespace) -> tuple[list[dict], dict]:
-    from server import vectors
-    from server.store import Store
+    from qmd.server.index import vectors
+    from qmd.server.index.store import Store
 
     base = Path(tempfile.mkdtemp(prefix="qmd-bench-vectors-"))
     qrng = random.Random(f"qmd-bench-vector-queries-{args.seed}")
@@ -399,7 +404,7 @@ def scale(args: argparse.Namespace) -> tuple[list[dict], dict]:
 def vector_state_queries(conn, space) -> None:  # noqa: ANN001
     """The index reads `Engine.vector_state` makes before every vector search (and for
     status): the pending count and two counts of content_vectors."""
-    from server import vectors
+    from qmd.server.index import vectors
 
     vectors.pending_hashes(conn, space, None)
     conn.execute("SELECT COUNT(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()
@@ -546,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                 [f"{s['n_big'] + SMALL:,}", s["documents"], s["build_s"], s["write_s"], s["sync_s"], s["db_mb"]]
                 for s in sizes
             ],
-            title="(b) building the synthetic indexes (through server.vectors)",
+            title="(b) building the synthetic indexes (through qmd.server.index.vectors)",
             formats=[None, "d", ".1f", ".1f", ".1f", ".0f"],
         )
     )

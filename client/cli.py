@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from . import formats
-from .connection import ClientError, Daemon
+from qmd.client import formats
+from qmd.client.connection import ClientError, Daemon
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
 
@@ -862,16 +861,18 @@ context.add_command(context_rm, "remove")
 
 def _exec_qmdd(c: Ctx, *args: str) -> None:
     """Become `qmdd ARGS`: the same process, so signals and the exit code are the daemon's."""
+    from qmd.spawn import DAEMON_MODULE
+
     index = ["--index", c.index] if c.index else []
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "server.main", *index, *args])
+    os.execv(sys.executable, [sys.executable, "-m", DAEMON_MODULE, *index, *args])
 
 
 def _stop(c: Ctx) -> None:
     """Stop by pidfile alone: no connection, so no token is needed to stop your own daemon."""
-    from server.main import stop_daemon
-    from server.paths import IndexPaths
+    from qmd.paths import IndexPaths
+    from qmd.pidfile import stop_daemon
 
     try:
         paths = IndexPaths.resolve(c.index)
@@ -901,7 +902,7 @@ def mcp(ctx: click.Context, over_http: bool, detach: bool, port: int | None, hos
     if not over_http:
         if detach or port is not None or host is not None:
             raise click.UsageError("--daemon, --port and --host go with --http")
-        from mcp_bridge.bridge import main as bridge_main
+        from qmd.mcp_bridge.bridge import main as bridge_main
 
         sys.exit(bridge_main(ctx.obj.index))
     args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]

@@ -5,7 +5,7 @@ held, so ten CLIs started at once start exactly one daemon. The daemon is starte
 detached (own session, same environment, output to its log under the cache dir)
 and the CLI carries on only once `/health` answers for the right index.
 
-When a bearer token is configured (`QMD_TOKEN` or the token file, see `server.auth`)
+When a bearer token is configured (`QMD_TOKEN` or the token file, see `qmd.token`)
 every request carries it; the stdio bridge reuses this class, token included.
 """
 
@@ -15,19 +15,15 @@ import http.client
 import json
 import os
 import socket
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
 
-from server.auth import TokenError, load_token
-from server.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths
+from qmd.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths, connect_host
+from qmd.token import TokenError, load_token
 
-START_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 600.0
-_WILDCARDS = {"", "0.0.0.0", "::", "[::]", "*"}
 
 
 class ClientError(Exception):
@@ -124,10 +120,7 @@ class Daemon:
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise ClientError(f"QMD_PORT must be a port number, got {port!r}")
         self.port = int(port)
-        host = self.bind_host
-        if host in _WILDCARDS or host == "localhost":
-            host = "127.0.0.1"
-        host = host.strip("[]")
+        host = connect_host(self.bind_host)
         self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
         self.host = host
         self.headers = {"Accept": "application/json"}
@@ -186,49 +179,18 @@ class Daemon:
             raise ClientError(
                 f"no qmd daemon answers at {self.url}, and QMD_NO_AUTOSTART is set. Start one with 'qmdd'."
             )
-        import fcntl  # only when starting a daemon: keep the common path's imports small
+        from qmd.spawn import SpawnError, daemon_lock, spawn_daemon  # only when starting: subprocess is costly
 
-        self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.paths.lockfile, "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                info = self.health()
-                if info is not None:
-                    return info
-                return self._spawn_and_wait()
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    def _spawn_and_wait(self) -> dict:
-        import subprocess
-
-        cmd = [sys.executable, "-m", "server.main", "--host", self.bind_host, "--port", str(self.port)]
-        if self.index_arg:
-            cmd += ["--index", self.paths.name]
-        with open(self.paths.logfile, "ab") as log:
-            log.write(f"\n--- started by qmd at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                close_fds=True,
-                cwd="/",
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ClientError(
-                    f"the qmd daemon failed to start (exit {proc.returncode}). Last lines of "
-                    f"{self.paths.logfile}:\n{_tail(self.paths.logfile)}"
-                )
+        with daemon_lock(self.paths):
             info = self.health()
             if info is not None:
                 return info
-            time.sleep(0.05)
-        raise ClientError(f"the qmd daemon did not answer within {START_TIMEOUT_S:.0f}s; see {self.paths.logfile}")
+            try:
+                return spawn_daemon(
+                    self.paths, self.bind_host, self.port, ["--index", self.paths.name] if self.index_arg else []
+                )
+            except SpawnError as e:
+                raise ClientError(e.message) from None
 
     # -- requests -------------------------------------------------------------
 
@@ -269,13 +231,3 @@ def _decode(r: Response) -> Any:
         text = r.body[:300].decode("utf-8", "replace")
         raise ClientError(message or f"HTTP {r.status}: {text}", detail=data if isinstance(data, dict) else {})
     return data
-
-
-def _tail(path: os.PathLike[str] | str, lines: int = 15) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 8192))
-            return "\n".join(fh.read().decode("utf-8", "replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

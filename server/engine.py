@@ -15,8 +15,9 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from . import __version__, vectors
-from .config import (
+from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
+from qmd.server.index import vectors
+from qmd.server.index.config import (
     DEFAULT_PATTERN,
     Collection,
     Config,
@@ -25,8 +26,8 @@ from .config import (
     normalize_context_key,
     validate_collection_name,
 )
-from .db import sqlite3
-from .documents import (
+from qmd.server.index.db import sqlite3
+from qmd.server.index.documents import (
     DocRow,
     find_document,
     glob_documents,
@@ -35,17 +36,23 @@ from .documents import (
     safe_relpath,
     split_range,
 )
-from .embedding import Embedder, Embedders, EmbedderUnavailable, EmbedReport, embed_pending, embed_query
-from .errors import Conflict, InvalidInput, NotFound, QmdError
-from .expansion import Expander, worker_generate
-from .hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
-from .indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
-from .inference import ModelSpec, Worker
-from .model_files import FileRef, HfRef, RemoteRef, cache_path, ensure_local, fetch, local_model, resolve_models
-from .paths import DEFAULT_INDEX, IndexPaths
-from .querydoc import QueryDoc
-from .rerank import Reranker, make_reranker
-from .search import (
+from qmd.server.index.embed_job import Embedder, Embedders, EmbedderUnavailable, EmbedReport, embed_pending, embed_query
+from qmd.server.index.indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
+from qmd.server.index.store import Store, fts_delete, fts_put
+from qmd.server.models.refs import (
+    FileRef,
+    HfRef,
+    RemoteRef,
+    cache_path,
+    ensure_local,
+    fetch,
+    local_model,
+    resolve_models,
+)
+from qmd.server.models.worker import ModelSpec, Worker
+from qmd.server.search.expansion import Expander, worker_generate
+from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
+from qmd.server.search.keyword import (
     SearchOutcome,
     VectorUnavailable,
     doc_fields,
@@ -55,7 +62,11 @@ from .search import (
     vector_hits,
     vector_search,
 )
-from .store import Store, fts_delete, fts_put
+from qmd.server.search.querydoc import QueryDoc
+from qmd.server.search.rerank import Reranker, make_reranker
+
+from qmd import __version__
+from qmd.paths import DEFAULT_INDEX, IndexPaths
 
 
 class Engine:

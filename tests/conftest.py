@@ -77,7 +77,7 @@ class Env:
         input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "client.cli", *args],
+            [sys.executable, "-m", "qmd.client.cli", *args],
             cwd=cwd or self.home,
             env={**self.vars, **(env or {})},
             capture_output=True,
@@ -103,7 +103,7 @@ class Daemon:
         self.output = env.base / f"qmdd-{env.port}.out"
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "server.main", "--port", str(env.port), *args],
+                [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port), *args],
                 env={**env.vars, **(extra_env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -141,7 +141,7 @@ def daemons_on(port: int) -> list[int]:
                 cmd = (p / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"server.main" in cmd and str(port).encode() in cmd:
+            if b"qmd.server.daemon" in cmd and str(port).encode() in cmd:
                 pids.append(int(p.name))
     return pids
 

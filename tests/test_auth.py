@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Daemon, Env
 
-from server.auth import TokenError, load_token, token_path
+from qmd.token import TokenError, load_token, token_path
 
 TOKEN = "s3cret-token-for-tests"
 MCP_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
@@ -112,7 +112,7 @@ def test_cli_sends_the_token(env: Env, locked: Daemon) -> None:
 
 def test_bridge_sends_the_token(env: Env, locked: Daemon) -> None:
     lines = (json.dumps(MCP_LIST) + "\n").encode()
-    bridge = [sys.executable, "-m", "client.cli", "mcp"]
+    bridge = [sys.executable, "-m", "qmd.client.cli", "mcp"]
     denied = subprocess.run(bridge, input=lines, env=env.vars, capture_output=True, timeout=60)
     (answer,) = [json.loads(x) for x in denied.stdout.splitlines()]
     assert denied.returncode == 0 and "HTTP 401" in answer["error"]["message"]
@@ -135,7 +135,7 @@ def test_token_file_starts_a_locked_daemon(env: Env) -> None:
 def test_bad_permissions_refused_by_daemon_and_cli(env: Env) -> None:
     path = write_token(env, 0o644)
     r = subprocess.run(
-        [sys.executable, "-m", "server.main", "--port", str(env.port)],
+        [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port)],
         env=env.vars,
         capture_output=True,
         text=True,

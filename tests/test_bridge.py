@@ -22,13 +22,12 @@ import pytest
 from conftest import ROOT, Env, daemons_on
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-
-from client.connection import Daemon
-from mcp_bridge import bridge
+from qmd.client.connection import Daemon
+from qmd.mcp_bridge import bridge
 
 BRIDGES = {
-    "qmd mcp": [sys.executable, "-m", "client.cli", "mcp"],
-    "python -m mcp_bridge": [sys.executable, "-m", "mcp_bridge"],
+    "qmd mcp": [sys.executable, "-m", "qmd.client.cli", "mcp"],
+    "python -m qmd.mcp_bridge": [sys.executable, "-m", "qmd.mcp_bridge"],
 }
 
 
@@ -218,7 +217,7 @@ def test_unreachable_daemon_is_an_error_answer_not_a_crash(env: Env) -> None:
 
 def test_stray_writes_to_stdout_go_to_stderr() -> None:
     code = (
-        "import os; from mcp_bridge.bridge import claim_stdout\n"
+        "import os; from qmd.mcp_bridge.bridge import claim_stdout\n"
         "out = claim_stdout()\n"
         "print('a stray print'); os.write(1, b'a native write\\n')\n"
         "out.write({'jsonrpc': '2.0', 'id': 1, 'result': {}})\n"
@@ -230,7 +229,9 @@ def test_stray_writes_to_stdout_go_to_stderr() -> None:
 
 def test_imports_no_model_or_database_code() -> None:
     heavy = ("fastapi", "uvicorn", "starlette", "pydantic", "mcp", "httpx", "llama_cpp", "sqlite3", "sqlite_vec")
-    code = f"import sys, mcp_bridge.bridge, mcp_bridge.__main__; print([m for m in {heavy!r} if m in sys.modules])"
+    code = (
+        f"import sys, qmd.mcp_bridge.bridge, qmd.mcp_bridge.__main__; print([m for m in {heavy!r} if m in sys.modules])"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert r.stdout.strip() == "[]"
 
@@ -353,7 +354,7 @@ def test_two_bridges_share_one_daemon(env: Env) -> None:
     async def both() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, BRIDGES["qmd mcp"])
-            tg.start_soon(one, BRIDGES["python -m mcp_bridge"])
+            tg.start_soon(one, BRIDGES["python -m qmd.mcp_bridge"])
 
     try:
         anyio.run(both)

@@ -1,4 +1,4 @@
-"""The chunker (server/chunking.py): spec §7 break points, fences and cut-offs, the
+"""The chunker (server/index/chunking.py): spec §7 break points, fences and cut-offs, the
 token ceiling (estimate and the real MiniLM tokenizer), the minChars floor
 (seeds/001), the located-text invariant, and hostile input."""
 
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS_DIR, SHARED, require
-
-from server.chunking import (
+from qmd.server.index.chunking import (
     CHUNKER_VERSION,
     SCORES,
     BreakPoint,

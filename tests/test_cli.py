@@ -29,7 +29,7 @@ HEAVY = (
 
 
 def test_cli_imports_nothing_heavy() -> None:
-    code = f"import sys, client.cli; print([m for m in {HEAVY!r} if m in sys.modules])"
+    code = f"import sys, qmd.client.cli; print([m for m in {HEAVY!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -256,7 +256,7 @@ def test_status(env: Env, added: Path) -> None:
 def test_autostart_ten_clis_start_one_daemon(env: Env, notes: Path) -> None:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "status"],
+            [sys.executable, "-m", "qmd.client.cli", "status"],
             env=env.vars,
             cwd=env.home,
             stdout=subprocess.PIPE,
@@ -297,7 +297,7 @@ def _run_on_tty(env: Env, *args: str) -> str:
     master, slave = pty.openpty()
     vars_ = {k: v for k, v in env.vars.items() if k != "NO_COLOR"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", *args],
+        [sys.executable, "-m", "qmd.client.cli", *args],
         env=vars_,
         cwd=env.home,
         stdin=subprocess.DEVNULL,

@@ -187,7 +187,7 @@ def test_query_runs_lex_and_reports_vectors_skipped(daemon: Daemon, env: Env, no
 
 def test_busy_port_is_one_line_and_exit_1(daemon: Daemon, env: Env) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "server.main", "--port", str(env.port)],
+        [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port)],
         env=env.vars,
         capture_output=True,
         text=True,

@@ -35,5 +35,7 @@ def test_units_run_valid_qmdd_arguments() -> None:
     for args in (unit_args, plist_args):
         assert args[0].endswith("/qmdd")
         # --help after the real arguments: click parses them all and fails on any bad one.
-        r = subprocess.run([sys.executable, "-m", "server.main", *args[1:], "--help"], capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "qmd.server.daemon", *args[1:], "--help"], capture_output=True, text=True
+        )
         assert r.returncode == 0, r.stderr

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from client.formats import (
+from qmd.client.formats import (
     DEFAULT_EDITOR_URI,
     FORMATS,
     Style,

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from server.fusion import RankedList, blend, fuse, max_fused, position_weight
-from server.lexical import identifier_tokens, intent_terms
+from qmd.server.search.fusion import RankedList, blend, fuse, max_fused, position_weight
+from qmd.server.search.lexical import identifier_tokens, intent_terms
 
 
 def lst(weight: float, *ids: int, source: str = "fts", kind: str = "original") -> RankedList:

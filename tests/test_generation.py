@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS_DIR, require
-
-from server.errors import InvalidInput
-from server.inference import Completion, InferenceError, ModelSpec, Worker
-from server.rerank import (
+from qmd.server.errors import InvalidInput
+from qmd.server.models.worker import Completion, InferenceError, ModelSpec, Worker
+from qmd.server.search.rerank import (
     PASSAGE_TOKENS,
     CrossEncoderReranker,
     QueryLikelihoodReranker,

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from conftest import NOTES, write
+from qmd.server.engine import Engine
+from qmd.server.errors import QmdError
+from qmd.server.search.expansion import Expander, Prompt
+from qmd.server.search.hybrid import CostModel, HybridQuery, Legs, QueryOptions
+from qmd.server.search.querydoc import parse_query
 
-from server.engine import Engine
-from server.errors import QmdError
-from server.expansion import Expander, Prompt
-from server.hybrid import CostModel, HybridQuery, Legs, QueryOptions
-from server.paths import IndexPaths
-from server.querydoc import parse_query
+from qmd.paths import IndexPaths
 
 MORE = {f"extra/note-{i}.md": f"# Note {i}\n\nInvestors and bread, item {i}.\n" for i in range(8)}
 

@@ -24,11 +24,10 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Daemon, Env, write
-
-from server.config import Collection
-from server.errors import HookFailed
-from server.indexer import discover, extract_title, index_collection, run_hook, split_mask
-from server.store import Store
+from qmd.server.errors import HookFailed
+from qmd.server.index.config import Collection
+from qmd.server.index.indexer import discover, extract_title, index_collection, run_hook, split_mask
+from qmd.server.index.store import Store
 
 SUMMARY_RE = re.compile(r"Indexed: (\d+) new, (\d+) updated, (\d+) unchanged, (\d+) removed")
 Counts = tuple[int, int, int, int]

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS_DIR, ROOT, require
-
-from server import inference
-from server.inference import (
+from qmd.server.models import worker as inference
+from qmd.server.models.worker import (
     Embeddings,
     InferenceError,
     ModelSpec,
@@ -92,7 +91,7 @@ def gguf(path: Path, kv: dict[str, str | int | list[int]]) -> Path:
 def test_daemon_side_never_imports_llama_cpp(spec: ModelSpec) -> None:
     """model_info and fingerprint answer from the GGUF header; only the child loads llama.cpp."""
     code = (
-        "import sys\nfrom server.inference import Worker, ModelSpec, fingerprint\n"
+        "import sys\nfrom qmd.server.models.worker import Worker, ModelSpec, fingerprint\n"
         f"spec = ModelSpec('embed', {spec.path!r})\nw = Worker()\ninfo = w.model_info(spec)\nfingerprint(spec)\n"
         "assert not info['loaded'] and w.status()['pid'] is None\n"
         "heavy = {'llama_cpp', 'numpy'} & set(sys.modules)\nassert not heavy, heavy\n"
@@ -383,7 +382,7 @@ def test_close_leaves_no_child(spec: ModelSpec) -> None:
 def test_child_exits_when_the_daemon_dies(spec: ModelSpec) -> None:
     """A SIGKILLed daemon closes the pipe; the orphaned worker sees EOF and exits."""
     code = (
-        "import os, signal\nfrom server.inference import Worker, ModelSpec\n"
+        "import os, signal\nfrom qmd.server.models.worker import Worker, ModelSpec\n"
         f"w = Worker(n_threads=2)\nw.embed(ModelSpec('embed', {spec.path!r}), ['x'], kind='query')\n"
         "print(w.status()['pid'], flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"
     )

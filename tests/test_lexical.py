@@ -1,4 +1,4 @@
-"""Lex query language and disjunctive BM25 search (server/lexical.py), against real SQLite FTS5."""
+"""Lex query language and disjunctive BM25 search (server/search/lexical.py), against real SQLite FTS5."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
-
-from server.lexical import (
+from qmd.server.search.lexical import (
     STOP_WORDS,
     LexQuery,
     lex_score,
@@ -45,7 +44,7 @@ FILLER = [
 ]
 
 
-# The stdlib SQLite, plus the bundled one the daemon prefers when installed (server/db.py):
+# The stdlib SQLite, plus the bundled one the daemon prefers when installed (server/index/db.py):
 # planners and FTS5 differ between versions, and both must behave.
 DRIVERS: list[ModuleType] = [sqlite3]
 try:

@@ -20,12 +20,12 @@ import pytest
 import yaml
 from conftest import Daemon, Env, free_port
 
-from server.main import is_running, process_start_time
+from qmd.pidfile import is_running, process_start_time
 
 
 def qmdd(env: Env, *args: str, extra: dict | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server.main", "--port", str(env.port), *args],
+        [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port), *args],
         env={**env.vars, **(extra or {})},
         cwd=env.home,
         capture_output=True,
@@ -138,7 +138,7 @@ def test_mcp_http_daemon_alias_and_mcp_stop(lifecycle: Env) -> None:
 def test_mcp_http_foreground_is_the_daemon_itself(lifecycle: Env) -> None:
     env = lifecycle
     proc = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "mcp", "--http"], env=env.vars, cwd=env.home, stderr=subprocess.PIPE
+        [sys.executable, "-m", "qmd.client.cli", "mcp", "--http"], env=env.vars, cwd=env.home, stderr=subprocess.PIPE
     )
     try:
         deadline = time.monotonic() + 30
@@ -163,7 +163,7 @@ def test_named_index_daemons_have_their_own_pidfiles(lifecycle: Env) -> None:
     assert r.returncode == 0, r.stderr
     assert "work" in json.loads(pidfile(env, "work").read_text())["index"]
     r = subprocess.run(
-        [sys.executable, "-m", "client.cli", "--index", "work", "daemon", "stop"],
+        [sys.executable, "-m", "qmd.client.cli", "--index", "work", "daemon", "stop"],
         env=env.vars,
         capture_output=True,
         text=True,
@@ -223,8 +223,8 @@ def test_image_runs_the_command_the_tests_run() -> None:
     cmd = image_cmd()
     assert cmd[0] == "qmdd"
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["qmdd"] == "server.main:main"  # `python -m server.main`, as the fixtures start it
-    r = subprocess.run([sys.executable, "-m", "server.main", *cmd[1:], "--help"], capture_output=True, text=True)
+    assert scripts["qmdd"] == "qmd.server.daemon:main"  # `python -m qmd.server.daemon`, as the fixtures start it
+    r = subprocess.run([sys.executable, "-m", "qmd.server.daemon", *cmd[1:], "--help"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     deployment = next(
         d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s.yaml").read_text()) if d["kind"] == "Deployment"

@@ -21,9 +21,9 @@ import httpx
 import pytest
 from conftest import NOTES, Daemon, Env, write
 from mcp import Client, MCPError, types
+from qmd.server.http.mcp import TOOLS
 
-from server import __version__
-from server.mcp import TOOLS
+from qmd import __version__
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Model URIs, per-role resolution and `hf:` downloads (server/model_files.py).
+"""Model URIs, per-role resolution and `hf:` downloads (server/models/refs.py).
 
 Downloads run against a hub on loopback that speaks the parts of the Hugging Face
 protocol the downloader relies on: `/{user}/{repo}/resolve/{revision}/{file}`, ETag,
@@ -24,9 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from server import model_files as mf
-from server.errors import Forbidden, InvalidInput, NotFound, QmdError
+from qmd.server.errors import Forbidden, InvalidInput, NotFound, QmdError
+from qmd.server.models import refs as mf
 
 ROOT = Path(__file__).resolve().parent.parent
 URI = "hf:acme/tiny-GGUF/tiny-q8_0.gguf"
@@ -466,7 +465,7 @@ def test_concurrent_processes_download_once(hub: Hub, environ: dict[str, str]) -
     data = gguf_bytes(2 * 1024 * 1024, seed=9)
     hub.put("acme/tiny-GGUF/tiny-q8_0.gguf", data)
     hub.delay = 0.02  # ~0.7 s per transfer: longer than a Python start-up
-    code = f"from server import model_files as mf; print(mf.fetch(mf.parse_model_ref({URI!r})).downloaded)"
+    code = f"from qmd.server.models import refs as mf; print(mf.fetch(mf.parse_model_ref({URI!r})).downloaded)"
     env = {**os.environ, **environ}
     procs = [
         subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)

@@ -180,7 +180,7 @@ def test_identifiers_double_the_keyword_weight(hybrid: tuple[Env, Daemon]) -> No
 
 def test_mcp_default_budget_and_stages(hybrid: tuple[Env, Daemon]) -> None:
     _, d = hybrid
-    from server.mcp import DEFAULT_BUDGET_MS
+    from qmd.server.http.mcp import DEFAULT_BUDGET_MS
 
     answer = d.http.post("/query", json={"query": "how do I raise money for a startup", "budgetMs": DEFAULT_BUDGET_MS})
     body = answer.json()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from server.errors import InvalidInput
-from server.querydoc import (
+from qmd.server.errors import InvalidInput
+from qmd.server.search.querydoc import (
     MAX_LINE_CHARS,
     MAX_SEARCHES,
     QueryDoc,
@@ -219,8 +218,7 @@ def test_typed_query_from_an_api_list() -> None:
 def test_query_help_has_the_grammar_and_working_examples() -> None:
     """`qmd query --help` is the syntax reference: its grammar is §11's and its examples parse."""
     from click.testing import CliRunner
-
-    from client.cli import cli
+    from qmd.client.cli import cli
 
     text = CliRunner().invoke(cli, ["query", "--help"]).output
     assert 'explicit_expand = "expand:" text ;' in text

@@ -23,11 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import MODELS_DIR, NOTES, Daemon, Env, free_port, require, write
-
-from server.config import Config
-from server.embedding import Embedders, EmbedderUnavailable
-from server.inference import Worker
-from server.remote_embed import RemoteBackend, RemoteEmbedError
+from qmd.server.index.config import Config
+from qmd.server.index.embed_job import Embedders, EmbedderUnavailable
+from qmd.server.models.remote import RemoteBackend, RemoteEmbedError
+from qmd.server.models.worker import Worker
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 SECRET = "qmd-test-secret-7f3a9c"

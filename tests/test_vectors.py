@@ -170,7 +170,7 @@ def _corpus(tmp_path: Path, n: int = 60) -> Path:
 
 def _embed_in_background(env: Env) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "embed"],
+        [sys.executable, "-m", "qmd.client.cli", "embed"],
         env=env.vars,
         cwd=env.home,
         stdout=subprocess.PIPE,

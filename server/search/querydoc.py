@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, cast
 
-from .errors import InvalidInput
+from qmd.server.errors import InvalidInput
 
 __all__ = [
     "MAX_LINE_CHARS",

@@ -18,9 +18,9 @@ from dataclasses import asdict
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-
-from . import __version__
-from .api import (
+from qmd.server.engine import Engine, summary_dict
+from qmd.server.errors import InvalidInput, QmdError
+from qmd.server.http.schemas import (
     CliQueryRequest,
     CollectionCreate,
     CollectionPatch,
@@ -41,11 +41,11 @@ from .api import (
     UpdateRequest,
     query_plan,
 )
-from .engine import Engine, summary_dict
-from .errors import InvalidInput, QmdError
-from .hybrid import QueryOptions
-from .querydoc import parse_query
-from .search import SearchOutcome, numbered_snippet
+from qmd.server.search.hybrid import QueryOptions
+from qmd.server.search.keyword import SearchOutcome, numbered_snippet
+from qmd.server.search.querydoc import parse_query
+
+from qmd import __version__
 
 router = APIRouter()
 

@@ -34,11 +34,10 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import httpx
-
-from .chunking import CharEstimateTokenizer, Chunk, chunk_document
-from .errors import QmdError
-from .inference import Embeddings
-from .model_files import OPENAI_ENDPOINT
+from qmd.server.errors import QmdError
+from qmd.server.index.chunking import CharEstimateTokenizer, Chunk, chunk_document
+from qmd.server.models.refs import OPENAI_ENDPOINT
+from qmd.server.models.worker import Embeddings
 
 log = logging.getLogger("qmd.remote_embed")
 
@@ -143,7 +142,7 @@ class RemoteBackend:
         self._client.close()
 
     def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
-        """`server.chunking` chunks measured by the character estimate (no tokenizer is reachable)."""
+        """`qmd.server.index.chunking` chunks measured by the character estimate (no tokenizer is reachable)."""
         return chunk_document(text, max_tokens=max_tokens, tokenizer=self._tokenizer)
 
     def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:

@@ -1,6 +1,6 @@
 """The inference worker: the only process that loads llama.cpp.
 
-`qmdd` starts it as `python -m server.worker` (see `server.inference.Worker`) so that a
+`qmdd` starts it as `python -m qmd.server.models.worker_child` (see `qmd.server.models.worker.Worker`) so that a
 native crash in llama.cpp (a failed GGML_ASSERT aborts, a bad GGUF can segfault) kills
 this child, never the daemon that answers keyword search.
 
@@ -571,7 +571,7 @@ class Server:
             elif op == "chunk":
                 # Here, not in the daemon: the chunker measures with the model's tokenizer,
                 # which lives in llama.cpp. Offsets only travel back; the parent slices.
-                from .chunking import iter_chunks
+                from qmd.server.index.chunking import iter_chunks
 
                 chunks = iter_chunks(
                     request["text"], max_tokens=request["max_tokens"], tokenizer=self.model(request["model"])

@@ -27,9 +27,9 @@ from typing import Literal
 from urllib.parse import quote
 
 import httpx
+from qmd.server.errors import Forbidden, InvalidInput, NotFound, QmdError
 
-from .errors import Forbidden, InvalidInput, NotFound, QmdError
-from .paths import cache_root
+from qmd.paths import cache_root
 
 Role = Literal["embed", "rerank", "generate"]
 Source = Literal["config", "env", "default"]

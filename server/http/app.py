@@ -8,15 +8,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from qmd.server.engine import Engine
+from qmd.server.errors import QmdError
+from qmd.server.http.auth import require_token
+from qmd.server.http.guard import GuardSettings, OriginHostGuard
+from qmd.server.http.mcp import McpEndpoint
+from qmd.server.http.routes import router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import __version__
-from .auth import require_token
-from .engine import Engine
-from .errors import QmdError
-from .guard import GuardSettings, OriginHostGuard
-from .mcp import McpEndpoint
-from .routes import router
+from qmd import __version__
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("qmd.server")

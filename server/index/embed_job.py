@@ -3,7 +3,7 @@
 The embedder is resolved from `index.yml` > env > default (never written back). It runs
 on one of two backends behind the same small interface (`EmbedBackend`: chunk a body,
 embed texts): a GGUF file (an `hf:` download when needed) in the supervised inference
-worker, or an OpenAI-compatible endpoint (`server.remote_embed`). Its vector space is
+worker, or an OpenAI-compatible endpoint (`qmd.server.models.remote`). Its vector space is
 named by a fingerprint = model identity (the file's hash and prompt format, or the
 endpoint and model name) + chunker version + chunk size, stored with every vector: a
 changed fingerprint makes documents pending, it never mixes spaces.
@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from . import vectors
-from .chunking import CHUNKER_VERSION, Chunk
-from .config import Config
-from .errors import QmdError
-from .inference import Embeddings, InferenceError, ModelSpec, Worker, fingerprint
-from .model_files import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
-from .remote_embed import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
-from .remote_embed import Kind, RemoteBackend, RemoteEmbedError
-from .store import Store
+from qmd.server.errors import QmdError
+from qmd.server.index import vectors
+from qmd.server.index.chunking import CHUNKER_VERSION, Chunk
+from qmd.server.index.config import Config
+from qmd.server.index.store import Store
+from qmd.server.models.refs import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
+from qmd.server.models.remote import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
+from qmd.server.models.remote import Kind, RemoteBackend, RemoteEmbedError
+from qmd.server.models.worker import Embeddings, InferenceError, ModelSpec, Worker, fingerprint
 
 Progress = Callable[[dict], None]
 BERT_CHUNK_TOKENS = 256

@@ -23,12 +23,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from qmd.server.errors import HookFailed
+from qmd.server.index.config import Collection
+from qmd.server.index.db import sqlite3
+from qmd.server.index.store import Store, fts_delete, fts_put, utcnow
 from wcmatch import glob as wglob
-
-from .config import Collection
-from .db import sqlite3
-from .errors import HookFailed
-from .store import Store, fts_delete, fts_put, utcnow
 
 BUILTIN_EXCLUDED_DIRS = frozenset({"node_modules", ".git", ".cache", "vendor", "dist", "build"})
 GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.EXTGLOB

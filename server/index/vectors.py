@@ -18,8 +18,8 @@ import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .db import sqlite3
-from .store import utcnow
+from qmd.server.index.db import sqlite3
+from qmd.server.index.store import utcnow
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS vector_spaces (

@@ -2,8 +2,8 @@
 
 The daemon never imports llama_cpp: a native crash in llama.cpp (SIGABRT on a failed
 GGML_ASSERT, SIGSEGV on a bad file) would otherwise take keyword search down with it.
-`Worker` starts `python -m server.worker` on first use, talks to it over its stdin/stdout
-(protocol in `server.worker`), and when it dies fails only the request in flight, with
+`Worker` starts `python -m qmd.server.models.worker_child` on first use, talks to it over its stdin/stdout
+(protocol in `qmd.server.models.worker_child`), and when it dies fails only the request in flight, with
 the signal named; the next request starts a fresh child.
 
 Lifecycle: models load lazily and stay loaded; their inference contexts (compute buffers,
@@ -38,9 +38,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from .chunking import Chunk
-from .errors import QmdError
-from .worker import HEADER, encode_frame
+from qmd.server.errors import QmdError
+from qmd.server.index.chunking import Chunk
+from qmd.server.models.worker_child import HEADER, encode_frame
 
 log = logging.getLogger("qmd.inference")
 
@@ -357,7 +357,7 @@ class Worker:
         return self._call({"op": "count_tokens", "model": self._load_params(spec), "texts": texts}, timeout, activity)
 
     def chunk(self, spec: ModelSpec, text: str, *, max_tokens: int, timeout: float | None = None) -> list[Chunk]:
-        """`server.chunking` chunks of `text`, each within `max_tokens` as the model's own tokenizer counts them.
+        """Chunks of `text` (`index.chunking`), each within `max_tokens` as the model's own tokenizer counts them.
 
         The chunker runs in the worker, next to the tokenizer, so it costs one round trip per
         document instead of one per measurement, and the daemon still never loads llama.cpp.
@@ -640,12 +640,12 @@ class Worker:
 
     def _start(self) -> None:
         """Start a child and wait for its hello; the lock is held."""
-        # PYTHONPATH so `-m server.worker` resolves to this package also from a plain checkout.
+        # PYTHONPATH so `-m qmd.server.models.worker_child` resolves to this package also from a plain checkout.
         root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "server.worker", *(["--force-cpu"] if self.force_cpu else [])],
+                [sys.executable, "-m", "qmd.server.models.worker_child", *(["--force-cpu"] if self.force_cpu else [])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import llm_cache
-from .lexical import STOP_WORDS
-from .querydoc import SUBQUERY_TYPES
-from .store import Store
+from qmd.server.index import llm_cache
+from qmd.server.index.store import Store
+from qmd.server.search.lexical import STOP_WORDS
+from qmd.server.search.querydoc import SUBQUERY_TYPES
 
 if TYPE_CHECKING:
-    from .inference import ModelSpec, Worker
+    from qmd.server.models.worker import ModelSpec, Worker
 
 __all__ = [
     "EXAMPLE_LINES",

@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from .hybrid import QueryOptions
-from .querydoc import QueryDoc, parse_query, typed_query
+from qmd.server.search.hybrid import QueryOptions
+from qmd.server.search.querydoc import QueryDoc, parse_query, typed_query
 
 
 class Strict(BaseModel):

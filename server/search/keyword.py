@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-from . import vectors
-from .config import Config
-from .documents import DocRow, fetch_ids
-from .errors import InvalidInput, QmdError
-from .lexical import LexQuery, parse_lex, search_fts
-from .snippets import best_passage, snippet_header
-from .store import Store
+from qmd.server.errors import InvalidInput, QmdError
+from qmd.server.index import vectors
+from qmd.server.index.config import Config
+from qmd.server.index.documents import DocRow, fetch_ids
+from qmd.server.index.store import Store
+from qmd.server.search.lexical import LexQuery, parse_lex, search_fts
+from qmd.server.search.snippets import best_passage, snippet_header
 
 MAX_QUERY_CHARS = 20_000
 ALL_LIMIT = 100_000

@@ -1,7 +1,7 @@
 """Where qmd keeps its files.
 
-Stdlib only: the thin CLI imports this module to find the daemon's pidfile, log and
-lock, and must stay fast to start.
+Stdlib only: the thin CLI imports this module to find the daemon (address, pidfile,
+log, lock) and must stay fast to start.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import NamedTuple
 DEFAULT_INDEX = "index"
 DEFAULT_PORT = 8181
 DEFAULT_HOST = "localhost"
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 _INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -31,6 +32,14 @@ def config_root(environ: dict[str, str] | os._Environ = os.environ) -> Path:
         return Path(environ["QMD_CONFIG_DIR"])
     base = environ.get("XDG_CONFIG_HOME") or str(home() / ".config")
     return Path(base) / "qmd"
+
+
+def connect_host(host: str) -> str:
+    """The address to connect to for a daemon bound to `host` (a wildcard or
+    `localhost` means loopback; brackets come off IPv6 literals)."""
+    if host in WILDCARD_HOSTS or host == "localhost":
+        return "127.0.0.1"
+    return host.strip("[]")
 
 
 def normalize_index_name(name: str | None, cwd: str | None = None) -> str:

@@ -12,7 +12,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 
-from .store import Store
+from qmd.server.index.store import Store
 
 
 def cache_key(kind: str, payload: dict) -> str:

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from .db import sqlite3
-from .lexical import norm_cjk
+from qmd.server.index.db import sqlite3
+from qmd.server.search.lexical import norm_cjk
 
 log = logging.getLogger("qmd.store")
 T = TypeVar("T")

@@ -22,8 +22,8 @@ import os
 import re
 from typing import Literal, Protocol
 
-from .errors import InvalidInput
-from .inference import ModelSpec, Worker
+from qmd.server.errors import InvalidInput
+from qmd.server.models.worker import ModelSpec, Worker
 
 Method = Literal["cross-encoder", "yes-no", "query-likelihood"]
 METHODS: tuple[Method, ...] = ("cross-encoder", "yes-no", "query-likelihood")

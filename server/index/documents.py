@@ -13,11 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound
+from qmd.server.index.config import Config
+from qmd.server.index.db import sqlite3
 from wcmatch import glob as wglob
-
-from .config import Config
-from .db import sqlite3
-from .errors import Conflict, Forbidden, InvalidInput, NotFound
 
 _DOCID_RE = re.compile(r"^[0-9a-fA-F]{6,64}$")
 _VIRTUAL_RE = re.compile(r"^qmd://([^/]+)/?(.*)$")

@@ -37,16 +37,16 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from qmd.server.engine import Engine
+from qmd.server.errors import InvalidInput, NotFound, QmdError
+from qmd.server.http.schemas import query_plan
+from qmd.server.index.documents import split_range
+from qmd.server.index.store import utcnow
+from qmd.server.search.hybrid import primary_text
+from qmd.server.search.keyword import numbered_snippet
 from starlette.types import Receive, Scope, Send
 
-from . import __version__
-from .api import query_plan
-from .documents import split_range
-from .engine import Engine
-from .errors import InvalidInput, NotFound, QmdError
-from .hybrid import primary_text
-from .search import numbered_snippet
-from .store import utcnow
+from qmd import __version__
 
 log = logging.getLogger("qmd.mcp")
 

@@ -7,7 +7,7 @@ Stages, in order:
   the original query to both. Lists of the original query (or of the first sub-query of
   a typed document) weigh 2; identifier-like tokens (ids, dates, versions, paths) double
   the keyword weight, since a lookup must match them exactly (seeds/002).
-- **fuse**: weighted RRF (`server.fusion`), top `candidate_limit` candidates.
+- **fuse**: weighted RRF (`qmd.server.search.fusion`), top `candidate_limit` candidates.
 - **rerank**: the best passage of each candidate, scored by the rerank model (cached).
 
 A budget drops stages in the order the issue fixes: expansion first, then reranking
@@ -25,19 +25,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from . import llm_cache
-from .config import Config
-from .documents import DocRow, fetch_ids
-from .errors import QmdError
-from .expansion import Expander, Expansion, strong_signal
-from .fusion import Candidate, RankedList, blend, fuse
-from .lexical import identifier_tokens, intent_terms, parse_lex
-from .querydoc import QueryDoc
-from .rerank import Reranker
-from .search import lexical_hits, resolve_scope, shape_hit
-from .snippets import best_passage, passage_window
-from .store import Store
-from .vectors import VecHit
+from qmd.server.errors import QmdError
+from qmd.server.index import llm_cache
+from qmd.server.index.config import Config
+from qmd.server.index.documents import DocRow, fetch_ids
+from qmd.server.index.store import Store
+from qmd.server.index.vectors import VecHit
+from qmd.server.search.expansion import Expander, Expansion, strong_signal
+from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
+from qmd.server.search.keyword import lexical_hits, resolve_scope, shape_hit
+from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
+from qmd.server.search.querydoc import QueryDoc
+from qmd.server.search.rerank import Reranker
+from qmd.server.search.snippets import best_passage, passage_window
 
 LIST_FETCH = 20
 """Results per ranked list (the original's 20): RRF barely counts rank 20 anyway."""
@@ -594,7 +594,7 @@ def _rerank_passage(
 
 def _explain(c: Candidate, got: tuple[float, float, bool] | None, weight: float, score: float) -> dict:
     """Why this result ranked where it did, in the original's `--explain` shape (§14.4);
-    `positionScore` is the fused score as a fraction of its maximum (see `server.fusion`)."""
+    `positionScore` is the fused score as a fraction of its maximum (see `qmd.server.search.fusion`)."""
     return {
         "ftsScores": [round(k.backend_score, 4) for k in c.contributions if k.source == "fts"],
         "vectorScores": [round(k.backend_score, 4) for k in c.contributions if k.source == "vec"],

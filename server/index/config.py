@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from qmd.server.errors import InvalidInput, NotFound
 
-from .errors import InvalidInput, NotFound
-from .paths import home
+from qmd.paths import home
 
 DEFAULT_PATTERN = "**/*.md"
 _NAME_RE = re.compile(r"^[\w][\w.\-]{0,99}$")
