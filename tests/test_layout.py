@@ -37,7 +37,9 @@ def tree_modules() -> set[str]:
             rel = path.relative_to(ROOT).with_suffix("")
             if rel.name == "__main__":
                 continue
-            out.add(str(rel.parent) + "/" if rel.name == "__init__" else str(rel))
+            out.add(str(rel))
+            if rel.name == "__init__":
+                out.add(str(rel.parent) + "/")
     return out
 
 
