@@ -7,7 +7,6 @@ the caller should fix.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -16,7 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
-from qmd.server.index import vectors
+from qmd.server.index import catalog, vectors
 from qmd.server.index.config import (
     DEFAULT_PATTERN,
     Collection,
@@ -26,7 +25,6 @@ from qmd.server.index.config import (
     normalize_context_key,
     validate_collection_name,
 )
-from qmd.server.index.db import sqlite3
 from qmd.server.index.documents import (
     DocRow,
     find_document,
@@ -37,8 +35,8 @@ from qmd.server.index.documents import (
     split_range,
 )
 from qmd.server.index.embed_job import Embedder, Embedders, EmbedderUnavailable, EmbedReport, embed_pending, embed_query
-from qmd.server.index.indexer import Progress, Summary, delete_orphan_content, index_collection, run_hook, split_mask
-from qmd.server.index.store import Store, fts_delete, fts_put
+from qmd.server.index.indexer import Progress, Summary, index_collection, run_hook, split_mask
+from qmd.server.index.store import Store
 from qmd.server.models.refs import (
     FileRef,
     HfRef,
@@ -49,21 +47,14 @@ from qmd.server.models.refs import (
     local_model,
     resolve_models,
 )
-from qmd.server.models.worker import ModelSpec, Worker
+from qmd.server.models.worker import ModelSpec, WorkerClient
 from qmd.server.search.expansion import Expander, worker_generate
 from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
-from qmd.server.search.keyword import (
-    SearchOutcome,
-    VectorUnavailable,
-    doc_fields,
-    file_uri,
-    resolve_scope,
-    search,
-    vector_hits,
-    vector_search,
-)
+from qmd.server.search.keyword import search
+from qmd.server.search.pointers import SearchOutcome, document_ref, file_uri, resolve_scope
 from qmd.server.search.querydoc import QueryDoc
 from qmd.server.search.rerank import Reranker, make_reranker
+from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_search
 
 from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
@@ -75,7 +66,7 @@ class Engine:
         self.config_file = ConfigFile(paths.config)
         self.store = Store(paths.db)
         self.store.write(vectors.install)
-        self.worker = Worker()
+        self.worker = WorkerClient()
         self.embedders = Embedders(self.worker)
         self.started = time.time()
         self._mutate = threading.RLock()
@@ -94,7 +85,7 @@ class Engine:
     def config(self) -> Config:
         cfg = self.config_file.load()
         if cfg is not self._synced:
-            self.store.write(lambda conn: _sync_collections(conn, cfg))
+            self.store.write(lambda conn: catalog.sync_collections(conn, cfg))
             self._synced = cfg
         return cfg
 
@@ -139,7 +130,7 @@ class Engine:
     def remove_collection(self, name: str) -> int:
         with self._mutate, self._update:
             self.config.get(name)
-            deleted = self.store.write(lambda conn: _delete_collection(conn, name))
+            deleted = self.store.write(lambda conn: catalog.delete_collection(conn, name))
             self._save(self.config.without_collection(name))
         return deleted
 
@@ -150,7 +141,7 @@ class Engine:
             coll = cfg.get(old)
             if new in cfg.collections:
                 raise Conflict(f"Collection '{new}' already exists.")
-            self.store.write(lambda conn: _rename_collection(conn, old, new))
+            self.store.write(lambda conn: catalog.rename_collection(conn, old, new))
             self._save(cfg.without_collection(old).with_collection(replace(coll, name=new)))
 
     def set_collection(
@@ -169,18 +160,8 @@ class Engine:
     def describe_collections(self) -> list[dict]:
         cfg = self.config
         with self.store.read() as conn:
-            counts = dict(
-                conn.execute(
-                    "SELECT collection, COUNT(*) FROM documents WHERE active = 1 GROUP BY collection"
-                ).fetchall()
-            )
-            runs = {
-                r[0]: (r[1], json.loads(r[2]))
-                for r in conn.execute("SELECT collection, updated_at, summary FROM collection_runs")
-            }
-            skipped: dict[str, list[dict]] = {}
-            for r in conn.execute("SELECT collection, path, reason FROM skipped_files ORDER BY collection, path"):
-                skipped.setdefault(r[0], []).append({"path": r[1], "reason": r[2]})
+            states = catalog.collection_states(conn)
+        unindexed = catalog.CollectionState()
         return [
             {
                 "name": c.name,
@@ -191,12 +172,12 @@ class Engine:
                 "update_command": c.update,
                 "include_by_default": c.include_by_default,
                 "contexts": dict(c.context),
-                "files": counts.get(c.name, 0),
-                "updated_at": runs.get(c.name, (None,))[0],
-                "last_run": runs.get(c.name, (None, None))[1],
-                "skipped": skipped.get(c.name, []),
+                "files": st.files,
+                "updated_at": st.updated_at,
+                "last_run": asdict(st.last_run) if st.last_run else None,
+                "skipped": [asdict(s) for s in st.skipped],
             }
-            for c in cfg.collections.values()
+            for c, st in ((c, states.get(c.name, unindexed)) for c in cfg.collections.values())
         ]
 
     # -- contexts -----------------------------------------------------------
@@ -398,14 +379,8 @@ class Engine:
         with self.store.read() as conn:
             space = vectors.find_space(conn, emb.fingerprint) if emb else None
             pending = len(vectors.pending_hashes(conn, space, collections))
-            embedded = (
-                conn.execute("SELECT COUNT(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()[0]
-                if space
-                else 0
-            )
-            stale = conn.execute(
-                "SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id != ?", (space.id if space else -1,)
-            ).fetchone()[0]
+            counts = vectors.count_vectors(conn, space)
+        embedded = counts.embedded_chunks
         available = bool(emb) and embedded > 0
         if not emb:
             message = f"vector search unavailable — {pending} documents pending ({reason})"
@@ -419,7 +394,7 @@ class Engine:
             "available": available,
             "pending": pending,
             "embedded_chunks": embedded,
-            "stale_contents": stale,
+            "stale_contents": counts.stale_contents,
             "model": emb.uri if emb else None,
             "fingerprint": emb.fingerprint if emb else None,
             "message": message,
@@ -514,7 +489,7 @@ class Engine:
         }
 
     def _doc_fields(self, doc: DocRow, cfg: Config) -> dict:
-        return {**doc_fields(doc, cfg, self.index_label), "modified_at": doc.modified_at}
+        return asdict(document_ref(doc, cfg, self.index_label))
 
     def multi_get(
         self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None, cwd: str | None = None
@@ -568,24 +543,19 @@ class Engine:
         cfg.get(coll_name)
         prefix = safe_relpath(prefix) if prefix else ""
         with self.store.read() as conn:
-            rows = conn.execute(
-                "SELECT d.path, d.modified_at, LENGTH(CAST(c.doc AS BLOB)) AS bytes, d.hash FROM documents d "
-                "JOIN content c ON c.hash = d.hash WHERE d.collection = ? AND d.active = 1 "
-                "AND (? = '' OR d.path = ? OR substr(d.path, 1, ?) = ?) ORDER BY d.path",
-                (coll_name, prefix, prefix, len(prefix) + 1, prefix + "/"),
-            ).fetchall()
+            entries = catalog.list_files(conn, coll_name, prefix)
         return {
             "collection": coll_name,
             "prefix": prefix,
             "files": [
                 {
-                    "file": file_uri(coll_name, r["path"], self.index_label),
-                    "path": r["path"],
-                    "bytes": r["bytes"],
-                    "modified_at": r["modified_at"],
-                    "docid": r["hash"][:6],
+                    "file": file_uri(coll_name, e.path, self.index_label),
+                    "path": e.path,
+                    "bytes": e.bytes,
+                    "modified_at": e.modified_at,
+                    "docid": e.hash[:6],
                 }
-                for r in rows
+                for e in entries
             ],
         }
 
@@ -685,7 +655,7 @@ class Engine:
                     "PyYAML",
                 )
             },
-            "sqlite": sqlite3.sqlite_version,
+            "sqlite": self.store.sqlite_version,
             "sqlite_vec": self.store.vec_version,
             "inference": self.worker.status(),
             "models": models,
@@ -699,8 +669,7 @@ class Engine:
     def status(self) -> dict:
         collections = self.describe_collections()
         with self.store.read() as conn:
-            total = conn.execute("SELECT COUNT(*) FROM documents WHERE active = 1").fetchone()[0]
-            hashes = conn.execute("SELECT COUNT(DISTINCT hash) FROM documents WHERE active = 1").fetchone()[0]
+            counts = catalog.document_counts(conn)
         try:
             size = self.paths.db.stat().st_size + _size(Path(str(self.paths.db) + "-wal"))
         except OSError:
@@ -711,9 +680,9 @@ class Engine:
             "index_path": str(self.paths.db),
             "config_path": str(self.paths.config),
             "size_bytes": size,
-            "documents": total,
-            "unique_contents": hashes,
-            "sqlite_version": sqlite3.sqlite_version,
+            "documents": counts.documents,
+            "unique_contents": counts.unique_contents,
+            "sqlite_version": self.store.sqlite_version,
             "sqlite_vec": self.store.vec_version,
             "vector": self.vector_state(),
             "inference": self.worker.status(),
@@ -734,56 +703,3 @@ def summary_dict(s: Summary) -> dict:
     d["skipped"] = [{"path": p, "reason": r} for p, r in s.skipped]
     d["line"] = s.line()
     return d
-
-
-def _sync_collections(conn: sqlite3.Connection, cfg: Config) -> None:
-    """Mirror the YAML collections into `store_collections` (spec §2.2)."""
-    conn.execute("DELETE FROM store_collections")
-    conn.executemany(
-        "INSERT INTO store_collections(name, path, pattern, ignore_patterns, include_by_default,"
-        " update_command, context) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [
-            (
-                c.name,
-                str(c.root),
-                c.pattern,
-                json.dumps(list(c.ignore)),
-                int(c.include_by_default),
-                c.update,
-                json.dumps(c.context),
-            )
-            for c in cfg.collections.values()
-        ],
-    )
-    if cfg.global_context:
-        conn.execute(
-            "INSERT OR REPLACE INTO store_config(key, value) VALUES ('global_context', ?)", (cfg.global_context,)
-        )
-    else:
-        conn.execute("DELETE FROM store_config WHERE key = 'global_context'")
-
-
-def _delete_collection(conn: sqlite3.Connection, name: str) -> int:
-    fts_delete(
-        conn, [r[0] for r in conn.execute("SELECT id FROM documents WHERE collection = ? AND active = 1", (name,))]
-    )
-    deleted = conn.execute("DELETE FROM documents WHERE collection = ? AND active = 1", (name,)).rowcount
-    conn.execute("DELETE FROM documents WHERE collection = ?", (name,))
-    conn.execute("DELETE FROM skipped_files WHERE collection = ?", (name,))
-    conn.execute("DELETE FROM collection_runs WHERE collection = ?", (name,))
-    delete_orphan_content(conn)
-    return deleted
-
-
-def _rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
-    conn.execute("UPDATE documents SET collection = ? WHERE collection = ?", (new, old))
-    vectors.rename_collection(conn, old, new)
-    rows = conn.execute(
-        "SELECT d.id, d.path, d.title, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
-        " WHERE d.collection = ? AND d.active = 1",
-        (new,),
-    )
-    for doc_id, path, title, body in rows.fetchall():
-        fts_put(conn, doc_id, f"{new}/{path}", title, body)
-    for table in ("skipped_files", "collection_runs"):
-        conn.execute(f"UPDATE {table} SET collection = ? WHERE collection = ?", (new, old))

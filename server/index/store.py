@@ -152,6 +152,8 @@ class Store:
         if mode.lower() != "wal":
             raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
         self.vec_version = _load_vec(wconn)
+        self.sqlite_version: str = sqlite3.sqlite_version
+        """The SQLite library the index runs on (pysqlite3's bundled one, or the system's)."""
         wconn.executescript(SCHEMA)
         wconn.execute(FTS_SCHEMA)
         wconn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

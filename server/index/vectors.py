@@ -245,6 +245,26 @@ def pending_hashes(conn: sqlite3.Connection, space: Space | None, collections: I
 
 
 @dataclass(frozen=True)
+class VectorCounts:
+    embedded_chunks: int
+    """Chunks with a vector in this space."""
+    stale_contents: int
+    """Contents with vectors in other spaces: left by an embedder no longer configured."""
+
+
+def count_vectors(conn: sqlite3.Connection, space: Space | None) -> VectorCounts:
+    embedded = (
+        conn.execute("SELECT COUNT(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()[0]
+        if space
+        else 0
+    )
+    stale = conn.execute(
+        "SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id != ?", (space.id if space else -1,)
+    ).fetchone()[0]
+    return VectorCounts(embedded_chunks=embedded, stale_contents=stale)
+
+
+@dataclass(frozen=True)
 class VecHit:
     doc_id: int
     distance: float
