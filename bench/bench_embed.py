@@ -11,7 +11,7 @@ and then, block by block, embeds each block three ways:
 
   qmd     `qmd embed -c BLOCK` (round 1) / `qmd embed -c BLOCK -f` (later rounds), a
           fresh CLI process: wall time of the process, and the daemon's own report
-  worker  the daemon's inference worker (`qmd.server.models.worker.Worker`) driven from this
+  worker  the daemon's inference worker (`qmd.server.models.worker.WorkerClient`) driven from this
           process as the embed job drives it, without the daemon, SQLite or HTTP:
           `chunk` every body, then `embed` the chunks 32 at a time
   bare    the exact chunk texts the daemon embedded (content_vectors pos/end_pos
@@ -135,9 +135,9 @@ class WorkerSide:
 
     def __init__(self, model: str, threads: int) -> None:
         from qmd.server.index.embed_job import _chunk_tokens
-        from qmd.server.models.worker import ModelSpec, Worker
+        from qmd.server.models.worker import ModelSpec, WorkerClient
 
-        self.worker = Worker(n_threads=threads, idle_seconds=3600, force_cpu=False)
+        self.worker = WorkerClient(n_threads=threads, idle_seconds=3600, force_cpu=False)
         self.spec = ModelSpec(role="embed", path=model)
         self.max_tokens = _chunk_tokens(self.worker.model_info(self.spec))
         t0 = time.perf_counter()

@@ -567,14 +567,14 @@ def bare_floors(
             t0 = time.perf_counter()
             res = gen.llm.create_completion(
                 toks,
-                max_tokens=p.max_tokens,
-                stop=p.stop,
-                temperature=p.temperature,
-                top_k=p.top_k,
-                top_p=p.top_p,
+                max_tokens=p.params.max_tokens,
+                stop=p.params.stop,
+                temperature=p.params.temperature,
+                top_k=p.params.top_k,
+                top_p=p.params.top_p,
                 min_p=0.0,
                 repeat_penalty=1.0,
-                seed=0,
+                seed=p.params.seed,
             )
             return time.perf_counter() - t0, res
 

@@ -15,7 +15,7 @@ import pytest
 from qmd.server.errors import QmdError
 from qmd.server.index import llm_cache
 from qmd.server.index.store import Store
-from qmd.server.models.worker import InferenceError, ModelSpec, Worker
+from qmd.server.models.worker import InferenceError, ModelSpec, WorkerClient
 from qmd.server.search.expansion import (
     EXAMPLE_LINES,
     FEW_SHOT,
@@ -238,7 +238,7 @@ def test_base_model_gets_the_few_shot_completion_prompt() -> None:
     assert p.prompt.startswith("Rewrite a search query for a hybrid search engine. Output exactly three lines:\n")
     assert p.prompt.endswith("driven by new enterprise customers.\n\nQuery: docker volumes\n")
     assert p.prompt.count("Query: ") == len(FEW_SHOT) + 1
-    assert (p.max_tokens, p.stop, p.temperature) == (96, ["\nQuery:", "\n\n"], 0.0)
+    assert (p.params.max_tokens, p.params.stop, p.params.temperature) == (96, ["\nQuery:", "\n\n"], 0.0)
     assert build_prompt("x", None, chat_template=False).prompt is not None
 
 
@@ -252,14 +252,14 @@ def test_chat_model_gets_the_examples_as_turns() -> None:
     )
     assert p.messages[1]["content"] == f"lex: {FEW_SHOT[0][1]}\nvec: {FEW_SHOT[0][2]}\nhyde: {FEW_SHOT[0][3]}"
     assert p.messages[-1] == {"role": "user", "content": "Query: docker volumes"}
-    assert p.max_tokens == 96 and "\n\n" in p.stop and p.temperature == 0.0
+    assert p.params.max_tokens == 96 and "\n\n" in p.params.stop and p.params.temperature == 0.0
 
 
 def test_fine_tuned_model_gets_its_training_prompt_and_sampling() -> None:
     p = build_prompt("docker volumes", "qmd-query-expansion-1.7B", chat_template=True)
     assert p.prompt is None
     assert p.messages == [{"role": "user", "content": "/no_think Expand this search query: docker volumes"}]
-    assert (p.max_tokens, p.temperature, p.top_k, p.top_p) == (300, 0.7, 20, 0.8)
+    assert (p.params.max_tokens, p.params.temperature, p.params.top_k, p.params.top_p) == (300, 0.7, 20, 0.8)
 
 
 # --- strong signal ---
@@ -280,8 +280,8 @@ def test_strong_signal() -> None:
 
 
 @pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker(n_threads=2)
+def worker() -> Iterator[WorkerClient]:
+    w = WorkerClient(n_threads=2)
     yield w
     w.close()
 
@@ -291,18 +291,18 @@ def gemma(gemma_model: Path) -> ModelSpec:
     return ModelSpec(role="generate", path=str(gemma_model))
 
 
-def real_generate(worker: Worker, spec: ModelSpec) -> Callable[[Prompt], str]:
+def real_generate(worker: WorkerClient, spec: ModelSpec) -> Callable[[Prompt], str]:
     """What the daemon wires into an Expander."""
     return worker_generate(worker, spec, timeout=300)
 
 
-def test_gemma_expansion_through_the_worker(worker: Worker, gemma: ModelSpec) -> None:
+def test_gemma_expansion_through_the_worker(worker: WorkerClient, gemma: ModelSpec) -> None:
     info = worker.model_info(gemma)
     assert info["chat_template"] is False
     p = build_prompt("sourdough bread", info["name"], info["chat_template"])
     assert p.prompt is not None
-    c = worker.complete(gemma, p.prompt, max_tokens=p.max_tokens, stop=p.stop, temperature=p.temperature, timeout=300)
-    assert 0 < c.completion_tokens <= p.max_tokens
+    c = worker.complete(gemma, p.prompt, params=p.params, timeout=300)
+    assert 0 < c.completion_tokens <= p.params.max_tokens
     lines = parse_expansion(c.text, "sourdough bread")
     assert lines, f"no usable line in {c.text!r}"
     for kind, text in lines:
@@ -322,7 +322,7 @@ def settle(store: Store) -> None:
     store.write(lambda conn: None, bump=False)
 
 
-def test_expander_caches_and_forgets(worker: Worker, gemma: ModelSpec, store: Store) -> None:
+def test_expander_caches_and_forgets(worker: WorkerClient, gemma: ModelSpec, store: Store) -> None:
     generate = real_generate(worker, gemma)
     calls: list[Prompt] = []
 
@@ -356,7 +356,7 @@ def test_expander_caches_and_forgets(worker: Worker, gemma: ModelSpec, store: St
     assert len(calls) == 2
 
 
-def test_expander_reads_the_legacy_cache_form(worker: Worker, gemma: ModelSpec, store: Store) -> None:
+def test_expander_reads_the_legacy_cache_form(worker: WorkerClient, gemma: ModelSpec, store: Store) -> None:
     calls: list[Prompt] = []
     generate = real_generate(worker, gemma)
     expander = Expander(lambda p: calls.append(p) or generate(p), "model-a", "Gemma 3 270m", False, store)
@@ -379,7 +379,7 @@ def test_fallback_is_not_cached_and_the_key_ignores_other_models(store: Store) -
 
 
 def test_generate_errors_propagate(gemma: ModelSpec, store: Store) -> None:
-    closed = Worker(n_threads=2)
+    closed = WorkerClient(n_threads=2)
     closed.close()
     expander = Expander(real_generate(closed, gemma), "model-a", "Gemma 3 270m", False, store)
     with pytest.raises(InferenceError) as exc:

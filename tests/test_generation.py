@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import MODELS_DIR, require
 from qmd.server.errors import InvalidInput
-from qmd.server.models.worker import Completion, InferenceError, ModelSpec, Worker
+from qmd.server.models.protocol import GenerationParams
+from qmd.server.models.worker import Completion, InferenceError, ModelSpec, WorkerClient
 from qmd.server.search.rerank import (
     PASSAGE_TOKENS,
     CrossEncoderReranker,
@@ -60,7 +61,7 @@ INSTRUCTIONS = (
     "vec: the query rephrased as a natural question\n"
     "hyde: one sentence that a relevant document would contain"
 )
-EXPANSION = dict(max_tokens=96, stop=["\nQuery:", "\n\n"])
+EXPANSION = GenerationParams(max_tokens=96, stop=["\nQuery:", "\n\n"])
 LINE = re.compile(r"^\s*(lex|vec|hyde)\s*:\s*\S", re.MULTILINE)
 
 QUERY = "how do I raise money for my startup"
@@ -105,17 +106,17 @@ def smol_path(smollm_model: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def gemma_worker() -> Iterator[Worker]:
+def gemma_worker() -> Iterator[WorkerClient]:
     """One child per model file for the module: loading once keeps the file fast."""
-    w = Worker(n_threads=2)
+    w = WorkerClient(n_threads=2)
     yield w
     w.close()
 
 
 @pytest.fixture(scope="module")
-def smol_worker() -> Iterator[Worker]:
+def smol_worker() -> Iterator[WorkerClient]:
     """One child per model file for the module: loading once keeps the file fast."""
-    w = Worker(n_threads=2)
+    w = WorkerClient(n_threads=2)
     yield w
     w.close()
 
@@ -130,7 +131,7 @@ def smol(smol_path: str) -> ModelSpec:
     return ModelSpec("generate", smol_path)
 
 
-def test_model_info_says_which_scorer_fits(gemma_worker: Worker, gemma: ModelSpec, smol: ModelSpec) -> None:
+def test_model_info_says_which_scorer_fits(gemma_worker: WorkerClient, gemma: ModelSpec, smol: ModelSpec) -> None:
     """The header facts a caller picks a scorer by, read without a child."""
     base, chat = gemma_worker.model_info(gemma), gemma_worker.model_info(smol)
     assert base["arch"] == "gemma3" and chat["arch"] == "llama"
@@ -142,52 +143,60 @@ def test_model_info_says_which_scorer_fits(gemma_worker: Worker, gemma: ModelSpe
     assert base["name"] == "Gemma 3 270m"
 
 
-def test_greedy_expansion_is_valid_and_deterministic(gemma_worker: Worker, gemma: ModelSpec) -> None:
+def test_greedy_expansion_is_valid_and_deterministic(gemma_worker: WorkerClient, gemma: ModelSpec) -> None:
     """README §2's prompt, greedy: the query expander's contract (format, repeatability)."""
-    first = gemma_worker.complete(gemma, expansion_prompt("raising a seed round"), **EXPANSION)
+    first = gemma_worker.complete(gemma, expansion_prompt("raising a seed round"), params=EXPANSION)
     assert isinstance(first, Completion)
     assert LINE.search(first.text), first.text
     assert first.prompt_tokens > 250 and 1 <= first.completion_tokens <= 96 and first.seconds > 0
-    again = gemma_worker.complete(gemma, expansion_prompt("raising a seed round"), **EXPANSION)
+    again = gemma_worker.complete(gemma, expansion_prompt("raising a seed round"), params=EXPANSION)
     assert again.text == first.text, "temperature 0 is greedy and each call starts from an empty cache"
-    other = gemma_worker.complete(gemma, expansion_prompt("sourdough bread baking"), **EXPANSION)
+    other = gemma_worker.complete(gemma, expansion_prompt("sourdough bread baking"), params=EXPANSION)
     assert other.text != first.text
 
 
-def test_chat_messages_use_the_models_template(smol_worker: Worker, smol: ModelSpec) -> None:
+def test_chat_messages_use_the_models_template(smol_worker: WorkerClient, smol: ModelSpec) -> None:
     """Messages go through the GGUF's own ChatML template; seeds make sampling repeatable."""
     prompt = smol_worker.render_chat(smol, [{"role": "user", "content": "hello"}])
     assert prompt.endswith("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"), prompt
-    first = smol_worker.complete(smol, messages=expansion_messages("raising a seed round"), **EXPANSION)
+    first = smol_worker.complete(smol, messages=expansion_messages("raising a seed round"), params=EXPANSION)
     assert LINE.search(first.text), first.text
-    again = smol_worker.complete(smol, messages=expansion_messages("raising a seed round"), **EXPANSION)
+    again = smol_worker.complete(smol, messages=expansion_messages("raising a seed round"), params=EXPANSION)
     assert again.text == first.text
     one, same, two = (
-        smol_worker.complete(smol, "Write a poem about the sea.", max_tokens=24, stop=[], temperature=1.0, seed=s)
+        smol_worker.complete(
+            smol,
+            "Write a poem about the sea.",
+            params=GenerationParams(max_tokens=24, stop=[], temperature=1.0, seed=s),
+        )
         for s in (1, 1, 2)
     )
     assert one.text == same.text and one.text != two.text, "a seed fixes what sampling picks"
 
 
-def test_messages_need_a_chat_template(gemma_worker: Worker, gemma: ModelSpec) -> None:
+def test_messages_need_a_chat_template(gemma_worker: WorkerClient, gemma: ModelSpec) -> None:
     """A base model given messages says what to do instead, and bad arguments fail before any round trip."""
     with pytest.raises(InferenceError, match="has no chat template; send a prompt"):
-        gemma_worker.complete(gemma, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stop=[])
+        gemma_worker.complete(
+            gemma, messages=[{"role": "user", "content": "hi"}], params=GenerationParams(max_tokens=8, stop=[])
+        )
     with pytest.raises(ValueError, match="exactly one of prompt or messages"):
-        gemma_worker.complete(gemma, "hi", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stop=[])
+        gemma_worker.complete(
+            gemma, "hi", messages=[{"role": "user", "content": "hi"}], params=GenerationParams(max_tokens=8, stop=[])
+        )
     with pytest.raises(ValueError, match="exactly one of prompt or messages"):
-        gemma_worker.complete(gemma, max_tokens=8, stop=[])
+        gemma_worker.complete(gemma, params=GenerationParams(max_tokens=8, stop=[]))
 
 
-def test_overlong_prompt_fails_that_request_only(gemma_worker: Worker, gemma: ModelSpec) -> None:
+def test_overlong_prompt_fails_that_request_only(gemma_worker: WorkerClient, gemma: ModelSpec) -> None:
     """An input error is an answered error: the same child serves the next request."""
-    gemma_worker.complete(gemma, "Hello", max_tokens=1, stop=[])
+    gemma_worker.complete(gemma, "Hello", params=GenerationParams(max_tokens=1, stop=[]))
     pid = gemma_worker.status()["pid"]
     with pytest.raises(InferenceError, match=r"max_tokens is 96: \d+ is more than the context of 2048 tokens"):
-        gemma_worker.complete(gemma, "word " * 2000, max_tokens=96, stop=[])
+        gemma_worker.complete(gemma, "word " * 2000, params=GenerationParams(max_tokens=96, stop=[]))
     with pytest.raises(InferenceError, match="more than the context of 2048"):
         gemma_worker.likelihood(gemma, ["word " * 2100], "a query")
-    answer = gemma_worker.complete(gemma, expansion_prompt("raising a seed round"), **EXPANSION)
+    answer = gemma_worker.complete(gemma, expansion_prompt("raising a seed round"), params=EXPANSION)
     assert LINE.search(answer.text)
     status = gemma_worker.status()
     assert status["pid"] == pid and status["restarts"] == 0 and status["last_crash"] is None
@@ -197,7 +206,7 @@ def test_overlong_prompt_fails_that_request_only(gemma_worker: Worker, gemma: Mo
 def test_likelihood_prefers_the_passage_that_answers(model: str, request: pytest.FixtureRequest) -> None:
     """Query likelihood (README §4) separates a relevant passage from an unrelated one."""
     spec: ModelSpec = request.getfixturevalue(model)
-    worker: Worker = request.getfixturevalue(f"{model}_worker")
+    worker: WorkerClient = request.getfixturevalue(f"{model}_worker")
     prefixes = [f"Passage: {p}\nA question that this passage answers: " for p in (FUNDRAISING, BREAD)]
     relevant, unrelated = worker.likelihood(spec, prefixes, QUERY)
     assert all(math.isfinite(v) and v < 0 for v in (relevant, unrelated))
@@ -217,7 +226,7 @@ def test_likelihood_matches_llama_cpps_own_logits(smol_path: str) -> None:
     prefix = "Notes on fundraising. " + " ".join(f"Item {i}: angel investors back seed rounds." for i in range(60))
     continuation = " " + " ".join(["how do I raise money for my startup from angel investors"] * 4)
     spec = ModelSpec("generate", smol_path, n_ctx=1024)
-    w = Worker(n_threads=2)
+    w = WorkerClient(n_threads=2)
     try:
         assert w.count_tokens(spec, [prefix])[0] > 512
         (ours,) = w.likelihood(spec, [prefix], continuation)
@@ -240,14 +249,14 @@ def test_likelihood_matches_llama_cpps_own_logits(smol_path: str) -> None:
 def test_yes_no_is_a_probability(model: str, request: pytest.FixtureRequest) -> None:
     """P(yes) / (P(yes) + P(no)) stays in [0, 1] and is repeatable."""
     spec: ModelSpec = request.getfixturevalue(model)
-    worker: Worker = request.getfixturevalue(f"{model}_worker")
+    worker: WorkerClient = request.getfixturevalue(f"{model}_worker")
     prompts = [f"Query: {QUERY}\nDocument: {p}\nRelevant (yes/no):" for p in (FUNDRAISING, BREAD)]
     scores = worker.yes_no(spec, prompts)
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores), scores
     assert worker.yes_no(spec, prompts) == scores
 
 
-def test_query_likelihood_reranker_ranks_the_answer_first(smol_worker: Worker, smol_path: str) -> None:
+def test_query_likelihood_reranker_ranks_the_answer_first(smol_worker: WorkerClient, smol_path: str) -> None:
     """The default scorer for a chat model ranks the one relevant passage first."""
     reranker = make_reranker(smol_worker, smol_path, "hf:test/smollm2")
     assert isinstance(reranker, QueryLikelihoodReranker) and reranker.chat
@@ -260,7 +269,7 @@ def test_query_likelihood_reranker_ranks_the_answer_first(smol_worker: Worker, s
     assert reranker.score(QUERY, []) == [] and reranker.normalize([]) == []
 
 
-def test_passages_are_cut_to_the_token_cap(smol_worker: Worker, smol_path: str) -> None:
+def test_passages_are_cut_to_the_token_cap(smol_worker: WorkerClient, smol_path: str) -> None:
     """Long passages are cut to the cap by the model's own token count, short ones untouched."""
     reranker = QueryLikelihoodReranker(smol_worker, smol_path, "u", chat=True)
     long = " ".join(f"sentence {i} about angel investors and seed rounds." for i in range(200))
@@ -274,7 +283,7 @@ def test_passages_are_cut_to_the_token_cap(smol_worker: Worker, smol_path: str) 
     assert FUNDRAISING.startswith(tiny) and 0 < smol_worker.count_tokens(tight.spec, [tiny])[0] <= 8
 
 
-def test_yes_no_reranker_renders_the_judge_prompt(smol_worker: Worker, smol_path: str) -> None:
+def test_yes_no_reranker_renders_the_judge_prompt(smol_worker: WorkerClient, smol_path: str) -> None:
     """A forced yes-no scorer renders its system + user turns through the chat template."""
     reranker = make_reranker(smol_worker, smol_path, "u", method="yes-no")
     assert isinstance(reranker, YesNoReranker)
@@ -283,7 +292,7 @@ def test_yes_no_reranker_renders_the_judge_prompt(smol_worker: Worker, smol_path
     assert reranker.normalize(scores) == scores
 
 
-def test_make_reranker_picks_and_validates(gemma_worker: Worker, gemma_path: str, smol_path: str) -> None:
+def test_make_reranker_picks_and_validates(gemma_worker: WorkerClient, gemma_path: str, smol_path: str) -> None:
     """Method choice from the GGUF header, and clear refusals for what a model cannot do."""
     base = make_reranker(gemma_worker, gemma_path, "u")
     assert isinstance(base, QueryLikelihoodReranker) and not base.chat
@@ -298,7 +307,7 @@ def test_make_reranker_picks_and_validates(gemma_worker: Worker, gemma_path: str
         make_reranker(gemma_worker, minilm, "u")
 
 
-def wait_until_idle(w: Worker, spec: ModelSpec) -> None:
+def wait_until_idle(w: WorkerClient, spec: ModelSpec) -> None:
     """Until the idle timer has freed every context (the weights stay loaded)."""
     deadline = time.monotonic() + 10
     while w.status()["contexts_live"]:
@@ -309,14 +318,14 @@ def wait_until_idle(w: Worker, spec: ModelSpec) -> None:
 
 def test_contexts_freed_when_idle_give_the_same_results(smol_path: str) -> None:
     """Each op may be the first on a freed context: it must rebuild it, not call into freed memory."""
-    w = Worker(idle_seconds=1, n_threads=2)
+    w = WorkerClient(idle_seconds=1, n_threads=2)
     spec = ModelSpec("generate", smol_path)
     messages = [{"role": "user", "content": "Name three fruits."}]
     try:
-        text = w.complete(spec, messages=messages, max_tokens=16, stop=[]).text
+        text = w.complete(spec, messages=messages, params=GenerationParams(max_tokens=16, stop=[])).text
         scores = w.likelihood(spec, [FUNDRAISING, BREAD], QUERY)
         wait_until_idle(w, spec)
-        assert w.complete(spec, messages=messages, max_tokens=16, stop=[]).text == text
+        assert w.complete(spec, messages=messages, params=GenerationParams(max_tokens=16, stop=[])).text == text
         wait_until_idle(w, spec)
         assert w.likelihood(spec, [FUNDRAISING, BREAD], QUERY) == scores
         wait_until_idle(w, spec)
@@ -377,7 +386,7 @@ def test_rank_pooling_scores_query_document_pairs(rank_models: tuple[str, str, s
     """rank() on a real rank-pooling graph: pair format, rerank template, head and sigmoid, size limit."""
     random_head, templated, constant_head = rank_models
     spec = ModelSpec("rerank", random_head)
-    w = Worker(n_threads=2)
+    w = WorkerClient(n_threads=2)
     try:
         info = w.model_info(spec)
         assert info["pooling"] == "rank" and info["has_bos"] and not info["rerank_template"]
@@ -405,13 +414,13 @@ def test_rank_pooling_scores_query_document_pairs(rank_models: tuple[str, str, s
         with pytest.raises(InvalidInput, match="is a cross-encoder"):
             make_reranker(w, random_head, "u", method="query-likelihood")
         with pytest.raises(ValueError, match="needs a generative model"):
-            w.complete(spec, "hi", max_tokens=4, stop=[])
+            w.complete(spec, "hi", params=GenerationParams(max_tokens=4, stop=[]))
         assert w.status()["restarts"] == 0
     finally:
         w.close()
 
 
-def test_rank_needs_a_cross_encoder(gemma_worker: Worker, gemma_path: str) -> None:
+def test_rank_needs_a_cross_encoder(gemma_worker: WorkerClient, gemma_path: str) -> None:
     """rank() on a generative model is refused before a round trip."""
     with pytest.raises(ValueError, match="needs a cross-encoder"):
         gemma_worker.rank(ModelSpec("rerank", gemma_path), QUERY, [FUNDRAISING])

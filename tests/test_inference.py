@@ -26,7 +26,7 @@ from qmd.server.models.worker import (
     Embeddings,
     InferenceError,
     ModelSpec,
-    Worker,
+    WorkerClient,
     fingerprint,
     format_document,
     format_query,
@@ -52,8 +52,8 @@ def reference() -> dict:
 
 
 @pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker(n_threads=2)
+def worker() -> Iterator[WorkerClient]:
+    w = WorkerClient(n_threads=2)
     yield w
     w.close()
 
@@ -91,8 +91,8 @@ def gguf(path: Path, kv: dict[str, str | int | list[int]]) -> Path:
 def test_daemon_side_never_imports_llama_cpp(spec: ModelSpec) -> None:
     """model_info and fingerprint answer from the GGUF header; only the child loads llama.cpp."""
     code = (
-        "import sys\nfrom qmd.server.models.worker import Worker, ModelSpec, fingerprint\n"
-        f"spec = ModelSpec('embed', {spec.path!r})\nw = Worker()\ninfo = w.model_info(spec)\nfingerprint(spec)\n"
+        "import sys\nfrom qmd.server.models.worker import WorkerClient, ModelSpec, fingerprint\n"
+        f"spec = ModelSpec('embed', {spec.path!r})\nw = WorkerClient()\ninfo = w.model_info(spec)\nfingerprint(spec)\n"
         "assert not info['loaded'] and w.status()['pid'] is None\n"
         "heavy = {'llama_cpp', 'numpy'} & set(sys.modules)\nassert not heavy, heavy\n"
     )
@@ -101,7 +101,7 @@ def test_daemon_side_never_imports_llama_cpp(spec: ModelSpec) -> None:
 
 
 def test_model_info_reads_the_gguf(spec: ModelSpec) -> None:
-    info = Worker().model_info(spec)
+    info = WorkerClient().model_info(spec)
     assert info["arch"] == "bert"
     assert info["n_embd"] == 384
     assert info["n_ctx_train"] == 512 and info["n_ctx"] == 512
@@ -150,7 +150,7 @@ def test_prompt_format_per_family(tmp_path: Path) -> None:
 
 
 def test_bad_model_files_fail_cleanly(tmp_path: Path) -> None:
-    w = Worker()
+    w = WorkerClient()
     with pytest.raises(InferenceError, match="not found"):
         w.embed(ModelSpec("embed", str(tmp_path / "missing.gguf")), ["x"], kind="query")
     html = tmp_path / "captive-portal.gguf"
@@ -160,7 +160,7 @@ def test_bad_model_files_fail_cleanly(tmp_path: Path) -> None:
     assert w.status()["pid"] is None, "no child was needed to refuse these"
 
 
-def test_embeddings_match_sentence_transformers(worker: Worker, spec: ModelSpec, reference: dict) -> None:
+def test_embeddings_match_sentence_transformers(worker: WorkerClient, spec: ModelSpec, reference: dict) -> None:
     vectors = worker.embed(spec, reference["texts"], kind="document")
     assert isinstance(vectors, Embeddings) and vectors.clipped == ()
     for text, got, want in zip(reference["texts"], vectors, reference["embeddings"], strict=True):
@@ -173,12 +173,12 @@ def test_embeddings_match_sentence_transformers(worker: Worker, spec: ModelSpec,
     assert fundraising == pytest.approx(0.594, abs=0.02) and bread == pytest.approx(0.119, abs=0.02)
 
 
-def test_token_counts_match_reference(worker: Worker, spec: ModelSpec, reference: dict) -> None:
+def test_token_counts_match_reference(worker: WorkerClient, spec: ModelSpec, reference: dict) -> None:
     counts = worker.count_tokens(spec, reference["texts"])
     assert counts == [len(ids) for ids in reference["token_ids"]]
 
 
-def test_overlong_and_odd_inputs_embed(worker: Worker, spec: ModelSpec) -> None:
+def test_overlong_and_odd_inputs_embed(worker: WorkerClient, spec: ModelSpec) -> None:
     texts = [
         "",
         " \n\t",
@@ -199,7 +199,7 @@ def test_overlong_and_odd_inputs_embed(worker: Worker, spec: ModelSpec) -> None:
     assert worker.count_tokens(spec, [LONG]) == [5002]
 
 
-def test_chunking_runs_with_the_models_tokenizer(worker: Worker, spec: ModelSpec) -> None:
+def test_chunking_runs_with_the_models_tokenizer(worker: WorkerClient, spec: ModelSpec) -> None:
     body = "# Fundraising\n\n" + "\n\n".join(
         f"## Round {i}\n\nAngel investors and venture firms fund seed rounds; founders pitch, negotiate "
         f"a valuation and sell equity or SAFEs. Paragraph {i} adds traction figures and a 日本語 note."
@@ -215,7 +215,7 @@ def test_chunking_runs_with_the_models_tokenizer(worker: Worker, spec: ModelSpec
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
-def test_crash_mid_batch_fails_that_request_only(worker: Worker, spec: ModelSpec, sig: signal.Signals) -> None:
+def test_crash_mid_batch_fails_that_request_only(worker: WorkerClient, spec: ModelSpec, sig: signal.Signals) -> None:
     expected = worker.embed(spec, ["how to raise money for a startup"], kind="query")[0]
     pid = worker.status()["pid"]
     restarts = worker.status()["restarts"]
@@ -245,7 +245,7 @@ def test_crash_mid_batch_fails_that_request_only(worker: Worker, spec: ModelSpec
     assert worker.status()["restarts"] == restarts + 1
 
 
-def test_child_killed_while_idle_restarts_transparently(worker: Worker, spec: ModelSpec) -> None:
+def test_child_killed_while_idle_restarts_transparently(worker: WorkerClient, spec: ModelSpec) -> None:
     worker.embed(spec, ["warm"], kind="query")
     pid = worker.status()["pid"]
     os.kill(pid, signal.SIGKILL)
@@ -256,14 +256,14 @@ def test_child_killed_while_idle_restarts_transparently(worker: Worker, spec: Mo
     assert "SIGKILL" in worker.status()["last_crash"]["reason"]
 
 
-def test_timeout_stops_a_stuck_request(worker: Worker, spec: ModelSpec) -> None:
+def test_timeout_stops_a_stuck_request(worker: WorkerClient, spec: ModelSpec) -> None:
     worker.embed(spec, ["warm"], kind="query")
     with pytest.raises(InferenceError, match=r"did not answer within 0.3 s while embedding 400 texts"):
         worker.embed(spec, [LONG] * 400, kind="document", timeout=0.3)
     assert len(worker.embed(spec, ["next"], kind="query", timeout=30)[0]) == 384
 
 
-def test_concurrent_callers_get_their_own_results(worker: Worker, spec: ModelSpec) -> None:
+def test_concurrent_callers_get_their_own_results(worker: WorkerClient, spec: ModelSpec) -> None:
     groups = [[f"note {g}-{i}: {topic}" for i in range(6)] for g, topic in enumerate(["bread", "git", "money", "sql"])]
     serial = [worker.embed(spec, texts, kind="document") for texts in groups]
     results: dict[int, list[list[float]]] = {}
@@ -284,7 +284,7 @@ def test_concurrent_callers_get_their_own_results(worker: Worker, spec: ModelSpe
 
 
 def test_idle_contexts_are_freed_and_rebuilt(spec: ModelSpec) -> None:
-    w = Worker(idle_seconds=1, n_threads=2)
+    w = WorkerClient(idle_seconds=1, n_threads=2)
     try:
         before = w.embed(spec, ["idle disposal keeps the weights", LONG], kind="document")
         busy = w.status()
@@ -303,7 +303,7 @@ def test_idle_contexts_are_freed_and_rebuilt(spec: ModelSpec) -> None:
 
 def test_idle_timer_waits_for_in_flight_work(spec: ModelSpec) -> None:
     """A timer far shorter than the request: freeing the context mid-decode would crash the child."""
-    w = Worker(idle_seconds=0.05, n_threads=2)
+    w = WorkerClient(idle_seconds=0.05, n_threads=2)
     try:
         first = w.embed(spec, ["x"], kind="query")
         for _ in range(3):
@@ -319,7 +319,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, spec: ModelS
     monkeypatch.setenv("QMD_IDLE_SECONDS", "7.5")
     monkeypatch.setenv("QMD_THREADS", "3")
     monkeypatch.setenv("QMD_FORCE_CPU", "1")
-    w = Worker()
+    w = WorkerClient()
     assert (w.idle_seconds, w.n_threads, w.force_cpu) == (7.5, 3, True)
     try:
         w.count_tokens(spec, ["x"])
@@ -328,14 +328,41 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, spec: ModelS
         w.close()
     monkeypatch.setenv("QMD_THREADS", "many")
     with pytest.raises(ValueError, match="QMD_THREADS must be a positive int"):
-        Worker()
+        WorkerClient()
+
+
+@pytest.mark.parametrize(
+    ("value", "forced"),
+    [
+        (None, False),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("FALSE", False),
+        ("No", False),
+        (" off ", False),
+        ("1", True),
+        ("true", True),
+        ("yes", True),
+    ],
+)
+def test_force_cpu_reads_false_ish_values_as_off(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, forced: bool
+) -> None:
+    """`QMD_FORCE_CPU=false` once forced the CPU: only unset and false-ish values leave the GPU allowed."""
+    if value is None:
+        monkeypatch.delenv("QMD_FORCE_CPU", raising=False)
+    else:
+        monkeypatch.setenv("QMD_FORCE_CPU", value)
+    assert WorkerClient().force_cpu is forced
+    assert WorkerClient(force_cpu=not forced).force_cpu is not forced, "an explicit argument wins over the environment"
 
 
 def test_failed_load_is_answered_and_native_log_reaches_the_daemon_log(
     spec: ModelSpec, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     broken = gguf(tmp_path / "broken.gguf", {"general.architecture": "bert", "general.name": "no tensors"})
-    w = Worker(n_threads=2)
+    w = WorkerClient(n_threads=2)
     try:
         with caplog.at_level(logging.WARNING, logger="qmd.inference"):
             with pytest.raises(InferenceError, match=r"failed: ValueError: Failed to load model .*llama.cpp: .*error"):
@@ -359,7 +386,7 @@ def test_failed_load_is_answered_and_native_log_reaches_the_daemon_log(
 
 def test_worker_that_cannot_start_says_so(spec: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(inference.sys, "executable", "/bin/false")
-    w = Worker()
+    w = WorkerClient()
     with pytest.raises(InferenceError, match=r"inference worker exited with status 1 while starting"):
         w.embed(spec, ["x"], kind="query")
     assert w.status()["pid"] is None and w.status()["last_crash"]["exit_code"] == 1
@@ -369,7 +396,7 @@ def test_worker_that_cannot_start_says_so(spec: ModelSpec, monkeypatch: pytest.M
 
 
 def test_close_leaves_no_child(spec: ModelSpec) -> None:
-    w = Worker(n_threads=2)
+    w = WorkerClient(n_threads=2)
     w.embed(spec, ["x"], kind="query")
     pid = w.status()["pid"]
     w.close()
@@ -382,8 +409,8 @@ def test_close_leaves_no_child(spec: ModelSpec) -> None:
 def test_child_exits_when_the_daemon_dies(spec: ModelSpec) -> None:
     """A SIGKILLed daemon closes the pipe; the orphaned worker sees EOF and exits."""
     code = (
-        "import os, signal\nfrom qmd.server.models.worker import Worker, ModelSpec\n"
-        f"w = Worker(n_threads=2)\nw.embed(ModelSpec('embed', {spec.path!r}), ['x'], kind='query')\n"
+        "import os, signal\nfrom qmd.server.models.worker import WorkerClient, ModelSpec\n"
+        f"w = WorkerClient(n_threads=2)\nw.embed(ModelSpec('embed', {spec.path!r}), ['x'], kind='query')\n"
         "print(w.status()['pid'], flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -26,7 +26,7 @@ from conftest import MODELS_DIR, NOTES, Daemon, Env, free_port, require, write
 from qmd.server.index.config import Config
 from qmd.server.index.embed_job import Embedders, EmbedderUnavailable
 from qmd.server.models.remote import RemoteBackend, RemoteEmbedError
-from qmd.server.models.worker import Worker
+from qmd.server.models.worker import WorkerClient
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 SECRET = "qmd-test-secret-7f3a9c"
@@ -268,7 +268,7 @@ def test_fingerprint_names_endpoint_and_model_not_key(scripted: Scripted, monkey
         monkeypatch.delenv("QMD_EMBED_API_KEY", raising=False)
         if key:
             monkeypatch.setenv("QMD_EMBED_API_KEY", key)
-        emb = Embedders(Worker()).get(Config(models={"embed": uri}), Path("/"))
+        emb = Embedders(WorkerClient()).get(Config(models={"embed": uri}), Path("/"))
         assert emb.dims == 2 and emb.chunk_tokens == 512 and emb.model_name == uri
         return emb.fingerprint
 
@@ -281,7 +281,7 @@ def test_fingerprint_names_endpoint_and_model_not_key(scripted: Scripted, monkey
 def test_unusable_settings_fail_before_any_request(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("QMD_EMBED_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(var, raising=False)
-    embedders = Embedders(Worker())
+    embedders = Embedders(WorkerClient())
     with pytest.raises(EmbedderUnavailable, match="openai:text-embedding-3-small needs an API key"):
         embedders.get(Config(models={"embed": "openai:text-embedding-3-small"}), Path("/"))
     with pytest.raises(EmbedderUnavailable, match="needs a model name: write it as http://127.0.0.1:9/v1#<model>"):

@@ -33,7 +33,7 @@ from qmd.server.index.store import Store
 from qmd.server.models.refs import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
 from qmd.server.models.remote import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
 from qmd.server.models.remote import Kind, RemoteBackend, RemoteEmbedError
-from qmd.server.models.worker import Embeddings, InferenceError, ModelSpec, Worker, fingerprint
+from qmd.server.models.worker import Embeddings, InferenceError, ModelSpec, WorkerClient, fingerprint
 
 Progress = Callable[[dict], None]
 BERT_CHUNK_TOKENS = 256
@@ -68,7 +68,7 @@ class EmbedBackend(Protocol):
 class LocalBackend:
     """A GGUF file run by the supervised inference worker (its own tokenizer, prompt format)."""
 
-    worker: Worker
+    worker: WorkerClient
     spec: ModelSpec
 
     def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
@@ -100,7 +100,7 @@ def _chunk_tokens(info: dict) -> int:
 class Embedders:
     """Resolves the configured embed model once per config, lazily and thread-safely."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerClient) -> None:
         self.worker = worker
         self._lock = threading.Lock()
         self._cache: dict[str, Embedder] = {}

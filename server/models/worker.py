@@ -2,9 +2,10 @@
 
 The daemon never imports llama_cpp: a native crash in llama.cpp (SIGABRT on a failed
 GGML_ASSERT, SIGSEGV on a bad file) would otherwise take keyword search down with it.
-`Worker` starts `python -m qmd.server.models.worker_child` on first use, talks to it over its stdin/stdout
-(protocol in `qmd.server.models.worker_child`), and when it dies fails only the request in flight, with
-the signal named; the next request starts a fresh child.
+`WorkerClient` is the daemon's side: it starts `python -m qmd.server.models.worker_child` on
+first use, sends it typed requests over its stdin/stdout (`qmd.server.models.protocol`), and
+when the child dies fails only the request in flight, with the signal named; the next request
+starts a fresh child.
 
 Lifecycle: models load lazily and stay loaded; their inference contexts (compute buffers,
 KV cache) are freed after `idle_seconds` without a request and rebuilt on the next one.
@@ -20,7 +21,6 @@ weights.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import mmap
 import os
@@ -35,16 +35,35 @@ import threading
 import time
 from array import array
 from collections import deque
-from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from qmd.server.errors import QmdError
 from qmd.server.index.chunking import Chunk
-from qmd.server.models.worker_child import HEADER, encode_frame
+from qmd.server.models.protocol import (
+    HEADER,
+    ChunkRequest,
+    CompleteRequest,
+    Completion,
+    CountTokensRequest,
+    DisposeRequest,
+    EmbedRequest,
+    EmbedResult,
+    GenerationParams,
+    Hello,
+    LikelihoodRequest,
+    LoadParams,
+    RankRequest,
+    RenderChatRequest,
+    Reply,
+    Request,
+    Resident,
+    Role,
+    YesNoRequest,
+    encode_frame,
+)
 
 log = logging.getLogger("qmd.inference")
 
-Role = Literal["embed", "rerank", "generate"]
 PromptFormat = Literal["embeddinggemma", "qwen3-embedding", "plain"]
 
 DEFAULT_IDLE_SECONDS = 300.0
@@ -72,14 +91,7 @@ class ModelSpec(NamedTuple):
     """Context size; None = min(role ceiling, the model's trained context)."""
 
 
-class Completion(NamedTuple):
-    """Generated text and what it cost, so callers can log latency and budget tokens."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    seconds: float
-    """Wall time in the worker from tokenizing to the last token (no model load, no pipe)."""
+R = TypeVar("R")
 
 
 class Embeddings(list[list[float]]):
@@ -274,6 +286,14 @@ def _env_number(name: str, default: float, kind: type[int] | type[float]) -> flo
     return value
 
 
+FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
+
+
+def _env_flag(name: str) -> bool:
+    """A switch from the environment, off when unset or false-ish: `QMD_FORCE_CPU=false` must not force the CPU."""
+    return os.environ.get(name, "").strip().lower() not in FALSE_WORDS
+
+
 def usable_cores() -> int:
     """Cores this process may run on (a container's CPU set, not the host's count)."""
     if hasattr(os, "sched_getaffinity"):
@@ -285,8 +305,8 @@ class _ChildGone(Exception):
     """The child's stdout reached EOF or its stdin broke: it has exited."""
 
 
-class Worker:
-    """Parent-side handle on the inference child: lazy start, one request at a time, restart after a crash."""
+class WorkerClient:
+    """The daemon's handle on the inference child: lazy start, one request at a time, restart after a crash."""
 
     def __init__(
         self, *, idle_seconds: float | None = None, n_threads: int | None = None, force_cpu: bool | None = None
@@ -296,7 +316,7 @@ class Worker:
             idle_seconds if idle_seconds is not None else _env_number("QMD_IDLE_SECONDS", DEFAULT_IDLE_SECONDS, float)
         )
         self.n_threads = n_threads or int(_env_number("QMD_THREADS", usable_cores(), int))
-        self.force_cpu = force_cpu if force_cpu is not None else os.environ.get("QMD_FORCE_CPU", "") not in ("", "0")
+        self.force_cpu = force_cpu if force_cpu is not None else _env_flag("QMD_FORCE_CPU")
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -305,8 +325,8 @@ class Worker:
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self._idle_thread: threading.Thread | None = None
         self._closed = False
-        self._hello: dict[str, Any] = {}
-        self._models: list[dict[str, Any]] = []
+        self._hello: Hello | None = None
+        self._resident: tuple[Resident, ...] = ()
         self._starts = 0
         self._last_crash: dict[str, Any] | None = None
         self._last_used = time.monotonic()
@@ -331,22 +351,22 @@ class Worker:
             raise ValueError(f"{len(titles)} titles for {len(texts)} texts")
         params = self._load_params(spec)
         if not texts:
-            return Embeddings([], clipped=(), n_tokens=[], limit=params["n_ctx"])
+            return Embeddings([], clipped=(), n_tokens=[], limit=params.n_ctx)
         fmt = prompt_format(spec.path)
         if kind == "query":
             prompts = [format_query(fmt, t) for t in texts]
         else:
             prompts = [format_document(fmt, t, titles[i] if titles else None) for i, t in enumerate(texts)]
         activity = f"embedding {len(texts)} text{'s' * (len(texts) != 1)} with {os.path.basename(spec.path)}"
-        reply = self._call({"op": "embed", "model": params, "texts": prompts}, timeout, activity)
+        result: EmbedResult = self._call(EmbedRequest(params, prompts), timeout, activity)
         flat = array("f")
-        flat.frombytes(reply["vectors"])
-        values, dims = flat.tolist(), reply["dims"]
+        flat.frombytes(result.vectors)
+        values, dims = flat.tolist(), result.dims
         return Embeddings(
             [values[i * dims : (i + 1) * dims] for i in range(len(texts))],
-            clipped=tuple(reply["clipped"]),
-            n_tokens=reply["n_tokens"],
-            limit=reply["limit"],
+            clipped=tuple(result.clipped),
+            n_tokens=result.n_tokens,
+            limit=result.limit,
         )
 
     def count_tokens(self, spec: ModelSpec, texts: list[str], *, timeout: float | None = None) -> list[int]:
@@ -354,7 +374,7 @@ class Worker:
         if not texts:
             return []
         activity = f"counting tokens with {os.path.basename(spec.path)}"
-        return self._call({"op": "count_tokens", "model": self._load_params(spec), "texts": texts}, timeout, activity)
+        return self._call(CountTokensRequest(self._load_params(spec), texts), timeout, activity)
 
     def chunk(self, spec: ModelSpec, text: str, *, max_tokens: int, timeout: float | None = None) -> list[Chunk]:
         """Chunks of `text` (`index.chunking`), each within `max_tokens` as the model's own tokenizer counts them.
@@ -363,18 +383,18 @@ class Worker:
         document instead of one per measurement, and the daemon still never loads llama.cpp.
         """
         activity = f"chunking a {len(text)}-character document with {os.path.basename(spec.path)}"
-        request = {"op": "chunk", "model": self._load_params(spec), "text": text, "max_tokens": max_tokens}
+        request = ChunkRequest(self._load_params(spec), text, max_tokens)
         return [
             Chunk(
-                text=text[start:end],
-                start=start,
-                end=end,
-                start_line=start_line,
-                end_line=end_line,
-                tokens=tokens,
-                clipped=clipped,
+                text=text[span.start : span.end],
+                start=span.start,
+                end=span.end,
+                start_line=span.start_line,
+                end_line=span.end_line,
+                tokens=span.tokens,
+                clipped=span.clipped,
             )
-            for start, end, start_line, end_line, tokens, clipped in self._call(request, timeout, activity)
+            for span in self._call(request, timeout, activity)
         ]
 
     def complete(
@@ -383,38 +403,21 @@ class Worker:
         prompt: str | None = None,
         *,
         messages: list[dict[str, str]] | None = None,
-        max_tokens: int,
-        stop: list[str],
-        temperature: float = 0.0,
-        top_k: int = 40,
-        top_p: float = 1.0,
-        seed: int = 0,
+        params: GenerationParams,
         timeout: float | None = None,
     ) -> Completion:
         """Text generated after a raw `prompt`, or after `messages` rendered by the GGUF's own chat template.
 
-        Temperature 0 is greedy, so the same prompt gives the same text. Each call starts
-        from an empty KV cache: calls are independent. The prompt plus `max_tokens` must fit
-        the context; the worker says by how much it does not (an `InferenceError`, and the
+        `params` travels to llama.cpp as the caller chose it. Each call starts from an empty
+        KV cache: calls are independent. The prompt plus `params.max_tokens` must fit the
+        context; the worker says by how much it does not (an `InferenceError`, and the
         worker stays up).
         """
         if (prompt is None) == (messages is None):
             raise ValueError("complete() takes exactly one of prompt or messages")
-        params = self._generative_params(spec, "complete")
-        activity = f"generating up to {max_tokens} tokens with {os.path.basename(spec.path)}"
-        request = {
-            "op": "complete",
-            "model": params,
-            "prompt": prompt,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "stop": stop,
-            "temperature": temperature,
-            "top_k": top_k,
-            "top_p": top_p,
-            "seed": seed,
-        }
-        return Completion(**self._call(request, timeout, activity))
+        load = self._generative_params(spec, "complete")
+        activity = f"generating up to {params.max_tokens} tokens with {os.path.basename(spec.path)}"
+        return self._call(CompleteRequest(load, prompt, messages, params), timeout, activity)
 
     def render_chat(self, spec: ModelSpec, messages: list[dict[str, str]], *, timeout: float | None = None) -> str:
         """`messages` as the raw prompt the model's chat template makes of them, ending where the reply starts.
@@ -423,11 +426,7 @@ class Worker:
         without a chat template is an `InferenceError` that says so.
         """
         activity = f"rendering a chat prompt with {os.path.basename(spec.path)}"
-        return self._call(
-            {"op": "render_chat", "model": self._generative_params(spec, "render_chat"), "messages": messages},
-            timeout,
-            activity,
-        )
+        return self._call(RenderChatRequest(self._generative_params(spec, "render_chat"), messages), timeout, activity)
 
     def likelihood(
         self, spec: ModelSpec, prefixes: list[str], continuation: str, *, timeout: float | None = None
@@ -444,8 +443,7 @@ class Worker:
         if not prefixes:
             return []
         activity = f"scoring {len(prefixes)} prefix{'es' * (len(prefixes) != 1)} with {os.path.basename(spec.path)}"
-        request = {"op": "likelihood", "model": params, "prefixes": prefixes, "continuation": continuation}
-        return self._call(request, timeout, activity)
+        return self._call(LikelihoodRequest(params, prefixes, continuation), timeout, activity)
 
     def yes_no(self, spec: ModelSpec, prompts: list[str], *, timeout: float | None = None) -> list[float]:
         """P(yes) / (P(yes) + P(no)) for the token after each prompt, in [0, 1]."""
@@ -453,7 +451,7 @@ class Worker:
         if not prompts:
             return []
         activity = f"asking yes/no of {len(prompts)} prompt{'s' * (len(prompts) != 1)} of {os.path.basename(spec.path)}"
-        return self._call({"op": "yes_no", "model": params, "prompts": prompts}, timeout, activity)
+        return self._call(YesNoRequest(params, prompts), timeout, activity)
 
     def rank(self, spec: ModelSpec, query: str, documents: list[str], *, timeout: float | None = None) -> list[float]:
         """Cross-encoder relevance of each document to `query`, in [0, 1], by llama.cpp rank pooling.
@@ -467,23 +465,22 @@ class Worker:
         if not documents:
             return []
         activity = f"ranking {len(documents)} document{'s' * (len(documents) != 1)} with {os.path.basename(spec.path)}"
-        request = {"op": "rank", "model": params, "query": query, "documents": documents}
-        return self._call(request, timeout, activity)
+        return self._call(RankRequest(params, query, documents), timeout, activity)
 
     def model_info(self, spec: ModelSpec) -> dict[str, Any]:
         """What the file is and what the worker holds of it; never starts the child or loads weights."""
         meta = gguf_metadata(spec.path)
         arch = str(meta.get("general.architecture", ""))
         params = self._load_params(spec)
-        resident = [m for m in self._models if m["path"] == params["path"] and m["role"] == spec.role]
+        resident = [m for m in self._resident if m.path == params.path and m.role == spec.role]
         info: dict[str, Any] = {
-            "path": params["path"],
+            "path": params.path,
             "role": spec.role,
             "name": meta.get("general.name"),
             "arch": arch,
             "n_embd": meta.get(f"{arch}.embedding_length"),
             "n_ctx_train": meta.get(f"{arch}.context_length"),
-            "n_ctx": params["n_ctx"],
+            "n_ctx": params.n_ctx,
             "pooling": _POOLING.get(meta.get(f"{arch}.pooling_type", 0)),
             "chat_template": "tokenizer.chat_template" in meta,
             "rerank_template": "tokenizer.chat_template.rerank" in meta,
@@ -491,7 +488,7 @@ class Worker:
             "file_size": os.path.getsize(spec.path),
             "sha256": file_sha256(spec.path),
             "loaded": bool(resident),
-            "context_live": any(m["context_live"] for m in resident),
+            "context_live": any(m.context_live for m in resident),
         }
         if spec.role == "embed":
             info["prompt_format"] = prompt_format(spec.path)
@@ -502,18 +499,19 @@ class Worker:
         """A snapshot for `doctor`/`status`; never waits for an in-flight request."""
         proc = self._proc
         running = proc is not None and proc.poll() is None
-        models = self._models if running else []
+        models = self._resident if running else ()
+        hello = self._hello
         return {
             "pid": proc.pid if running and proc else None,
-            "backend": self._hello.get("backend"),
-            "gpu_offload_supported": self._hello.get("gpu_offload_supported"),
+            "backend": hello.backend if hello else None,
+            "gpu_offload_supported": hello.gpu_offload_supported if hello else None,
             "force_cpu": self.force_cpu,
             "n_threads": self.n_threads,
             "idle_seconds": self.idle_seconds,
-            "llama_cpp_version": self._hello.get("llama_cpp_version"),
-            "system_info": self._hello.get("system_info"),
-            "models_loaded": [{"path": m["path"], "role": m["role"]} for m in models],
-            "contexts_live": sum(m["context_live"] for m in models),
+            "llama_cpp_version": hello.llama_cpp_version if hello else None,
+            "system_info": hello.system_info if hello else None,
+            "models_loaded": [{"path": m.path, "role": m.role} for m in models],
+            "contexts_live": sum(m.context_live for m in models),
             "rss_bytes": _rss(proc.pid) if running and proc else None,
             "restarts": max(self._starts - 1, 0),
             "last_crash": self._last_crash,
@@ -547,7 +545,7 @@ class Worker:
 
     # -- internals --
 
-    def _load_params(self, spec: ModelSpec) -> dict[str, Any]:
+    def _load_params(self, spec: ModelSpec) -> LoadParams:
         """Everything the child needs to load the model; decided here, where the metadata is."""
         meta = gguf_metadata(spec.path)
         arch = meta.get("general.architecture", "")
@@ -558,27 +556,27 @@ class Worker:
         # A pooled sequence must fit one micro-batch (non-causal attention), so the batch is
         # the whole context; generation streams through 512-token batches.
         n_batch = n_ctx if embedding else min(512, n_ctx)
-        return {
-            "role": spec.role,
-            "path": os.path.realpath(spec.path),
-            "embedding": embedding,
-            "n_ctx": n_ctx,
-            "n_batch": n_batch,
-            "n_ubatch": n_batch,
-            "n_threads": spec.n_threads or self.n_threads,
-        }
+        return LoadParams(
+            role=spec.role,
+            path=os.path.realpath(spec.path),
+            embedding=embedding,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=n_batch,
+            n_threads=spec.n_threads or self.n_threads,
+        )
 
-    def _generative_params(self, spec: ModelSpec, op: str) -> dict[str, Any]:
+    def _generative_params(self, spec: ModelSpec, op: str) -> LoadParams:
         """Load parameters for an op that reads logits; an embedder or cross-encoder has none to read."""
         params = self._load_params(spec)
-        if params["embedding"]:
+        if params.embedding:
             raise ValueError(
                 f"{op}() needs a generative model; {os.path.basename(spec.path)} is run as an embedder or cross-encoder"
             )
         return params
 
-    def _call(self, request: dict[str, Any], timeout: float | None, activity: str) -> Any:
-        """Send one request and wait for its reply, starting the child if there is none."""
+    def _call(self, request: Request[R], timeout: float | None, activity: str) -> R:
+        """Send one request and wait for its result, starting the child if there is none."""
         with self._cond:
             if self._closed:
                 raise InferenceError("the inference worker is shut down")
@@ -592,7 +590,7 @@ class Worker:
                 self._last_used = time.monotonic()
                 self._cond.notify_all()
 
-    def _exchange(self, request: dict[str, Any] | None, timeout: float | None, activity: str) -> Any:
+    def _exchange(self, request: Request[Any] | None, timeout: float | None, activity: str) -> Any:
         """Round trip on the current child (request None: just read the hello); the lock is held.
 
         A dead or stuck child fails this request only.
@@ -605,7 +603,7 @@ class Worker:
             while data:
                 data = data[os.write(proc.stdin.fileno(), data) :]
             header = self._read(HEADER.size, deadline)
-            reply = pickle.loads(self._read(HEADER.unpack(header)[0], deadline))
+            reply: Reply = pickle.loads(self._read(HEADER.unpack(header)[0], deadline))
         except (_ChildGone, BrokenPipeError):
             raise InferenceError(self._child_died(f"while {activity}")) from None
         except TimeoutError:
@@ -617,10 +615,10 @@ class Worker:
             )
             self._child_died(f"while {activity}", message)
             raise InferenceError(message) from None
-        self._models = reply["state"]["models"]
-        if not reply["ok"]:
-            raise InferenceError(f"{activity} failed: {reply['error']}")
-        return reply["result"]
+        self._resident = reply.resident
+        if reply.error is not None:
+            raise InferenceError(f"{activity} failed: {reply.error}")
+        return reply.result
 
     def _read(self, n: int, deadline: float | None) -> bytes:
         """Exactly n bytes of the child's stdout, or _ChildGone at EOF, or TimeoutError at the deadline."""
@@ -640,9 +638,9 @@ class Worker:
 
     def _start(self) -> None:
         """Start a child and wait for its hello; the lock is held."""
-        # PYTHONPATH so `-m qmd.server.models.worker_child` resolves to this package also from a plain checkout.
-        root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        # The same interpreter finds `qmd` the way this process did (the install's path entry or
+        # editable finder). No PYTHONPATH is added: the `server/` folder on the path would let its
+        # `http` package shadow the standard library's in the child.
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "qmd.server.models.worker_child", *(["--force-cpu"] if self.force_cpu else [])],
@@ -650,7 +648,6 @@ class Worker:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 bufsize=0,
-                env=env,
             )
         except OSError as e:
             raise InferenceError(f"cannot start the inference worker: {e}") from None
@@ -664,8 +661,9 @@ class Worker:
             target=self._forward_stderr, args=(proc,), name=f"qmd-worker-stderr-{proc.pid}", daemon=True
         )
         self._stderr_thread.start()
-        self._hello = self._exchange(None, START_TIMEOUT, "starting")
-        log.info("inference worker %d started (%s)", proc.pid, self._hello.get("backend"))
+        hello: Hello = self._exchange(None, START_TIMEOUT, "starting")
+        self._hello = hello
+        log.info("inference worker %d started (%s)", proc.pid, hello.backend)
         if self._idle_thread is None:
             self._idle_thread = threading.Thread(target=self._idle_loop, name="qmd-inference-idle", daemon=True)
             self._idle_thread.start()
@@ -673,11 +671,14 @@ class Worker:
     def _forward_stderr(self, proc: subprocess.Popen[bytes]) -> None:
         """llama.cpp's and the child's stderr go to the daemon's log, never to a client."""
         assert proc.stderr is not None
-        for raw in io.BufferedReader(proc.stderr):  # type: ignore[arg-type]
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self._stderr_tail.append(line)
-                log.warning("inference worker %d: %s", proc.pid, line)
+        # Buffered over the raw pipe (bufsize=0) so lines are read in blocks, not a byte per syscall;
+        # the pipe itself stays open until `_release_child` closes it.
+        with open(proc.stderr.fileno(), "rb", closefd=False) as lines:
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").rstrip()
+                if line:
+                    self._stderr_tail.append(line)
+                    log.warning("inference worker %d: %s", proc.pid, line)
 
     def _child_died(self, when: str, message: str | None = None) -> str:
         """Reap the child, record why it ended, and forget it so the next request starts a new one."""
@@ -728,13 +729,13 @@ class Worker:
                 proc.stderr.close()
         self._proc = None
         self._selector = None
-        self._models = []
+        self._resident = ()
 
     def _idle_loop(self) -> None:
         """Free contexts after `idle_seconds` without a request; holds the request lock while it does."""
         with self._cond:
             while not self._closed:
-                if not any(m["context_live"] for m in self._models):
+                if not any(m.context_live for m in self._resident):
                     self._cond.wait()
                     continue
                 remaining = self._last_used + self.idle_seconds - time.monotonic()
@@ -745,7 +746,7 @@ class Worker:
                     self._child_died("while idle")
                     continue
                 try:
-                    self._exchange({"op": "dispose"}, 30.0, "freeing idle contexts")
+                    self._exchange(DisposeRequest(), 30.0, "freeing idle contexts")
                 except InferenceError as e:
                     log.warning("%s", e.message)
 

@@ -1,23 +1,21 @@
 """The inference worker: the only process that loads llama.cpp.
 
-`qmdd` starts it as `python -m qmd.server.models.worker_child` (see `qmd.server.models.worker.Worker`) so that a
-native crash in llama.cpp (a failed GGML_ASSERT aborts, a bad GGUF can segfault) kills
-this child, never the daemon that answers keyword search.
+`qmdd` starts it as `python -m qmd.server.models.worker_child` (see
+`qmd.server.models.worker.WorkerClient`) so that a native crash in llama.cpp (a failed
+GGML_ASSERT aborts, a bad GGUF can segfault) kills this child, never the daemon that
+answers keyword search.
 
-Protocol: the child's stdin and stdout carry frames, each a 4-byte big-endian length
-followed by a pickle. Pickle rather than JSON because a batch of vectors travels as one
-float32 byte string (1.5 KB per MiniLM vector instead of ~8 KB of JSON text and a parse),
-and both ends are this package talking over a private pipe, so nothing untrusted is
-unpickled. Requests carry only builtins (dicts, lists, str, int), so the child never
-imports the daemon's modules. The first frame is a hello with the backend facts; after
-that each request gets exactly one reply, in order.
+It reads requests from stdin and writes replies to stdout, in the frames and message
+types of `qmd.server.models.protocol`, and dispatches each request through `OPERATIONS`:
+request type → handler. `WorkerProcess` is the request loop's state (loaded models, the
+GPU decision); `LoadedModel` is one GGUF with its weights resident.
 
 Everything the child or llama.cpp writes goes to stderr, which the parent forwards to
 the daemon's log: the protocol keeps private duplicates of fds 0 and 1, and fd 1 itself is
 pointed at stderr, so a stray native `printf` can never corrupt a frame.
 
-This module's top level imports only the standard library: the daemon imports it for
-`encode_frame`/`HEADER` and must not pull in llama_cpp.
+This module's top level imports only the standard library and the protocol; llama_cpp and
+numpy are imported where they are used, in this process only.
 """
 
 from __future__ import annotations
@@ -28,48 +26,48 @@ import ctypes.util
 import io
 import math
 import os
-import pickle
 import re
 import signal
-import struct
 import sys
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, BinaryIO
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from qmd.server.models.protocol import (
+    ChunkRequest,
+    ChunkSpan,
+    CompleteRequest,
+    Completion,
+    CountTokensRequest,
+    DisposeRequest,
+    EmbedRequest,
+    EmbedResult,
+    GenerationParams,
+    Hello,
+    LikelihoodRequest,
+    LoadParams,
+    RankRequest,
+    RenderChatRequest,
+    Reply,
+    Request,
+    Resident,
+    YesNoRequest,
+    encode_frame,
+    read_frame,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-HEADER = struct.Struct(">I")
-"""Frame header: the pickle's length in bytes."""
 
 # ggml_log_level as this llama.cpp build numbers it (llama_cpp/_logger.py's table is stale:
 # it maps real errors to DEBUG and drops them, and prints warnings as errors).
 GGML_LOG_WARN, GGML_LOG_ERROR, GGML_LOG_CONT = 3, 4, 5
 
 OUTPUT_ROWS = 32
-"""Scored positions per decode in `Model._forward`. llama.cpp keeps an output buffer of one
+"""Scored positions per decode in `LoadedModel._forward`. llama.cpp keeps an output buffer of one
 vocabulary-sized row per output and never shrinks it: 32 rows of Gemma's 262k floats are
 32 MiB, while a whole 512-token batch of outputs would pin 512 MiB."""
-
-
-def encode_frame(message: dict[str, Any]) -> bytes:
-    """One protocol frame: length header + pickle."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return HEADER.pack(len(body)) + body
-
-
-def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
-    """The next frame from a blocking stream, or None at a clean end of input (the parent closed the pipe)."""
-    header = stream.read(HEADER.size)
-    if len(header) < HEADER.size:
-        return None
-    (size,) = HEADER.unpack(header)
-    body = stream.read(size)
-    if len(body) < size:
-        return None
-    return pickle.loads(body)
 
 
 M_MMAP_THRESHOLD = -3
@@ -109,7 +107,7 @@ def _sigmoid(x: float) -> float:
     return z / (1.0 + z)
 
 
-class Model:
+class LoadedModel:
     """One loaded GGUF: weights stay resident, the inference context comes and goes.
 
     llama-cpp-python's `Llama` owns a `LlamaModel` (weights) and a `LlamaContext`
@@ -119,22 +117,22 @@ class Model:
     context gives identical vectors.
     """
 
-    def __init__(self, params: dict[str, Any], n_gpu_layers: int) -> None:
+    def __init__(self, params: LoadParams, n_gpu_layers: int) -> None:
         from llama_cpp import Llama
 
         self.params = params
         # verbose=True keeps llama-cpp-python from pointing fd 2 at /dev/null during the load,
-        # so the native log (filtered to warnings and errors by `Server`) says why a load
+        # so the native log (filtered to warnings and errors by `WorkerProcess`) says why a load
         # failed; its own Python-level prints (system info, the metadata dict) are dropped.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             self.llm = Llama(
-                model_path=params["path"],
-                embedding=params["embedding"],
-                n_ctx=params["n_ctx"],
-                n_batch=params["n_batch"],
-                n_ubatch=params["n_ubatch"],
-                n_threads=params["n_threads"],
-                n_threads_batch=params["n_threads"],
+                model_path=params.path,
+                embedding=params.embedding,
+                n_ctx=params.n_ctx,
+                n_batch=params.n_batch,
+                n_ubatch=params.n_ubatch,
+                n_threads=params.n_threads,
+                n_threads_batch=params.n_threads,
                 n_gpu_layers=n_gpu_layers,
                 flash_attn=True,
                 verbose=True,
@@ -183,7 +181,7 @@ class Model:
             self.llm._ctx.close()
             self.context_live = False
 
-    def embed(self, texts: list[str]) -> dict[str, Any]:
+    def embed(self, texts: list[str]) -> EmbedResult:
         """L2-normalised vectors as float32 bytes, plus token counts and the indices that were clipped.
 
         One sequence per decode: on CPU, packing several sequences into one batch makes
@@ -195,15 +193,13 @@ class Model:
 
         self.ensure_context()
         llm = self.llm
-        pooling = llm.pooling_type()
+        pooling = llm._ctx.pooling_type()  # the context's int; `Llama.pooling_type` is annotated as str
         if pooling not in (
             llama_cpp.LLAMA_POOLING_TYPE_MEAN,
             llama_cpp.LLAMA_POOLING_TYPE_CLS,
             llama_cpp.LLAMA_POOLING_TYPE_LAST,
         ):
-            raise ValueError(
-                f"{os.path.basename(self.params['path'])} has pooling type {pooling}: not an embedding model"
-            )
+            raise ValueError(f"{os.path.basename(self.params.path)} has pooling type {pooling}: not an embedding model")
         n_embd = llm.n_embd()
         limit = min(llm.n_ctx(), llm.context_params.n_ubatch)
         out = np.empty((len(texts), n_embd), dtype=np.float32)
@@ -226,7 +222,7 @@ class Model:
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms > 0, norms, 1)
         llm._ctx.kv_cache_clear()
-        return {"dims": n_embd, "vectors": out.tobytes(), "n_tokens": n_tokens, "clipped": clipped, "limit": limit}
+        return EmbedResult(dims=n_embd, vectors=out.tobytes(), n_tokens=n_tokens, clipped=clipped, limit=limit)
 
     # -- generative models: completion, likelihoods, yes/no, and rank pooling --
 
@@ -241,14 +237,14 @@ class Model:
         Every op starts here, before anything touches the context: one freed while idle is
         rebuilt first (calling into a freed context segfaults).
         """
-        if self.params["embedding"]:
+        if self.params.embedding:
             raise ValueError(f"{op} needs a generative model; {self.name} is loaded for embeddings or ranking")
         self.ensure_context()
 
     @property
     def name(self) -> str:
         """The file name, for error messages."""
-        return os.path.basename(self.params["path"])
+        return os.path.basename(self.params.path)
 
     def prompt_tokens(self, text: str) -> list[int]:
         """A prompt as the model reads it: BOS if its vocabulary adds one, special tokens parsed.
@@ -287,17 +283,8 @@ class Model:
         return self._chat(messages=messages, enable_thinking=False).prompt  # type: ignore[arg-type]
 
     def complete(
-        self,
-        prompt: str | None,
-        messages: list[dict[str, str]] | None,
-        *,
-        max_tokens: int,
-        stop: list[str],
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        seed: int,
-    ) -> dict[str, Any]:
+        self, prompt: str | None, messages: list[dict[str, str]] | None, params: GenerationParams
+    ) -> Completion:
         """Generated text for a raw prompt (or chat messages rendered by the model's template).
 
         The prompt is tokenized here and handed over as tokens, so the length check below
@@ -306,6 +293,7 @@ class Model:
         penalty punishes the format tokens the prompt's examples repeat (models README §2).
         """
         self._require_logits("complete")
+        max_tokens = params.max_tokens
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         text = prompt if messages is None else self.render_chat(messages)
@@ -324,21 +312,21 @@ class Model:
         out = self.llm.create_completion(
             tokens,
             max_tokens=max_tokens,
-            stop=stop,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
+            stop=params.stop,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
             min_p=0.0,
             repeat_penalty=1.0,
-            seed=seed,
+            seed=params.seed,
         )
         usage = out["usage"]  # type: ignore[index]
-        return {
-            "text": out["choices"][0]["text"],  # type: ignore[index]
-            "prompt_tokens": usage["prompt_tokens"],
-            "completion_tokens": usage["completion_tokens"],
-            "seconds": time.perf_counter() - started,
-        }
+        return Completion(
+            text=out["choices"][0]["text"],  # type: ignore[index]
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage["completion_tokens"],
+            seconds=time.perf_counter() - started,
+        )
 
     def _forward(self, tokens: list[int], first_output: int) -> Iterator[Any]:
         """Decode `tokens` as one sequence from an empty cache; yield the logits of each position from `first_output`.
@@ -453,10 +441,10 @@ class Model:
         import numpy as np
 
         llm = self.llm
-        if not self.params["embedding"]:
+        if not self.params.embedding:
             raise ValueError(f"{self.name} is loaded for generation: it is not a cross-encoder")
         self.ensure_context()
-        if llm.pooling_type() != llama_cpp.LLAMA_POOLING_TYPE_RANK:
+        if llm._ctx.pooling_type() != llama_cpp.LLAMA_POOLING_TYPE_RANK:
             raise ValueError(f"{self.name} has no rank pooling: it is not a cross-encoder")
         model, vocab = llm._model.model, llm._model.vocab
         arch = llm.metadata.get("general.architecture", "")
@@ -511,8 +499,8 @@ class Model:
         self.llm.close()
 
 
-class Server:
-    """The request loop's state: models by load key, and the GPU decision made once."""
+class WorkerProcess:
+    """The child's request loop state: models by load parameters, and the GPU decision made once."""
 
     def __init__(self, force_cpu: bool) -> None:
         import llama_cpp
@@ -532,85 +520,83 @@ class Server:
 
         self._log_callback = forward_native_log  # ctypes must keep it alive as long as llama.cpp may call it
         llama_cpp.llama_log_set(forward_native_log, ctypes.c_void_p(0))
-        self.gpu_supported = bool(llama_cpp.llama_supports_gpu_offload())
-        self.n_gpu_layers = -1 if self.gpu_supported and not force_cpu else 0
-        self.models: dict[tuple[Any, ...], Model] = {}
-        self.hello = {
-            "backend": "GPU" if self.n_gpu_layers else "CPU",
-            "gpu_offload_supported": self.gpu_supported,
-            "llama_cpp_version": llama_cpp.__version__,
-            "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
-        }
+        gpu_supported = bool(llama_cpp.llama_supports_gpu_offload())
+        self.n_gpu_layers = -1 if gpu_supported and not force_cpu else 0
+        self.models: dict[LoadParams, LoadedModel] = {}
+        self.hello = Hello(
+            backend="GPU" if self.n_gpu_layers else "CPU",
+            gpu_offload_supported=gpu_supported,
+            llama_cpp_version=llama_cpp.__version__,
+            system_info=llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
+        )
 
-    def model(self, params: dict[str, Any]) -> Model:
+    def model(self, params: LoadParams) -> LoadedModel:
         """The loaded model for these parameters, loading it on first use."""
-        key = tuple(sorted(params.items()))
-        if key not in self.models:
-            self.models[key] = Model(params, self.n_gpu_layers)
-        return self.models[key]
+        if params not in self.models:
+            self.models[params] = LoadedModel(params, self.n_gpu_layers)
+        return self.models[params]
 
-    def state(self) -> dict[str, Any]:
-        """What is resident now, sent with every reply so the parent's `status()` never has to ask."""
-        return {
-            "models": [
-                {"path": m.params["path"], "role": m.params["role"], "context_live": m.context_live}
-                for m in self.models.values()
-            ]
-        }
+    def dispose(self) -> None:
+        """Free every context (the parent's idle timer asks); weights stay, so the next request is fast."""
+        for m in self.models.values():
+            m.free_context()
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+    def reply(self, result: object = None, error: str | None = None) -> Reply:
+        """A reply with what is resident now attached."""
+        resident = tuple(Resident(m.params.path, m.params.role, m.context_live) for m in self.models.values())
+        return Reply(result=result, error=error, resident=resident)
+
+    def handle(self, request: Request[Any]) -> Reply:
         """One reply per request; Python-level failures are answered, not fatal."""
         self.native_error = None
         try:
-            op = request["op"]
-            if op == "embed":
-                result: Any = self.model(request["model"]).embed(request["texts"])
-            elif op == "count_tokens":
-                model = self.model(request["model"])
-                result = [model.count(t) for t in request["texts"]]
-            elif op == "chunk":
-                # Here, not in the daemon: the chunker measures with the model's tokenizer,
-                # which lives in llama.cpp. Offsets only travel back; the parent slices.
-                from qmd.server.index.chunking import iter_chunks
-
-                chunks = iter_chunks(
-                    request["text"], max_tokens=request["max_tokens"], tokenizer=self.model(request["model"])
-                )
-                result = [(c.start, c.end, c.start_line, c.end_line, c.tokens, c.clipped) for c in chunks]
-            elif op == "complete":
-                result = self.model(request["model"]).complete(
-                    request["prompt"],
-                    request["messages"],
-                    max_tokens=request["max_tokens"],
-                    stop=request["stop"],
-                    temperature=request["temperature"],
-                    top_k=request["top_k"],
-                    top_p=request["top_p"],
-                    seed=request["seed"],
-                )
-            elif op == "render_chat":
-                result = self.model(request["model"]).render_chat(request["messages"])
-            elif op == "likelihood":
-                result = self.model(request["model"]).likelihood(request["prefixes"], request["continuation"])
-            elif op == "yes_no":
-                result = self.model(request["model"]).yes_no(request["prompts"])
-            elif op == "rank":
-                result = self.model(request["model"]).rank(request["query"], request["documents"])
-            elif op == "dispose":
-                for m in self.models.values():
-                    m.free_context()
-                result = None
-            else:
-                raise ValueError(f"unknown request {op!r}")
+            handler = OPERATIONS.get(type(request))
+            if handler is None:
+                raise ValueError(f"unknown request {type(request).__name__}")
+            result = handler(self, request)
         except Exception as e:  # the request failed; the worker and its models are still fine
             error = f"{type(e).__name__}: {e}" + (f" (llama.cpp: {self.native_error})" if self.native_error else "")
-            return {"ok": False, "error": error, "state": self.state()}
-        return {"ok": True, "result": result, "state": self.state()}
+            return self.reply(error=error)
+        return self.reply(result)
 
     def close(self) -> None:
         """Unload every model: a clean exit, so a shutdown is never mistaken for a crash in native code."""
         for m in self.models.values():
             m.close()
+
+
+def _chunk(process: WorkerProcess, request: ChunkRequest) -> list[ChunkSpan]:
+    """Chunking runs here, not in the daemon: the chunker measures with the model's tokenizer, which
+    lives in llama.cpp. Offsets only travel back; the parent slices its own copy of the text."""
+    from qmd.server.index.chunking import iter_chunks
+
+    chunks = iter_chunks(request.text, max_tokens=request.max_tokens, tokenizer=process.model(request.model))
+    return [ChunkSpan(c.start, c.end, c.start_line, c.end_line, c.tokens, c.clipped) for c in chunks]
+
+
+Q = TypeVar("Q", bound=Request[Any])
+Handler = Callable[[WorkerProcess, Any], object]
+
+
+def _operation(kind: type[Q], handler: Callable[[WorkerProcess, Q], object]) -> tuple[type[Request[Any]], Handler]:
+    """One row of `OPERATIONS`; going through here lets mypy check each handler against its request type."""
+    return kind, handler
+
+
+OPERATIONS: dict[type[Request[Any]], Handler] = dict(
+    [
+        _operation(EmbedRequest, lambda w, r: w.model(r.model).embed(r.texts)),
+        _operation(CountTokensRequest, lambda w, r: [w.model(r.model).count(t) for t in r.texts]),
+        _operation(ChunkRequest, _chunk),
+        _operation(CompleteRequest, lambda w, r: w.model(r.model).complete(r.prompt, r.messages, r.params)),
+        _operation(RenderChatRequest, lambda w, r: w.model(r.model).render_chat(r.messages)),
+        _operation(LikelihoodRequest, lambda w, r: w.model(r.model).likelihood(r.prefixes, r.continuation)),
+        _operation(YesNoRequest, lambda w, r: w.model(r.model).yes_no(r.prompts)),
+        _operation(RankRequest, lambda w, r: w.model(r.model).rank(r.query, r.documents)),
+        _operation(DisposeRequest, lambda w, r: w.dispose()),
+    ]
+)
+"""The worker's operations: each request type (`protocol`) and the handler that answers it."""
 
 
 def main() -> None:
@@ -625,17 +611,17 @@ def main() -> None:
     os.dup2(null, 0)
     os.close(null)
     _mmap_large_buffers()
-    server = Server(force_cpu="--force-cpu" in sys.argv[1:])
+    process = WorkerProcess(force_cpu="--force-cpu" in sys.argv[1:])
     try:
-        replies.write(encode_frame({"ok": True, "result": server.hello, "state": server.state()}))
+        replies.write(encode_frame(process.reply(process.hello)))
         replies.flush()
         while (request := read_frame(requests)) is not None:
-            replies.write(encode_frame(server.handle(request)))
+            replies.write(encode_frame(process.handle(request)))
             replies.flush()
     except BrokenPipeError:  # the parent is gone: nobody to answer
         pass
     finally:
-        server.close()
+        process.close()
 
 
 if __name__ == "__main__":

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 
 from qmd.server.index import llm_cache
 from qmd.server.index.store import Store
+from qmd.server.models.protocol import GenerationParams
 from qmd.server.search.lexical import STOP_WORDS
 from qmd.server.search.querydoc import SUBQUERY_TYPES
 
 if TYPE_CHECKING:
-    from qmd.server.models.worker import ModelSpec, Worker
+    from qmd.server.models.worker import ModelSpec, WorkerClient
 
 __all__ = [
     "EXAMPLE_LINES",
@@ -233,15 +234,14 @@ def fallback(query: str) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Prompt:
-    """One generation request: a raw `prompt` or chat `messages` (exactly one is set), and its sampling."""
+    """One generation request: a raw `prompt` or chat `messages` (exactly one is set), and its sampling.
+
+    The sampling is chosen here, next to the prompt it suits, and travels whole to the worker.
+    """
 
     prompt: str | None
     messages: list[dict[str, str]] | None
-    max_tokens: int
-    stop: list[str]
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 1.0
+    params: GenerationParams
 
 
 def _answer(lex: str, vec: str, hyde: str) -> str:
@@ -260,11 +260,7 @@ def build_prompt(query: str, name: str | None, chat_template: bool) -> Prompt:
         return Prompt(
             prompt=None,
             messages=[{"role": "user", "content": f"/no_think Expand this search query: {query}"}],
-            max_tokens=300,
-            stop=[],
-            temperature=0.7,
-            top_k=20,
-            top_p=0.8,
+            params=GenerationParams(max_tokens=300, stop=[], temperature=0.7, top_k=20, top_p=0.8),
         )
     if chat_template:
         # The instructions ride in the first user turn rather than a system message: some chat
@@ -274,10 +270,14 @@ def build_prompt(query: str, name: str | None, chat_template: bool) -> Prompt:
             user = f"Query: {example}" if i else f"{INSTRUCTIONS}\n\nQuery: {example}"
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": _answer(lex, vec, hyde)}]
         messages.append({"role": "user", "content": f"Query: {query}"})
-        return Prompt(prompt=None, messages=messages, max_tokens=96, stop=["\n\n", "<|im_end|>"])
+        return Prompt(
+            prompt=None, messages=messages, params=GenerationParams(max_tokens=96, stop=["\n\n", "<|im_end|>"])
+        )
     shots = "".join(f"Query: {example}\n{_answer(lex, vec, hyde)}\n\n" for example, lex, vec, hyde in FEW_SHOT)
     return Prompt(
-        prompt=f"{INSTRUCTIONS}\n\n{shots}Query: {query}\n", messages=None, max_tokens=96, stop=["\nQuery:", "\n\n"]
+        prompt=f"{INSTRUCTIONS}\n\n{shots}Query: {query}\n",
+        messages=None,
+        params=GenerationParams(max_tokens=96, stop=["\nQuery:", "\n\n"]),
     )
 
 
@@ -297,21 +297,11 @@ class Expansion:
     seconds: float
 
 
-def worker_generate(worker: Worker, spec: ModelSpec, timeout: float | None = None) -> Callable[[Prompt], str]:
-    """An Expander's `generate`: the prompt run by `Worker.complete` on the generate model."""
+def worker_generate(worker: WorkerClient, spec: ModelSpec, timeout: float | None = None) -> Callable[[Prompt], str]:
+    """An Expander's `generate`: the prompt run by `WorkerClient.complete` on the generate model."""
 
     def generate(p: Prompt) -> str:
-        return worker.complete(
-            spec,
-            p.prompt,
-            messages=p.messages,
-            max_tokens=p.max_tokens,
-            stop=p.stop,
-            temperature=p.temperature,
-            top_k=p.top_k,
-            top_p=p.top_p,
-            timeout=timeout,
-        ).text
+        return worker.complete(spec, p.prompt, messages=p.messages, params=p.params, timeout=timeout).text
 
     return generate
 
@@ -320,7 +310,7 @@ class Expander:
     """Expands queries with one generate model, through the `llm_cache`.
 
     `generate` runs a `Prompt` on the model and returns its text (the daemon wires it to
-    `Worker.complete`); a `QmdError` from it propagates, and the pipeline reports expansion as
+    `WorkerClient.complete`); a `QmdError` from it propagates, and the pipeline reports expansion as
     skipped. Fallbacks are never cached, so a model that failed once gets another chance.
     """
 

@@ -23,7 +23,7 @@ import re
 from typing import Literal, Protocol
 
 from qmd.server.errors import InvalidInput
-from qmd.server.models.worker import ModelSpec, Worker
+from qmd.server.models.worker import ModelSpec, WorkerClient
 
 Method = Literal["cross-encoder", "yes-no", "query-likelihood"]
 METHODS: tuple[Method, ...] = ("cross-encoder", "yes-no", "query-likelihood")
@@ -65,7 +65,7 @@ class Reranker(Protocol):
 class _Scorer:
     """What every scorer shares: the worker, the model, and cutting passages to the token cap."""
 
-    def __init__(self, worker: Worker, spec: ModelSpec, uri: str, passage_tokens: int) -> None:
+    def __init__(self, worker: WorkerClient, spec: ModelSpec, uri: str, passage_tokens: int) -> None:
         self.worker = worker
         self.spec = spec
         self.uri = uri
@@ -96,11 +96,11 @@ class _Scorer:
 
 
 class CrossEncoderReranker(_Scorer):
-    """A rank-pooling GGUF scoring each (query, passage) pair: `Worker.rank`, probabilities in [0, 1]."""
+    """A rank-pooling GGUF scoring each (query, passage) pair: `WorkerClient.rank`, probabilities in [0, 1]."""
 
     method: Method = "cross-encoder"
 
-    def __init__(self, worker: Worker, path: str, uri: str, *, passage_tokens: int = PASSAGE_TOKENS) -> None:
+    def __init__(self, worker: WorkerClient, path: str, uri: str, *, passage_tokens: int = PASSAGE_TOKENS) -> None:
         super().__init__(worker, ModelSpec("rerank", path), uri, passage_tokens)
 
     def score(self, query: str, passages: list[str]) -> list[float]:
@@ -115,7 +115,7 @@ class _GenerativeScorer(_Scorer):
     role; a chat model gets its prompt rendered once by its own template."""
 
     def __init__(
-        self, worker: Worker, path: str, uri: str, *, chat: bool, passage_tokens: int = PASSAGE_TOKENS
+        self, worker: WorkerClient, path: str, uri: str, *, chat: bool, passage_tokens: int = PASSAGE_TOKENS
     ) -> None:
         super().__init__(worker, ModelSpec("generate", path), uri, passage_tokens)
         self.chat = chat
@@ -206,7 +206,7 @@ def _split(rendered: str, path: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def make_reranker(worker: Worker, path: str, uri: str, *, method: str | None = None) -> Reranker:
+def make_reranker(worker: WorkerClient, path: str, uri: str, *, method: str | None = None) -> Reranker:
     """The scorer for the GGUF at `path`: rank pooling → cross-encoder; a generative model named
     "…rerank…" → yes-no; any other generative model → query-likelihood. `method` overrides
     the choice and is checked against what the model can do.

@@ -1,0 +1,226 @@
+"""What the daemon and its inference child say to each other: frames, and one typed message per operation.
+
+Frames: each is a 4-byte big-endian length followed by a pickle. Pickle rather than JSON
+because a batch of vectors travels as one float32 byte string (1.5 KB per MiniLM vector
+instead of ~8 KB of JSON text and a parse), and both ends are this package talking over a
+private pipe, so nothing untrusted is unpickled.
+
+Messages are the frozen dataclasses below. This module imports only the standard library,
+so the child can unpickle them without importing any daemon module (FastAPI, SQLite), and
+the daemon can build them without importing llama_cpp. A request type names the type of its
+result (`EmbedRequest` is a `Request[EmbedResult]`), so the parent's call returns what the
+child's handler produced; the child maps each request type to its handler in one table,
+`worker_child.OPERATIONS`. Adding an operation is a request type here, its row in that
+table, and the parent's method that sends it.
+
+The first frame the child sends is a `Reply` carrying a `Hello`; after that each request
+gets exactly one `Reply`, in order.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Generic, Literal, NamedTuple, TypeVar
+
+HEADER = struct.Struct(">I")
+"""Frame header: the pickle's length in bytes."""
+
+Role = Literal["embed", "rerank", "generate"]
+
+R = TypeVar("R")
+
+
+def encode_frame(message: object) -> bytes:
+    """One protocol frame: length header + pickle."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return HEADER.pack(len(body)) + body
+
+
+def read_frame(stream: BinaryIO) -> Any:
+    """The next message from a blocking stream, or None at a clean end of input (the parent closed the pipe)."""
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    (size,) = HEADER.unpack(header)
+    body = stream.read(size)
+    if len(body) < size:
+        return None
+    return pickle.loads(body)
+
+
+# --- values carried by requests ---
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    """Everything that decides a loaded model object, chosen by the parent where the GGUF metadata is.
+
+    Hashable, because it is also the child's key for the loaded model: requests with equal
+    parameters share one load.
+    """
+
+    role: Role
+    path: str
+    """The real path, so a symlink and its target are one model."""
+    embedding: bool
+    """Pooled output (an embedder or a cross-encoder) rather than logits."""
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """How to sample a completion, chosen once by the caller (query expansion) and carried whole to llama.cpp.
+
+    Temperature 0 is greedy, so the same prompt gives the same text. min_p (0) and
+    repeat_penalty (1.0) are not here because they are fixed: see `LoadedModel.complete`.
+    """
+
+    max_tokens: int
+    stop: list[str]
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 1.0
+    seed: int = 0
+
+
+# --- results ---
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    """Vectors as one float32 byte string (the reason the frames are pickles), and what was clipped."""
+
+    dims: int
+    vectors: bytes
+    """Row-major float32, `dims` values per input, L2-normalised."""
+    n_tokens: list[int]
+    clipped: list[int]
+    """Indices of the inputs longer than `limit` tokens, cut at the token level."""
+    limit: int
+
+
+class ChunkSpan(NamedTuple):
+    """A chunk as offsets only: the parent has the text and slices it, so the text never travels back."""
+
+    start: int
+    end: int
+    start_line: int
+    end_line: int
+    tokens: int
+    clipped: bool
+
+
+class Completion(NamedTuple):
+    """Generated text and what it cost, so callers can log latency and budget tokens."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    """Wall time in the worker from tokenizing to the last token (no model load, no pipe)."""
+
+
+# --- requests: one type per operation, each naming its result type ---
+
+
+class Request(Generic[R]):
+    """A request whose reply carries an `R`; the parent's `_call` returns that type."""
+
+
+@dataclass(frozen=True)
+class EmbedRequest(Request[EmbedResult]):
+    model: LoadParams
+    texts: list[str]
+    """Already in the model family's prompt format."""
+
+
+@dataclass(frozen=True)
+class CountTokensRequest(Request[list[int]]):
+    model: LoadParams
+    texts: list[str]
+
+
+@dataclass(frozen=True)
+class ChunkRequest(Request[list[ChunkSpan]]):
+    model: LoadParams
+    text: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class CompleteRequest(Request[Completion]):
+    model: LoadParams
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    """Rendered by the GGUF's chat template; exactly one of `prompt` and `messages` is set."""
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class RenderChatRequest(Request[str]):
+    model: LoadParams
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class LikelihoodRequest(Request[list[float]]):
+    model: LoadParams
+    prefixes: list[str]
+    continuation: str
+
+
+@dataclass(frozen=True)
+class YesNoRequest(Request[list[float]]):
+    model: LoadParams
+    prompts: list[str]
+
+
+@dataclass(frozen=True)
+class RankRequest(Request[list[float]]):
+    model: LoadParams
+    query: str
+    documents: list[str]
+
+
+@dataclass(frozen=True)
+class DisposeRequest(Request[None]):
+    """Free every inference context; the weights stay loaded (the parent's idle timer sends it)."""
+
+
+# --- replies ---
+
+
+class Resident(NamedTuple):
+    """One model the child holds, and whether its context is live (the idle timer's business)."""
+
+    path: str
+    role: Role
+    context_live: bool
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Backend facts the child reports once, at start, for `status` and `doctor`."""
+
+    backend: Literal["GPU", "CPU"]
+    gpu_offload_supported: bool
+    llama_cpp_version: str
+    system_info: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to one request: its result or why it failed, and what is resident now.
+
+    `resident` rides on every reply so the parent's `status()` never has to ask (and never
+    waits behind a request in flight).
+    """
+
+    result: Any
+    error: str | None
+    resident: tuple[Resident, ...]
