@@ -94,11 +94,11 @@ def _connect(path: Path):
 
 def floor_fts5(root: Path, db: Path) -> tuple[float, float]:
     """(total seconds, seconds inside INSERT) for read + decode + FTS5 insert, one transaction."""
-    from qmd.server.index.store import FTS_SCHEMA
+    from qmd.server.index.schema import FTS_TABLE
 
     conn = _connect(db)
     # the same table definition as the index's (with or without a copy of the bodies)
-    conn.execute(FTS_SCHEMA.replace("IF NOT EXISTS documents_fts", "fts"))
+    conn.execute(FTS_TABLE.replace("IF NOT EXISTS documents_fts", "fts"))
     t0 = time.perf_counter()
     insert_s = 0.0
     conn.execute("BEGIN")
@@ -118,11 +118,11 @@ def floor_fts5(root: Path, db: Path) -> tuple[float, float]:
 
 def floor_schema(root: Path, db: Path) -> float:
     """qmd's schema and statements, in one process, batches of 400 files per transaction."""
-    from qmd.server.index.store import FTS_SCHEMA, SCHEMA
+    from qmd.server.index.schema import FTS_TABLE, TABLES
 
     conn = _connect(db)
-    conn.executescript(SCHEMA)
-    conn.execute(FTS_SCHEMA)
+    conn.executescript(TABLES)
+    conn.execute(FTS_TABLE)
     files = list_files(root)
     t0 = time.perf_counter()
     now = "2026-01-01T00:00:00+00:00"

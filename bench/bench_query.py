@@ -479,6 +479,7 @@ class Bare:
         import io
 
         from llama_cpp import Llama
+
         from qmd.server.models.worker import CONTEXT, gguf_metadata, usable_cores
 
         meta = gguf_metadata(path)

@@ -238,9 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # In-process engine (no HTTP), on the same index, once the daemon has let go of it.
         os.environ.update({k: env.vars[k] for k in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")})
-        from qmd.server.engine import Engine
-
         from qmd.paths import IndexPaths
+        from qmd.server.engine import Engine
 
         engine = Engine(IndexPaths.resolve(None))
         try:

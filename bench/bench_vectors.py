@@ -231,12 +231,11 @@ def in_process(env: Isolated, model: str, rounds: int) -> dict[str, list[float]]
     """The daemon's vsearch steps, timed in this process on the same index."""
     os.environ.update({k: env.vars[k] for k in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")})
     os.environ["QMD_EMBED_MODEL"] = model
+    from qmd.paths import IndexPaths
     from qmd.server.engine import Engine
     from qmd.server.index.embed_job import embed_query
     from qmd.server.index.vectors import find_space
     from qmd.server.search.keyword import vector_search
-
-    from qmd.paths import IndexPaths
 
     engine = Engine(IndexPaths.resolve(None))
     out: dict[str, list[float]] = {
@@ -289,7 +288,6 @@ def build(path: Path, n_big: int, seed: int) -> dict:
 
     rng = random.Random(f"qmd-bench-vectors-{seed}")
     store = Store(path)
-    store.write(vectors.install)
     space = store.write(lambda c: vectors.ensure_space(c, "bench-synthetic", "synthetic", DIMS))
     now = utcnow()
     t_write = 0.0

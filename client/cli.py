@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from qmd.client import formats
 from qmd.client.connection import ClientError, Daemon
 
@@ -334,7 +335,7 @@ cli.add_command(query, "deep-search")
 @pass_ctx
 def get(c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full_path: bool) -> None:
     """Show a document: a path, qmd://collection/path, #docid, or path:from:count."""
-    doc = c.call("POST", "/v1/get", {"name": name, "from_line": from_line, "max_lines": max_lines, "cwd": os.getcwd()})
+    doc = c.call("POST", "/v1/get", {"file": name, "from_line": from_line, "max_lines": max_lines, "cwd": os.getcwd()})
     _out(
         formats.render_document(
             doc, from_line=doc["from_line"], line_numbers=line_numbers, full_path=full_path, cwd=os.getcwd()

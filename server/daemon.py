@@ -115,6 +115,7 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
         sys.exit(1)
 
     import uvicorn
+
     from qmd.server.engine import Engine
     from qmd.server.errors import QmdError
     from qmd.server.http.app import create_app

@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from qmd import __version__
+from qmd.paths import DEFAULT_INDEX, IndexPaths
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
 from qmd.server.index import catalog, vectors
 from qmd.server.index.config import (
@@ -56,16 +58,12 @@ from qmd.server.search.querydoc import QueryDoc
 from qmd.server.search.rerank import Reranker, make_reranker
 from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_search
 
-from qmd import __version__
-from qmd.paths import DEFAULT_INDEX, IndexPaths
-
 
 class Engine:
     def __init__(self, paths: IndexPaths) -> None:
         self.paths = paths
         self.config_file = ConfigFile(paths.config)
         self.store = Store(paths.db)
-        self.store.write(vectors.install)
         self.worker = WorkerClient()
         self.embedders = Embedders(self.worker)
         self.started = time.time()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS_DIR, SHARED, require
+
 from qmd.server.index.chunking import (
     CHUNKER_VERSION,
     SCORES,

@@ -97,7 +97,7 @@ def test_wildcard_bind_warns(env: Env) -> None:
         (b'{"searches": [{"type": "lex", "query": "x"}], "limit": 0}', 400, "limit"),
         (b'{"searches": [{"type": "regex", "query": "x"}]}', 400, "searches.0.type"),
         (b'{"searches": []}', 400, "searches"),
-        (b"{}", 400, "give either 'query' (text or a query document) or 'searches'"),
+        (b"{}", 400, "provide either 'query' (plain text) or 'searches' (typed sub-queries)"),
         (b"[]", 400, ""),
     ],
 )
@@ -154,7 +154,7 @@ def test_bad_collection_requests_change_nothing(daemon: Daemon, env: Env, notes:
 def test_get_outside_collections_is_refused(daemon: Daemon, env: Env, notes: Path) -> None:
     env.ok("collection", "add", str(notes), "--name", "notes")
     for name in ("../../etc/passwd", "/etc/passwd", str(notes.parent / "elsewhere.md"), "qmd://notes/../../etc/passwd"):
-        r = daemon.http.post("/v1/get", json={"name": name, "cwd": str(notes)})
+        r = daemon.http.post("/v1/get", json={"file": name, "cwd": str(notes)})
         assert r.status_code in (403, 404), (name, r.text)
         assert "root:" not in r.text
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from qmd.server.errors import QmdError
 from qmd.server.index import llm_cache
 from qmd.server.index.store import Store

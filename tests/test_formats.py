@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from qmd.client.formats import (
     DEFAULT_EDITOR_URI,
     FORMATS,

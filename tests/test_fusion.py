@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from qmd.server.search.fusion import RankedList, blend, fuse, max_fused, position_weight
 from qmd.server.search.lexical import identifier_tokens, intent_terms
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS_DIR, require
+
 from qmd.server.errors import InvalidInput
 from qmd.server.models.protocol import GenerationParams
 from qmd.server.models.worker import Completion, InferenceError, ModelSpec, WorkerClient

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from conftest import NOTES, write
+
+from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
 from qmd.server.search.expansion import Expander, Prompt
 from qmd.server.search.hybrid import CostModel, HybridQuery, Legs, QueryOptions
 from qmd.server.search.querydoc import parse_query
-
-from qmd.paths import IndexPaths
 
 MORE = {f"extra/note-{i}.md": f"# Note {i}\n\nInvestors and bread, item {i}.\n" for i in range(8)}
 
@@ -74,7 +74,9 @@ def test_expansion_lines_route_to_keyword_lists_with_weight_one(engine: Engine) 
     st = {s.stage: s for s in out.stages}
     assert st["expand"].status == "ran" and "3 lines" in st["expand"].detail
     assert st["vector"].status == "skipped" and "no vectors in this test" in st["vector"].detail
-    contributions = out.hits[0]["explain"]["rrf"]["contributions"]
+    explain = out.hits[0].explain
+    assert explain is not None
+    contributions = explain["rrf"]["contributions"]
     assert {(c["queryType"], c["weight"]) for c in contributions} == {("original", 2.0), ("lex", 1.0)}
     assert out.expansion == [
         ("lex", "angel investors"),
@@ -96,12 +98,12 @@ def test_expansion_failure_is_a_skipped_stage(engine: Engine) -> None:
 def test_rerank_reorders_and_caches(engine: Engine) -> None:
     rr = ScriptedReranker()
     out = run(engine, "investors", legs(rr), explain=True)
-    by_path = {h["path"]: h for h in out.hits}
-    assert by_path["fundraising.md"]["rerank"] == 1.0 and by_path["ideas.md"]["rerank"] == pytest.approx(0.1)
+    by_path = {h.doc.path: h for h in out.hits}
+    assert by_path["fundraising.md"].rerank == 1.0 and by_path["ideas.md"].rerank == pytest.approx(0.1)
     for h in out.hits:  # the documented blend, position-weighted
-        w = h["explain"]["rrf"]["weight"]
-        assert h["score"] == pytest.approx(w * h["fusion"] + (1 - w) * h["rerank"], abs=1e-3)
-    assert [h["score"] for h in out.hits] == sorted((h["score"] for h in out.hits), reverse=True)
+        w = h.explain["rrf"]["weight"]
+        assert h.score == pytest.approx(w * h.fusion + (1 - w) * h.rerank, abs=1e-3)
+    assert [h.score for h in out.hits] == sorted((h.score for h in out.hits), reverse=True)
     engine.store.write(lambda conn: None, bump=False)  # let the cache writes land
     calls = rr.calls
     again = run(engine, "investors", legs(rr))
@@ -116,7 +118,7 @@ def test_budget_reranks_only_what_fits_and_says_so(engine: Engine) -> None:
     st = {s.stage: s for s in out.stages}["rerank"]
     assert st.status == "partial", st
     assert "count 0 for the rerank term" in st.detail
-    scored = [h for h in out.hits if h["rerank"] is not None]
+    scored = [h for h in out.hits if h.rerank is not None]
     assert 1 <= len(scored) < len(out.hits)
     assert out.elapsed_ms < 1000
 
@@ -125,13 +127,13 @@ def test_rerank_failure_keeps_the_fused_order(engine: Engine) -> None:
     out = run(engine, "investors", legs(ScriptedReranker(fail=True)))
     st = {s.stage: s for s in out.stages}["rerank"]
     assert st.status == "skipped" and "SIGKILL" in st.detail
-    assert out.hits and all(h["rerank"] is None for h in out.hits)
-    assert out.hits[0]["score"] == out.hits[0]["fusion"]
+    assert out.hits and all(h.rerank is None for h in out.hits)
+    assert out.hits[0].score == out.hits[0].fusion
 
 
 def test_min_score_and_limit(engine: Engine) -> None:
     out = run(engine, "investors", legs(), min_score=0.99)
-    assert len(out.hits) == 1 and out.hits[0]["score"] >= 0.99
+    assert len(out.hits) == 1 and out.hits[0].score >= 0.99
     none = run(engine, "investors", legs(ScriptedReranker()), min_score=0.99, limit=3)
     assert none.hits == [] and none.below_min_score
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS_DIR, ROOT, require
+
 from qmd.server.models import worker as inference
 from qmd.server.models.worker import (
     Embeddings,

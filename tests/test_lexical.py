@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+
 from qmd.server.search.lexical import (
     STOP_WORDS,
     LexQuery,

@@ -21,9 +21,9 @@ import httpx
 import pytest
 from conftest import NOTES, Daemon, Env, write
 from mcp import Client, MCPError, types
-from qmd.server.http.mcp import TOOLS
 
 from qmd import __version__
+from qmd.server.http.mcp import TOOLS
 
 T = TypeVar("T")
 
@@ -178,10 +178,10 @@ def test_listed_schemas_and_argument_models_name_the_same_parameters() -> None:
     """The schema is what agents read, the model is what validates: they must agree."""
     for name, spec in TOOLS.items():
         schema = spec.definition.input_schema
-        assert list(schema["properties"]) == list(spec.args.model_fields), name
-        required = [f for f, info in spec.args.model_fields.items() if info.is_required()]
-        assert schema.get("required", []) == required, name
-        for field, info in spec.args.model_fields.items():
+        fields = {info.alias or f: info for f, info in spec.args.model_fields.items()}
+        assert list(schema["properties"]) == list(fields), name
+        assert schema.get("required", []) == [f for f, info in fields.items() if info.is_required()], name
+        for field, info in fields.items():
             if "default" in schema["properties"][field]:
                 assert schema["properties"][field]["default"] == info.default, (name, field)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from qmd.server.errors import Forbidden, InvalidInput, NotFound, QmdError
 from qmd.server.models import refs as mf
 

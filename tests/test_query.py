@@ -79,8 +79,8 @@ def test_grammar_errors_are_clear_and_change_nothing(env: Env, daemon: Daemon, t
 def test_http_query_needs_exactly_one_form(daemon: Daemon) -> None:
     both = daemon.http.post("/query", json={"query": "a", "searches": [{"type": "lex", "query": "a"}]})
     neither = daemon.http.post("/query", json={"limit": 3})
-    for resp in (both, neither):
-        assert resp.status_code == 400 and "either 'query'" in resp.text
+    assert both.status_code == 400 and "'query' and 'searches' are mutually exclusive" in both.text
+    assert neither.status_code == 400 and "provide either 'query'" in neither.text
     bad = daemon.http.post("/query", json={"query": "a", "budgetMs": 0})
     assert bad.status_code == 400 and "budgetMs" in bad.text
 
@@ -180,8 +180,9 @@ def test_identifiers_double_the_keyword_weight(hybrid: tuple[Env, Daemon]) -> No
 
 def test_mcp_default_budget_and_stages(hybrid: tuple[Env, Daemon]) -> None:
     _, d = hybrid
-    from qmd.server.http.mcp import DEFAULT_BUDGET_MS
+    from qmd.server.http.wire import McpQueryArgs
 
+    DEFAULT_BUDGET_MS = McpQueryArgs.model_fields["budget_ms"].default
     answer = d.http.post("/query", json={"query": "how do I raise money for a startup", "budgetMs": DEFAULT_BUDGET_MS})
     body = answer.json()
     assert answer.status_code == 200 and body["elapsedMs"] < DEFAULT_BUDGET_MS + 1500

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from qmd.server.errors import InvalidInput
 from qmd.server.search.querydoc import (
     MAX_LINE_CHARS,
@@ -218,6 +219,7 @@ def test_typed_query_from_an_api_list() -> None:
 def test_query_help_has_the_grammar_and_working_examples() -> None:
     """`qmd query --help` is the syntax reference: its grammar is §11's and its examples parse."""
     from click.testing import CliRunner
+
     from qmd.client.cli import cli
 
     text = CliRunner().invoke(cli, ["query", "--help"]).output

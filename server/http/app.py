@@ -8,15 +8,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from qmd import __version__
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
 from qmd.server.http.auth import require_token
 from qmd.server.http.guard import GuardSettings, OriginHostGuard
 from qmd.server.http.mcp import McpEndpoint
 from qmd.server.http.routes import router
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from qmd import __version__
+from qmd.server.http.wire import http_status
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("qmd.server")
@@ -142,7 +143,7 @@ def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -
 
     @app.exception_handler(QmdError)
     async def _qmd(_: Request, exc: QmdError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, **exc.detail}, status_code=exc.status)
+        return JSONResponse({"error": exc.message, **exc.detail}, status_code=http_status(exc))
 
     @app.exception_handler(Exception)
     async def _fault(_: Request, exc: Exception) -> JSONResponse:

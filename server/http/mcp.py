@@ -1,11 +1,11 @@
 """MCP over Streamable HTTP at `/mcp` (spec §20), served by the daemon itself.
 
 Every MCP client -- an editor speaking HTTP, or `qmd mcp` bridging stdio -- shares
-this one process, its index and (later) its warm models, instead of each agent
-loading its own copy. The official SDK's low-level `Server` is used rather than
-`MCPServer` because the tool contract is ours to state exactly: hand-written input
-schemas, unknown parameters refused by name (the original drops them silently),
-and results shaped as pointers (seeds/002).
+this one process, its index and its warm models, instead of each agent loading its
+own copy. The official SDK's low-level `Server` is used rather than `MCPServer`
+because the tool contract is ours to state exactly: the wire's request models (their
+schemas generated, with the descriptions agents read), unknown parameters refused by
+name (the original drops them silently), and results shaped as pointers (seeds/002).
 
 The transport is stateless with JSON responses: each POST is one self-contained
 exchange, so nothing outlives a request. That is also why a session manager is
@@ -26,7 +26,7 @@ import difflib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote, unquote
 
 import anyio.to_thread
@@ -36,78 +36,74 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from qmd.server.engine import Engine
-from qmd.server.errors import InvalidInput, NotFound, QmdError
-from qmd.server.http.schemas import query_plan
-from qmd.server.index.documents import split_range
-from qmd.server.index.store import utcnow
-from qmd.server.search.hybrid import primary_text
-from qmd.server.search.keyword import numbered_snippet
+from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from qmd import __version__
+from qmd.server.engine import Engine
+from qmd.server.errors import InvalidInput, NotFound, QmdError
+from qmd.server.http.wire import (
+    GetRequest,
+    McpCollection,
+    McpQueryArgs,
+    McpStatus,
+    MultiGetRequest,
+    QueryResponse,
+    ResultOut,
+    StatusRequest,
+    SubSearch,
+    mcp_result,
+    query_plan,
+    query_response,
+)
+from qmd.server.index.documents import split_range
+from qmd.server.index.store import utcnow
+from qmd.server.search.hybrid import primary_text
 
 log = logging.getLogger("qmd.mcp")
 
-DEFAULT_QUERY_LIMIT = 8
-"""At most ~8 pointers by default (seeds/002): a budget that keeps ranking honest."""
-DEFAULT_BUDGET_MS = 4000
-"""Agents call `query` in loops: by default an answer comes within ~4 s, dropping
-expansion, then reranking, then vectors as needed (each drop is reported)."""
-DEFAULT_MAX_BYTES = 65536
-MAX_QUERY_CHARS = 20_000
 URI_SCHEME = "qmd://"
 
 
 # -- tool arguments ------------------------------------------------------------------
 #
-# Field names are the wire names (camelCase, as in §20.3) so the models and the
-# listed schemas name parameters identically; `extra="forbid"` is what turns a
-# misspelled parameter into an error instead of a silently ignored one.
+# The argument models are the wire's (`http.wire`), validated by their camelCase names
+# only (§20.3): a snake_case or misspelled parameter is an error that names the one
+# meant, never silently ignored. The listed input schemas are generated from them.
 
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SubSearchArgs(_Args):
-    type: Literal["lex", "vec", "hyde"]
-    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-
-
-class QueryArgs(_Args):
-    searches: list[SubSearchArgs] | None = Field(None, min_length=1, max_length=10)
-    query: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS)
-    limit: int = Field(DEFAULT_QUERY_LIMIT, ge=1, le=1000)
-    minScore: float = Field(0.0, ge=0.0, le=1.0)
-    candidateLimit: int = Field(40, ge=1, le=1000)
-    collections: list[str] | None = None
-    intent: str | None = Field(None, max_length=2000)
-    rerank: bool = True
-    budgetMs: int = Field(DEFAULT_BUDGET_MS, ge=1, le=600_000)
-
-
-class GetArgs(_Args):
-    file: str = Field(min_length=1, max_length=4096)
-    fromLine: int | None = Field(None, ge=1)
-    maxLines: int | None = Field(None, ge=1)
-    lineNumbers: bool = True
-
-
-class MultiGetArgs(_Args):
-    pattern: str = Field(min_length=1, max_length=4096)
-    maxLines: int | None = Field(None, ge=1)
-    maxBytes: int = Field(DEFAULT_MAX_BYTES, ge=1)
-    lineNumbers: bool = True
-
-
-class StatusArgs(_Args):
-    pass
-
-
-_NESTED_ARGS: dict[str, type[_Args]] = {"searches": SubSearchArgs}
+_NESTED_ARGS: dict[str, type[BaseModel]] = {"searches": SubSearch}
 """Models of list-valued parameters, for naming the fields an unknown nested key may have meant."""
+
+
+def _wire_names(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def tool_schema(model: type[BaseModel], *, output: bool = False) -> dict[str, Any]:
+    """The JSON schema agents read, from the model that validates (or, for `output`,
+    serializes): references inlined, no generated titles, and in inputs `X or null`
+    shown as `X` (null means "left out", which is what an agent should do)."""
+    raw = model.model_json_schema(by_alias=True, mode="serialization" if output else "validation")
+    defs = raw.pop("$defs", {})
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, list):
+            return [clean(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return clean({**defs[node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}})
+        options = node.get("anyOf")
+        if not output and options and len(options) == 2 and {"type": "null"} in options:
+            kept = next(o for o in options if o != {"type": "null"})
+            node = {**{k: v for k, v in node.items() if k != "anyOf"}, **kept}
+            if node.get("default", 0) is None:
+                del node["default"]
+        return {k: clean(v) for k, v in node.items() if k != "title"}
+
+    schema = clean(raw)
+    schema.setdefault("properties", {})
+    return schema
 
 
 def _unknown_parameter(where: str, name: str, known: list[str]) -> str:
@@ -126,7 +122,7 @@ def _unknown_parameter(where: str, name: str, known: list[str]) -> str:
     return f"unknown parameter '{where}'{hint}"
 
 
-def _describe(err: ValidationError, model: type[_Args]) -> str:
+def _describe(err: ValidationError, model: type[BaseModel]) -> str:
     """Turn pydantic errors into one line that names each bad parameter and what to fix."""
     parts: list[str] = []
     for e in err.errors():
@@ -134,7 +130,7 @@ def _describe(err: ValidationError, model: type[_Args]) -> str:
         where = loc[0] + "".join(f"[{x}]" if x.isdigit() else f".{x}" for x in loc[1:]) if loc else "arguments"
         if e["type"] == "extra_forbidden":
             owner = _NESTED_ARGS.get(loc[0], model) if len(loc) > 1 else model
-            parts.append(_unknown_parameter(where, loc[-1], list(owner.model_fields)))
+            parts.append(_unknown_parameter(where, loc[-1], _wire_names(owner)))
         elif e["type"] == "missing":
             parts.append(f"missing required parameter '{where}'")
         else:
@@ -180,190 +176,6 @@ Threshold on `score` around 0.3 to drop weak pointers.
 At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
 (default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
 could not run are reported under `skipped` with the reason, never dropped silently."""
-
-_QUERY_INPUT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "searches": {
-            "type": "array",
-            "description": "Typed sub-queries; results of all of them are merged. Mutually exclusive with `query`.",
-            "minItems": 1,
-            "maxItems": 10,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "type": {
-                        "type": "string",
-                        "enum": ["lex", "vec", "hyde"],
-                        "description": "lex = keywords (BM25), vec = meaning, hyde = hypothetical answer text.",
-                    },
-                    "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS},
-                },
-                "required": ["type", "query"],
-                "additionalProperties": False,
-            },
-        },
-        "query": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": MAX_QUERY_CHARS,
-            "description": "Plain-text query, expanded by the local model (or a query document of "
-            "lex:/vec:/hyde: lines). Mutually exclusive with `searches`.",
-        },
-        "limit": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 1000,
-            "default": DEFAULT_QUERY_LIMIT,
-            "description": "Maximum number of results.",
-        },
-        "minScore": {
-            "type": "number",
-            "minimum": 0,
-            "maximum": 1,
-            "default": 0,
-            "description": "Drop results scoring below this (0-1).",
-        },
-        "candidateLimit": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 1000,
-            "default": 40,
-            "description": "Candidates kept after fusion and handed to the reranker.",
-        },
-        "collections": {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": "Only search these collections (default: every collection included by default).",
-        },
-        "intent": {
-            "type": "string",
-            "maxLength": 2000,
-            "description": "What the search is for; disambiguates the query and focuses snippets.",
-        },
-        "rerank": {"type": "boolean", "default": True, "description": "Rerank the merged candidates."},
-        "budgetMs": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 600000,
-            "default": DEFAULT_BUDGET_MS,
-            "description": "Answer within this many milliseconds; stages that do not fit are skipped and reported.",
-        },
-    },
-    "additionalProperties": False,
-}
-
-_POINTER_PROPERTIES: dict[str, Any] = {
-    "docid": {"type": "string"},
-    "file": {"type": "string"},
-    "title": {"type": "string"},
-    "score": {"type": "number"},
-    "fusion": {"type": "number"},
-    "rerank": {"type": ["number", "null"]},
-    "context": {"type": ["string", "null"]},
-    "line": {"type": "integer"},
-    "lines": {"type": "string"},
-    "snippet": {"type": "string"},
-}
-
-_QUERY_OUTPUT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "results": {
-            "type": "array",
-            "items": {"type": "object", "properties": _POINTER_PROPERTIES, "required": list(_POINTER_PROPERTIES)},
-        },
-        "skipped": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"stage": {"type": "string"}, "reason": {"type": "string"}},
-                "required": ["stage", "reason"],
-            },
-        },
-        "warnings": {"type": "array", "items": {"type": "string"}},
-        "stages": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "stage": {"type": "string"},
-                    "status": {"type": "string", "enum": ["ran", "cached", "partial", "skipped", "off"]},
-                    "ms": {"type": "number"},
-                    "detail": {"type": "string"},
-                },
-                "required": ["stage", "status", "ms", "detail"],
-            },
-        },
-        "elapsedMs": {"type": "number"},
-    },
-    "required": ["results", "skipped", "warnings", "stages", "elapsedMs"],
-}
-
-_GET_INPUT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "file": {
-            "type": "string",
-            "minLength": 1,
-            "description": "A path (`notes/a.md`, `qmd://notes/a.md`) or docid (`#abc123`), optionally with "
-            "a line range suffix: `notes/a.md:100` (from line 100) or `notes/a.md:100:40` (40 lines from 100).",
-        },
-        "fromLine": {"type": "integer", "minimum": 1, "description": "First line to return (wins over the suffix)."},
-        "maxLines": {"type": "integer", "minimum": 1, "description": "Number of lines (wins over the suffix)."},
-        "lineNumbers": {"type": "boolean", "default": True, "description": "Prefix each line with its number."},
-    },
-    "required": ["file"],
-    "additionalProperties": False,
-}
-
-_MULTI_GET_INPUT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "pattern": {
-            "type": "string",
-            "minLength": 1,
-            "description": "A glob (`journals/2025-05*.md`), a comma-separated list of paths, or docids (#abc123).",
-        },
-        "maxLines": {"type": "integer", "minimum": 1, "description": "Keep the first N lines of each document."},
-        "maxBytes": {
-            "type": "integer",
-            "minimum": 1,
-            "default": DEFAULT_MAX_BYTES,
-            "description": "Skip documents larger than this (they can still be read with `get`).",
-        },
-        "lineNumbers": {"type": "boolean", "default": True, "description": "Prefix each line with its number."},
-    },
-    "required": ["pattern"],
-    "additionalProperties": False,
-}
-
-_STATUS_INPUT: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-
-_STATUS_OUTPUT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "totalDocuments": {"type": "integer"},
-        "needsEmbedding": {"type": "integer"},
-        "hasVectorIndex": {"type": "boolean"},
-        "collections": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string"},
-                    "path": {"type": "string"},
-                    "pattern": {"type": "string"},
-                    "documents": {"type": "integer"},
-                    "lastUpdated": {"type": "string"},
-                },
-                "required": ["name", "path", "pattern", "documents", "lastUpdated"],
-            },
-        },
-    },
-    "required": ["totalDocuments", "needsEmbedding", "hasVectorIndex", "collections"],
-}
-
 
 # -- shaping -------------------------------------------------------------------------
 
@@ -412,44 +224,27 @@ def _not_found_message(name: str, err: NotFound) -> str:
 # -- tools ---------------------------------------------------------------------------
 
 
-def run_query(engine: Engine, args: QueryArgs) -> types.CallToolResult:
+def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
     """Typed or plain search; every result is a pointer to a line range, not an answer."""
-    if args.query is not None and args.searches is not None:
-        raise InvalidInput("Error: 'query' and 'searches' are mutually exclusive; provide only one")
-    if args.query is None and args.searches is None:
-        raise InvalidInput("Error: provide either 'query' (plain text) or 'searches' (typed sub-queries)")
-    doc, opts = query_plan(args)
+    try:
+        doc, opts = query_plan(args)
+    except InvalidInput as e:
+        raise InvalidInput(f"Error: {e.message}") from e
     out = engine.query(doc, opts)
-    skipped = out.skipped
+    answer = query_response(out, mcp_result)
     primary = primary_text(doc)
-    results = [
-        {
-            "docid": "#" + h["docid"],
-            "file": display_path(h["collection"], h["path"]),
-            "title": h["title"],
-            "score": round(h["score"], 2),
-            "fusion": round(h["fusion"], 2),
-            "rerank": None if h["rerank"] is None else round(h["rerank"], 2),
-            "context": h["context"],
-            "line": h["line"],
-            "lines": f"{h['start_line']}-{h['end_line']}",
-            "snippet": numbered_snippet(h),
-        }
-        for h in out.hits
-    ]
+    results = answer.results
     head = f'Found {len(results)} result(s) for "{primary}":' if results else f'No results found for "{primary}"'
     blocks = [head]
-    if skipped:
-        blocks.append("Not run:\n" + "\n".join(f"  - {s['stage']}: {s['reason']}" for s in skipped))
+    if answer.skipped:
+        blocks.append("Not run:\n" + "\n".join(f"  - {s.stage}: {s.reason}" for s in answer.skipped))
     if out.warnings:
         blocks.append("Warnings:\n" + "\n".join(f"  - {w}" for w in out.warnings))
     for r in results:
-        blocks.append(
-            f"{r['docid']} {round(r['score'] * 100)}% {r['file']}:{r['lines']} - {r['title']}\n{r['snippet']}"
-        )
+        blocks.append(f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines} - {r.title}\n{r.snippet}")
     if results:
         first = out.hits[0]
-        example = f"{results[0]['file']}:{first['start_line']}:{first['end_line'] - first['start_line'] + 1}"
+        example = f"{results[0].file}:{first.start_line}:{first.end_line - first.start_line + 1}"
         blocks.append(
             "These are pointers, not sources. Before citing one, read its range with `get` "
             f'(e.g. get file="{example}"), widen it if the passage is cut off, and cite file:lines. '
@@ -457,33 +252,27 @@ def run_query(engine: Engine, args: QueryArgs) -> types.CallToolResult:
         )
     return types.CallToolResult(
         content=[_text("\n\n".join(blocks))],
-        structured_content={
-            "results": results,
-            "skipped": skipped,
-            "warnings": out.warnings,
-            "stages": [st.as_dict() for st in out.stages],
-            "elapsedMs": round(out.elapsed_ms, 1),
-        },
+        structured_content=answer.model_dump(mode="json", by_alias=True),
     )
 
 
-def run_get(engine: Engine, args: GetArgs) -> types.CallToolResult:
+def run_get(engine: Engine, args: GetRequest) -> types.CallToolResult:
     """One document, or the exact range a pointer named."""
     try:
-        doc = engine.get(args.file, from_line=args.fromLine, max_lines=args.maxLines)
+        doc = engine.get(args.file, from_line=args.from_line, max_lines=args.max_lines)
     except NotFound as e:
         return _tool_error(_not_found_message(split_range(args.file)[0], e))
     display = display_path(doc["collection"], doc["path"])
     if doc["from_line"] > doc["total_lines"]:
         # An empty slice numbered from a line that does not exist would read as a real, blank line.
         return _tool_error(f"{display} has {doc['total_lines']} lines; line {doc['from_line']} is past the end")
-    text = _document_text(doc["body"], doc["from_line"], doc["context"], args.lineNumbers)
+    text = _document_text(doc["body"], doc["from_line"], doc["context"], args.line_numbers)
     return types.CallToolResult(content=[_resource(display, text)])
 
 
-def run_multi_get(engine: Engine, args: MultiGetArgs) -> types.CallToolResult:
+def run_multi_get(engine: Engine, args: MultiGetRequest) -> types.CallToolResult:
     """Several documents at once; oversized ones are named with the `get` call that reads them."""
-    items = engine.multi_get(args.pattern, max_bytes=args.maxBytes)
+    items = engine.multi_get(args.pattern, max_bytes=args.max_bytes)
     errors = [item["reason"] for item in items if item.get("error")]
     content: list[types.TextContent | types.EmbeddedResource] = []
     if errors:
@@ -498,15 +287,15 @@ def run_multi_get(engine: Engine, args: MultiGetArgs) -> types.CallToolResult:
             )
             continue
         lines = item["body"].split("\n")
-        kept = lines if args.maxLines is None else lines[: args.maxLines]
+        kept = lines if args.max_lines is None else lines[: args.max_lines]
         note = f"\n\n[... truncated {len(lines) - len(kept)} more lines]" if len(kept) < len(lines) else ""
-        content.append(_resource(display, _document_text("\n".join(kept), 1, item["context"], args.lineNumbers, note)))
+        content.append(_resource(display, _document_text("\n".join(kept), 1, item["context"], args.line_numbers, note)))
     if not content:
         return _tool_error(f"No files matched pattern: {args.pattern}")
     return types.CallToolResult(content=content)
 
 
-def run_status(engine: Engine, _args: StatusArgs) -> types.CallToolResult:
+def run_status(engine: Engine, _args: StatusRequest) -> types.CallToolResult:
     """Index size, embedding backlog and collections, most recently updated first."""
     st = engine.status()
     now = utcnow()
@@ -517,12 +306,12 @@ def run_status(engine: Engine, _args: StatusArgs) -> types.CallToolResult:
                 "path": c["path"],
                 "pattern": c["pattern"],
                 "documents": c["files"],
-                "lastUpdated": c["updated_at"] or now,
+                "last_updated": c["updated_at"] or now,
             }
             for c in st["collections"]
             if c["files"] > 0
         ),
-        key=lambda c: c["lastUpdated"],
+        key=lambda c: c["last_updated"],
         reverse=True,
     )
     vector = st["vector"]
@@ -535,14 +324,14 @@ def run_status(engine: Engine, _args: StatusArgs) -> types.CallToolResult:
         f"  Collections: {len(collections)}",
         *(f"    - {c['name']}: {c['path']} ({c['documents']} docs)" for c in collections),
     ]
+    answer = McpStatus(
+        total_documents=st["documents"],
+        needs_embedding=vector["pending"],
+        has_vector_index=vector["available"],
+        collections=[McpCollection(**c) for c in collections],
+    )
     return types.CallToolResult(
-        content=[_text("\n".join(lines))],
-        structured_content={
-            "totalDocuments": st["documents"],
-            "needsEmbedding": vector["pending"],
-            "hasVectorIndex": vector["available"],
-            "collections": collections,
-        },
+        content=[_text("\n".join(lines))], structured_content=answer.model_dump(mode="json", by_alias=True)
     )
 
 
@@ -551,7 +340,7 @@ class ToolSpec:
     """A tool as listed, how its arguments are checked, and what runs it (in a worker thread)."""
 
     definition: types.Tool
-    args: type[_Args]
+    args: type[BaseModel]
     run: Callable[[Engine, Any], types.CallToolResult]
 
 
@@ -563,11 +352,11 @@ TOOLS: dict[str, ToolSpec] = {
                 name="query",
                 title="Query",
                 description=_QUERY_DESCRIPTION,
-                input_schema=_QUERY_INPUT,
-                output_schema=_QUERY_OUTPUT,
+                input_schema=tool_schema(McpQueryArgs),
+                output_schema=tool_schema(QueryResponse[ResultOut], output=True),
                 annotations=_READ_ONLY,
             ),
-            QueryArgs,
+            McpQueryArgs,
             run_query,
         ),
         ToolSpec(
@@ -576,10 +365,10 @@ TOOLS: dict[str, ToolSpec] = {
                 title="Get Document",
                 description="Read a document, or the line range a search result points at "
                 '(`file="notes/a.md:41:4"` reads 4 lines from line 41). Lines are numbered so they can be cited.',
-                input_schema=_GET_INPUT,
+                input_schema=tool_schema(GetRequest),
                 annotations=_READ_ONLY,
             ),
-            GetArgs,
+            GetRequest,
             run_get,
         ),
         ToolSpec(
@@ -588,10 +377,10 @@ TOOLS: dict[str, ToolSpec] = {
                 title="Multi-Get Documents",
                 description="Read several documents by glob, comma-separated list or docids. Documents over "
                 "`maxBytes` are skipped with a note naming the `get` call that reads them.",
-                input_schema=_MULTI_GET_INPUT,
+                input_schema=tool_schema(MultiGetRequest),
                 annotations=_READ_ONLY,
             ),
-            MultiGetArgs,
+            MultiGetRequest,
             run_multi_get,
         ),
         ToolSpec(
@@ -600,11 +389,11 @@ TOOLS: dict[str, ToolSpec] = {
                 title="Index Status",
                 description="Index health: document count, embedding backlog, and each collection's path, "
                 "pattern and document count.",
-                input_schema=_STATUS_INPUT,
-                output_schema=_STATUS_OUTPUT,
+                input_schema=tool_schema(StatusRequest),
+                output_schema=tool_schema(McpStatus, output=True),
                 annotations=_READ_ONLY,
             ),
-            StatusArgs,
+            StatusRequest,
             run_status,
         ),
     )
@@ -730,7 +519,7 @@ class QmdMcp:
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name} (tools: {', '.join(TOOLS)})")
         try:
-            args = spec.args.model_validate(params.arguments or {})
+            args = spec.args.model_validate(params.arguments or {}, by_alias=True, by_name=False)
         except ValidationError as e:
             return _tool_error(_describe(e, spec.args))
         try:

@@ -18,34 +18,37 @@ from dataclasses import asdict
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+
+from qmd import __version__
 from qmd.server.engine import Engine, summary_dict
 from qmd.server.errors import InvalidInput, QmdError
-from qmd.server.http.schemas import (
+from qmd.server.http.wire import (
+    CLI,
+    CliGetRequest,
+    CliMultiGetRequest,
     CliQueryRequest,
     CollectionCreate,
     CollectionPatch,
     ContextAdd,
     ContextRemove,
     EmbedRequest,
-    GetRequest,
     Health,
-    MultiGetRequest,
+    HitOut,
     PullRequest,
     QueryRequest,
     QueryResponse,
-    QueryResult,
     RenameRequest,
+    ResultOut,
     SearchRequest,
-    SkippedStage,
-    StageReport,
+    SearchResponse,
     UpdateRequest,
+    hit_out,
+    http_status,
+    public_result,
     query_plan,
+    query_response,
+    search_response,
 )
-from qmd.server.search.hybrid import QueryOptions
-from qmd.server.search.keyword import SearchOutcome, numbered_snippet
-from qmd.server.search.querydoc import parse_query
-
-from qmd import __version__
 
 router = APIRouter()
 
@@ -62,61 +65,26 @@ def health(request: Request) -> Health:
     )
 
 
-@router.post("/query", response_model=QueryResponse, tags=["public"])
-@router.post("/search", response_model=QueryResponse, tags=["public"])
-def query(body: QueryRequest, request: Request) -> QueryResponse:
+@router.post("/query", response_model=QueryResponse[ResultOut], tags=["public"])
+@router.post("/search", response_model=QueryResponse[ResultOut], tags=["public"])
+def query(body: QueryRequest, request: Request) -> QueryResponse[ResultOut]:
     """The hybrid query (spec §13): typed `searches` or a `query` to expand. The answer
     lists every stage with its time, and why any stage did not run."""
-    out = engine_of(request).query(*query_plan(body, explain=body.explain))
-    answer = out.as_dict()
-    return QueryResponse(
-        results=[
-            QueryResult(
-                docid="#" + h["docid"],
-                file=h["file"],
-                title=h["title"],
-                score=round(h["score"], 4),
-                fusion=h["fusion"],
-                rerank=h["rerank"],
-                context=h["context"],
-                line=h["line"],
-                lines=f"{h['start_line']}-{h['end_line']}",
-                snippet=numbered_snippet(h),
-                explain=h["explain"],
-            )
-            for h in out.hits
-        ],
-        stages=[StageReport(**s) for s in answer["stages"]],
-        skipped=[SkippedStage(**s) for s in out.skipped],
-        warnings=out.warnings,
-        expansion=answer["expansion"],
-        elapsedMs=answer["elapsed_ms"],
-        budgetMs=body.budgetMs,
-    )
+    return query_response(engine_of(request).query(*query_plan(body)), public_result)
 
 
-@router.post("/v1/query", tags=["cli"])
-def cli_query(body: CliQueryRequest, request: Request) -> dict:
-    out = engine_of(request).query(
-        parse_query(body.query, body.intent),
-        QueryOptions(
-            collections=body.collections,
-            limit=body.limit,
-            min_score=body.min_score,
-            all_results=body.all,
-            full=body.full,
-            explain=body.explain,
-            candidate_limit=body.candidate_limit,
-            rerank=body.rerank,
-            budget_ms=body.budget_ms,
-            max_len=500,
-        ),
-    )
-    return out.as_dict()
+# The CLI's routes answer in snake_case and leave out what a result does not have
+# (a keyword hit has no fusion score): `qmd --json` prints them as they come.
+CLI_ANSWER: dict = {"response_model_by_alias": False, "response_model_exclude_unset": True, "tags": ["cli"]}
 
 
-@router.post("/v1/search", tags=["cli"])
-def cli_search(body: SearchRequest, request: Request) -> dict:
+@router.post("/v1/query", response_model=QueryResponse[HitOut], **CLI_ANSWER)
+def cli_query(body: CliQueryRequest, request: Request) -> QueryResponse[HitOut]:
+    return query_response(engine_of(request).query(*query_plan(body, CLI)), hit_out)
+
+
+@router.post("/v1/search", response_model=SearchResponse, **CLI_ANSWER)
+def cli_search(body: SearchRequest, request: Request) -> SearchResponse:
     out = engine_of(request).search(
         body.query,
         collections=body.collections,
@@ -126,16 +94,7 @@ def cli_search(body: SearchRequest, request: Request) -> dict:
         full=body.full,
         explain=body.explain,
     )
-    return _search_answer(out)
-
-
-def _search_answer(out: SearchOutcome) -> dict:
-    return {
-        "results": out.hits,
-        "below_min_score": out.below_min_score,
-        "warnings": out.warnings,
-        "degraded": out.degraded,
-    }
+    return search_response(out)
 
 
 @router.get("/v1/status", tags=["cli"])
@@ -204,7 +163,7 @@ def stream_job(
         try:
             events.put({"event": "done", **run(events.put, cancel)})
         except QmdError as err:
-            events.put({"event": "error", "status": err.status, "error": err.message, **err.detail})
+            events.put({"event": "error", "status": http_status(err), "error": err.message, **err.detail})
         except Exception as err:  # noqa: BLE001 - reported to the client, logged by the server
             request.app.state.log.exception("%s failed", name)
             events.put({"event": "error", "status": 500, "error": f"internal error: {err}"})
@@ -277,8 +236,8 @@ def doctor(request: Request) -> dict:
     return engine_of(request).doctor()
 
 
-@router.post("/v1/vsearch", tags=["cli"])
-def cli_vsearch(body: SearchRequest, request: Request) -> dict:
+@router.post("/v1/vsearch", response_model=SearchResponse, **CLI_ANSWER)
+def cli_vsearch(body: SearchRequest, request: Request) -> SearchResponse:
     if body.explain:
         raise InvalidInput("explain is not available for vector search: use 'qmd query --explain'")
     out = engine_of(request).vsearch(
@@ -289,7 +248,7 @@ def cli_vsearch(body: SearchRequest, request: Request) -> dict:
         all_results=body.all,
         full=body.full,
     )
-    return _search_answer(out)
+    return search_response(out)
 
 
 @router.get("/v1/contexts", tags=["cli"])
@@ -308,12 +267,12 @@ def remove_context(body: ContextRemove, request: Request) -> dict:
 
 
 @router.post("/v1/get", tags=["cli"])
-def get(body: GetRequest, request: Request) -> dict:
-    return engine_of(request).get(body.name, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd)
+def get(body: CliGetRequest, request: Request) -> dict:
+    return engine_of(request).get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd)
 
 
 @router.post("/v1/multi-get", tags=["cli"])
-def multi_get(body: MultiGetRequest, request: Request) -> dict:
+def multi_get(body: CliMultiGetRequest, request: Request) -> dict:
     items = engine_of(request).multi_get(body.pattern, max_bytes=body.max_bytes, max_lines=body.max_lines, cwd=body.cwd)
     return {"items": items}
 

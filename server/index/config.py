@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from qmd.server.errors import InvalidInput, NotFound
 
 from qmd.paths import home
+from qmd.server.errors import InvalidInput, NotFound
 
 DEFAULT_PATTERN = "**/*.md"
 _NAME_RE = re.compile(r"^[\w][\w.\-]{0,99}$")

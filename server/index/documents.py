@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from wcmatch import glob as wglob
+
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from qmd.server.index.config import Config
 from qmd.server.index.db import sqlite3
-from wcmatch import glob as wglob
 
 _DOCID_RE = re.compile(r"^[0-9a-fA-F]{6,64}$")
 _VIRTUAL_RE = re.compile(r"^qmd://([^/]+)/?(.*)$")

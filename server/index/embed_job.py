@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from qmd.server.errors import QmdError
+from qmd.server.errors import QmdError, Unavailable
 from qmd.server.index import vectors
 from qmd.server.index.chunking import CHUNKER_VERSION, Chunk
 from qmd.server.index.config import Config
@@ -45,10 +45,8 @@ REMOTE_RETRY_S = 30.0
 """How long a failed probe of a remote embedder is believed before status/search retry it."""
 
 
-class EmbedderUnavailable(QmdError):
+class EmbedderUnavailable(Unavailable):
     """No embedder could be loaded; keyword search still answers."""
-
-    status = 503
 
 
 class EmbedBackend(Protocol):

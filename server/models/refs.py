@@ -27,9 +27,9 @@ from typing import Literal
 from urllib.parse import quote
 
 import httpx
-from qmd.server.errors import Forbidden, InvalidInput, NotFound, QmdError
 
 from qmd.paths import cache_root
+from qmd.server.errors import Forbidden, InvalidInput, NotFound, QmdError
 
 Role = Literal["embed", "rerank", "generate"]
 Source = Literal["config", "env", "default"]

@@ -34,7 +34,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import httpx
-from qmd.server.errors import QmdError
+
+from qmd.server.errors import Unavailable
 from qmd.server.index.chunking import CharEstimateTokenizer, Chunk, chunk_document
 from qmd.server.models.refs import OPENAI_ENDPOINT
 from qmd.server.models.worker import Embeddings
@@ -69,10 +70,8 @@ KEY_VARS = ("QMD_EMBED_API_KEY", "OPENAI_API_KEY")
 Kind = Literal["query", "document"]
 
 
-class RemoteEmbedError(QmdError):
+class RemoteEmbedError(Unavailable):
     """The embeddings endpoint could not be used; the message names it and says why."""
-
-    status = 503
 
 
 def api_key(endpoint: str, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:

@@ -37,7 +37,7 @@ from array import array
 from collections import deque
 from typing import Any, Literal, NamedTuple, TypeVar
 
-from qmd.server.errors import QmdError
+from qmd.server.errors import Unavailable
 from qmd.server.index.chunking import Chunk
 from qmd.server.models.protocol import (
     HEADER,
@@ -74,10 +74,8 @@ START_TIMEOUT = 60.0
 """How long a new child may take to import llama_cpp and say hello."""
 
 
-class InferenceError(QmdError):
+class InferenceError(Unavailable):
     """An inference request failed; the message says why and what happens next."""
-
-    status = 503
 
 
 class ModelSpec(NamedTuple):

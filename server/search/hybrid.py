@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from qmd.server.errors import QmdError
 from qmd.server.index import llm_cache
@@ -33,8 +33,9 @@ from qmd.server.index.store import Store
 from qmd.server.index.vectors import VecHit
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
 from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
-from qmd.server.search.keyword import lexical_hits, resolve_scope, shape_hit
+from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
+from qmd.server.search.pointers import Pointer, point_at, resolve_scope
 from qmd.server.search.querydoc import QueryDoc
 from qmd.server.search.rerank import Reranker
 from qmd.server.search.snippets import best_passage, passage_window
@@ -64,9 +65,6 @@ class Stage:
     ms: float = 0.0
     detail: str = ""
 
-    def as_dict(self) -> dict:
-        return {"stage": self.stage, "status": self.status, "ms": round(self.ms, 1), "detail": self.detail}
-
 
 @dataclass
 class QueryOptions:
@@ -82,9 +80,14 @@ class QueryOptions:
     max_len: int = 300
 
 
+class Skipped(NamedTuple):
+    stage: str
+    reason: str
+
+
 @dataclass
 class HybridOutcome:
-    hits: list[dict]
+    hits: list[Pointer]
     stages: list[Stage]
     warnings: list[str] = field(default_factory=list)
     expansion: list[tuple[str, str]] | None = None
@@ -93,21 +96,9 @@ class HybridOutcome:
     budget_ms: float | None = None
 
     @property
-    def skipped(self) -> list[dict]:
+    def skipped(self) -> list[Skipped]:
         """Stages that did not run, or ran partly, with the reason."""
-        return [{"stage": s.stage, "reason": s.detail} for s in self.stages if s.status in ("skipped", "partial")]
-
-    def as_dict(self) -> dict:
-        return {
-            "results": self.hits,
-            "stages": [s.as_dict() for s in self.stages],
-            "skipped": self.skipped,
-            "warnings": self.warnings,
-            "expansion": [{"type": t, "query": q} for t, q in self.expansion] if self.expansion is not None else None,
-            "below_min_score": self.below_min_score,
-            "elapsed_ms": round(self.elapsed_ms, 1),
-            "budget_ms": self.budget_ms,
-        }
+        return [Skipped(s.stage, s.detail) for s in self.stages if s.status in ("skipped", "partial")]
 
 
 class CostModel:
@@ -540,7 +531,7 @@ class HybridQuery:
             kept = kept[: opts.limit]
         for score, w, c in kept:
             got = rerank.get(c.doc_id)
-            hit = shape_hit(
+            hit = point_at(
                 docs[c.doc_id],
                 score,
                 self.config,
@@ -552,8 +543,8 @@ class HybridQuery:
                 intent_terms=iterms,
                 explain=_explain(c, got, w, score) if opts.explain else None,
             )
-            hit["fusion"] = round(c.fusion, 4)
-            hit["rerank"] = round(got[0], 4) if got else None
+            hit.fusion = c.fusion
+            hit.rerank = got[0] if got else None
             out.hits.append(hit)
 
 

@@ -1,0 +1,467 @@
+"""The wire contract: every body the daemon reads or writes, and the one mapping from
+the engine's typed results to JSON.
+
+Requests: one model per operation, whatever the surface (`POST /query`, the CLI's
+`/v1/*`, MCP tools). Names are camelCase on the wire, as in the original; snake_case
+spellings are accepted too. Unknown fields are refused by name: the original silently
+ignored a misspelled `collection`, and users got answers from the wrong collections.
+The MCP tools' input schemas are generated from these models.
+
+Responses: a pointer (`search.pointers.Pointer`) becomes JSON here and nowhere else,
+rounded, named and numbered one way: `ResultOut` for the public surfaces (`/query`,
+MCP), `HitOut` with the passage's raw text and line numbers for the CLI, which draws
+its own formats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
+from qmd.server.search.hybrid import HybridOutcome, QueryOptions, Stage
+from qmd.server.search.pointers import Pointer, SearchOutcome
+from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
+
+MAX_QUERY_CHARS = 20_000
+SCORE_DECIMALS = 2
+"""Public scores are rounded to 2 decimals (spec §20.3, §21.1): enough to threshold on."""
+
+STATUS: dict[type[QmdError], int] = {
+    InvalidInput: 400,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    HookFailed: 422,
+    Unavailable: 503,
+}
+
+
+def http_status(err: QmdError) -> int:
+    """The HTTP status of an engine error: its nearest class in `STATUS` (400 by default)."""
+    return next((STATUS[k] for k in type(err).__mro__ if k in STATUS), 400)
+
+
+# -- requests ------------------------------------------------------------------------
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
+
+
+class SubSearch(Request):
+    type: SubQueryType = Field(
+        description="lex = keywords (BM25), vec = meaning, hyde = hypothetical answer text.",
+    )
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
+
+
+class QueryFields(Request):
+    """The hybrid query as every surface states it: typed `searches`, or a `query`
+    (plain text to expand, or a query document of `lex:`/`vec:`/`hyde:` lines)."""
+
+    searches: list[SubSearch] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SEARCHES,
+        description="Typed sub-queries; results of all of them are merged. Mutually exclusive with `query`.",
+    )
+    query: str | None = Field(
+        None,
+        max_length=MAX_QUERY_CHARS,
+        description="Plain-text query, expanded by the local model (or a query document of "
+        "lex:/vec:/hyde: lines). Mutually exclusive with `searches`.",
+    )
+    limit: int = Field(10, ge=1, le=100_000, description="Maximum number of results.")
+    min_score: float = Field(0.0, ge=0.0, le=1.0, description="Drop results scoring below this (0-1).")
+    candidate_limit: int = Field(
+        40, ge=1, le=1000, description="Candidates kept after fusion and handed to the reranker."
+    )
+    collections: list[str] | None = Field(
+        None, description="Only search these collections (default: every collection included by default)."
+    )
+    intent: str | None = Field(
+        None, max_length=2000, description="What the search is for; disambiguates the query and focuses snippets."
+    )
+    rerank: bool = Field(True, description="Rerank the merged candidates.")
+    budget_ms: int | None = Field(
+        None,
+        ge=1,
+        le=600_000,
+        description="Answer within this many milliseconds; stages that do not fit are skipped and reported.",
+    )
+
+
+class QueryRequest(QueryFields):
+    """`POST /query` and `/search` (spec §21.1)."""
+
+    explain: bool = Field(False, description="Add each result's ranking trace and every stage's detail.")
+
+
+class CliQueryRequest(QueryRequest):
+    """`POST /v1/query`: `qmd query`, which can also ask for every result or whole documents."""
+
+    all: bool = Field(False, description="Every result above minScore, whatever the limit.")
+    full: bool = Field(False, description="Whole documents instead of snippets.")
+
+
+class McpQueryArgs(QueryFields):
+    """The MCP `query` tool. Agents call it in loops, so by default it answers within ~4 s
+    (dropping expansion, then reranking, then vectors as needed, each drop reported)
+    with at most ~8 pointers (seeds/002: a budget that keeps ranking honest)."""
+
+    limit: int = Field(8, ge=1, le=1000, description="Maximum number of results.")
+    budget_ms: int | None = Field(
+        4000,
+        ge=1,
+        le=600_000,
+        description="Answer within this many milliseconds; stages that do not fit are skipped and reported.",
+    )
+
+
+@dataclass(frozen=True)
+class Surface:
+    """What differs between surfaces once a query is validated: the passage length."""
+
+    snippet_chars: int = 300
+
+
+CLI = Surface(snippet_chars=500)
+
+
+def query_plan(req: QueryFields, surface: Surface = Surface()) -> tuple[QueryDoc, QueryOptions]:
+    """What to search and how, from any surface's request; grammar errors raise `InvalidInput`."""
+    if req.query is not None and req.searches is not None:
+        raise InvalidInput("'query' and 'searches' are mutually exclusive; provide only one")
+    if req.searches is not None:
+        doc = typed_query([(s.type, s.query) for s in req.searches], req.intent)
+    elif req.query is not None:
+        doc = parse_query(req.query, req.intent)
+    else:
+        raise InvalidInput("provide either 'query' (plain text) or 'searches' (typed sub-queries)")
+    return doc, QueryOptions(
+        collections=req.collections,
+        limit=req.limit,
+        min_score=req.min_score,
+        candidate_limit=req.candidate_limit,
+        rerank=req.rerank,
+        budget_ms=req.budget_ms,
+        explain=getattr(req, "explain", False),
+        all_results=getattr(req, "all", False),
+        full=getattr(req, "full", False),
+        max_len=surface.snippet_chars,
+    )
+
+
+class SearchRequest(Request):
+    """`qmd search` and `qmd vsearch` (`/v1/search`, `/v1/vsearch`)."""
+
+    query: str = Field(max_length=MAX_QUERY_CHARS)
+    collections: list[str] | None = None
+    limit: int = Field(5, ge=1, le=100_000)
+    min_score: float = Field(0.0, ge=0.0, le=1.0)
+    all: bool = False
+    full: bool = False
+    explain: bool = False
+
+
+class GetRequest(Request):
+    """`qmd get`, MCP `get`: one document, or the exact range a pointer named."""
+
+    file: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="A path (`notes/a.md`, `qmd://notes/a.md`) or docid (`#abc123`), optionally with "
+        "a line range suffix: `notes/a.md:100` (from line 100) or `notes/a.md:100:40` (40 lines from 100).",
+    )
+    from_line: int | None = Field(None, ge=1, description="First line to return (wins over the suffix).")
+    max_lines: int | None = Field(None, ge=1, description="Number of lines (wins over the suffix).")
+    line_numbers: bool = Field(True, description="Prefix each line with its number.")
+
+
+class CliGetRequest(GetRequest):
+    """`/v1/get`: relative paths resolve against the caller's working directory."""
+
+    cwd: str | None = None
+
+
+DEFAULT_MAX_BYTES = 65536
+
+
+class MultiGetRequest(Request):
+    """`qmd multi-get`, MCP `multi_get`: several documents by glob, list or docids."""
+
+    pattern: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="A glob (`journals/2025-05*.md`), a comma-separated list of paths, or docids (#abc123).",
+    )
+    max_lines: int | None = Field(None, ge=1, description="Keep the first N lines of each document.")
+    max_bytes: int = Field(
+        DEFAULT_MAX_BYTES,
+        ge=1,
+        description="Skip documents larger than this (they can still be read with `get`).",
+    )
+    line_numbers: bool = Field(True, description="Prefix each line with its number.")
+
+
+class CliMultiGetRequest(MultiGetRequest):
+    """`/v1/multi-get`: relative paths resolve against the caller's working directory."""
+
+    cwd: str | None = None
+
+
+class StatusRequest(Request):
+    """MCP `status`: no parameters."""
+
+
+class EmbedRequest(Request):
+    collections: list[str] | None = None
+    force: bool = False
+    max_docs_per_batch: int = Field(64, ge=1, le=100_000)
+    max_batch_mb: float = Field(4.0, gt=0, le=1024)
+
+
+class PullRequest(Request):
+    refresh: bool = False
+
+
+class CollectionCreate(Request):
+    path: str = Field(min_length=1)
+    name: str | None = None
+    pattern: str | None = None
+
+
+class CollectionPatch(Request):
+    include_by_default: bool | None = None
+    update_command: str | None = None
+    clear_update_command: bool = False
+
+
+class RenameRequest(Request):
+    new_name: str
+
+
+class UpdateRequest(Request):
+    collections: list[str] | None = None
+
+
+class ContextAdd(Request):
+    target: str = Field(min_length=1)
+    text: str
+    cwd: str | None = None
+
+
+class ContextRemove(Request):
+    target: str = Field(min_length=1)
+    cwd: str | None = None
+
+
+# -- responses -----------------------------------------------------------------------
+
+
+class Response(BaseModel):
+    """camelCase when a public route or MCP sends it (FastAPI serializes by alias),
+    snake_case for the CLI's `/v1` routes (`response_model_by_alias=False`)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True)
+
+
+R = TypeVar("R", bound=Response)
+
+
+class Health(Response):
+    status: Literal["ok"]
+    uptime: int
+    pid: int
+    version: str
+    index: str
+
+
+class StageOut(Response):
+    stage: str
+    status: Literal["ran", "cached", "partial", "skipped", "off"]
+    ms: float
+    detail: str
+
+
+class SkippedOut(Response):
+    stage: str
+    reason: str
+
+
+class ResultOut(Response):
+    """A pointer as the public surfaces show it (spec §20.3, §21.1)."""
+
+    docid: str
+    """`#abc123`."""
+    file: str
+    """`qmd://collection/path` over HTTP; `collection/path` over MCP, as `get` takes it."""
+    title: str
+    score: float
+    fusion: float | None = None
+    rerank: float | None = None
+    context: str | None
+    line: int
+    lines: str
+    """`start-end`: the range to read before citing."""
+    snippet: str
+    """The passage under its `@@` header, each line numbered with its real number."""
+    explain: dict[str, Any] | None = None
+
+
+class ExpandedOut(Response):
+    type: str
+    query: str
+
+
+class HitOut(Response):
+    """A pointer as the CLI reads it: the raw passage and its line numbers, so the CLI can
+    number, highlight and link it in each of its formats."""
+
+    file: str
+    docid: str
+    collection: str
+    path: str
+    abs_path: str | None
+    title: str
+    context: str | None
+    score: float
+    fusion: float | None = None
+    rerank: float | None = None
+    line: int
+    start_line: int
+    end_line: int
+    total_lines: int
+    snippet: str
+    body: str | None
+    terms: list[str]
+    explain: dict[str, Any] | None = None
+
+
+class QueryResponse(Response, Generic[R]):
+    """The hybrid query's answer: the pointers and its account of itself (every stage,
+    what was skipped and why). Public routes and MCP send `QueryResponse[ResultOut]` in
+    camelCase; `/v1/query` sends `QueryResponse[HitOut]` in snake_case, as the CLI reads."""
+
+    results: list[R]
+    stages: list[StageOut]
+    skipped: list[SkippedOut]
+    warnings: list[str]
+    expansion: list[ExpandedOut] | None = None
+    below_min_score: bool = False
+    elapsed_ms: float
+    budget_ms: float | None = None
+
+
+class SearchResponse(Response):
+    """`qmd search` / `qmd vsearch`: the pointers and what the caller must be told."""
+
+    results: list[HitOut]
+    below_min_score: bool
+    warnings: list[str]
+    degraded: bool
+
+
+class McpCollection(Response):
+    name: str
+    path: str
+    pattern: str
+    documents: int
+    last_updated: str
+
+
+class McpStatus(Response):
+    """The MCP `status` tool's structured content (spec §20.3)."""
+
+    total_documents: int
+    needs_embedding: int
+    has_vector_index: bool
+    collections: list[McpCollection]
+
+
+# -- the mapping ---------------------------------------------------------------------
+
+
+def result_out(p: Pointer, *, file: str) -> ResultOut:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, SCORE_DECIMALS)
+
+    return ResultOut(
+        docid="#" + p.doc.docid,
+        file=file,
+        title=p.doc.title,
+        score=round(p.score, SCORE_DECIMALS),
+        fusion=r(p.fusion),
+        rerank=r(p.rerank),
+        context=p.doc.context,
+        line=p.line,
+        lines=p.lines,
+        snippet=p.numbered_snippet(),
+        explain=p.explain,
+    )
+
+
+def hit_out(p: Pointer) -> HitOut:
+    """Hybrid scores only on hybrid results: a route that leaves unset fields out
+    (`exclude_unset`) then sends none on a keyword hit."""
+    hybrid = {"fusion": p.fusion, "rerank": p.rerank} if p.fusion is not None else {}
+    return HitOut(
+        **hybrid,
+        file=p.doc.file,
+        docid=p.doc.docid,
+        collection=p.doc.collection,
+        path=p.doc.path,
+        abs_path=p.doc.abs_path,
+        title=p.doc.title,
+        context=p.doc.context,
+        score=p.score,
+        line=p.line,
+        start_line=p.start_line,
+        end_line=p.end_line,
+        total_lines=p.total_lines,
+        snippet=p.snippet,
+        body=p.body,
+        terms=list(p.terms),
+        explain=p.explain,
+    )
+
+
+def stage_out(s: Stage) -> StageOut:
+    return StageOut(stage=s.stage, status=s.status, ms=round(s.ms, 1), detail=s.detail)
+
+
+def query_response(out: HybridOutcome, result: Callable[[Pointer], R]) -> QueryResponse[R]:
+    return QueryResponse[R](
+        results=[result(p) for p in out.hits],
+        stages=[stage_out(s) for s in out.stages],
+        skipped=[SkippedOut(stage=s.stage, reason=s.reason) for s in out.skipped],
+        warnings=out.warnings,
+        expansion=None if out.expansion is None else [ExpandedOut(type=t, query=q) for t, q in out.expansion],
+        below_min_score=out.below_min_score,
+        elapsed_ms=round(out.elapsed_ms, 1),
+        budget_ms=out.budget_ms,
+    )
+
+
+def public_result(p: Pointer) -> ResultOut:
+    """`/query`: files as `qmd://` URIs."""
+    return result_out(p, file=p.doc.file)
+
+
+def mcp_result(p: Pointer) -> ResultOut:
+    """MCP: files as `collection/path`, which is what its `get` tool takes back."""
+    return result_out(p, file=p.doc.display_path)
+
+
+def search_response(out: SearchOutcome) -> SearchResponse:
+    return SearchResponse(
+        results=[hit_out(p) for p in out.hits],
+        below_min_score=out.below_min_score,
+        warnings=out.warnings,
+        degraded=out.degraded,
+    )

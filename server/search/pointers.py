@@ -1,0 +1,144 @@
+"""Pointers: what every search result and `get` hands back (seeds/002).
+
+A result is not an answer but a pointer to one: a document (its `qmd://` URI, docid,
+collection, path and context) and the line range of its best passage, with the
+passage's exact text. Keyword, vector and hybrid search all build their results here,
+once, as typed objects; `http.wire` is the one place they become JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from qmd.server.index.config import Config
+from qmd.server.index.documents import DocRow
+from qmd.server.search.snippets import best_passage, snippet_header
+
+
+@dataclass(frozen=True)
+class DocumentRef:
+    """What names a document, everywhere it is shown."""
+
+    file: str
+    """`qmd://collection/path` (plus `?index=NAME` outside the default index)."""
+    docid: str
+    """The first 6 hex digits of the content hash, without `#`."""
+    collection: str
+    path: str
+    abs_path: str | None
+    title: str
+    context: str | None
+    modified_at: str
+
+    @property
+    def display_path(self) -> str:
+        """`collection/path`: what MCP results show and what `get` accepts back."""
+        return f"{self.collection}/{self.path}"
+
+
+@dataclass
+class Pointer:
+    """One result: a document and the line range (1-based, inclusive) worth reading."""
+
+    doc: DocumentRef
+    score: float
+    line: int
+    """The best-matching line."""
+    start_line: int
+    end_line: int
+    total_lines: int
+    snippet: str
+    """The passage: exactly lines `start_line`..`end_line` of the document."""
+    body: str | None = None
+    """The whole document, when the caller asked for it (`--full`)."""
+    terms: tuple[str, ...] = ()
+    """The query terms, for highlighting."""
+    fusion: float | None = None
+    """Hybrid query: the fused rank score (1.0 = first in every list)."""
+    rerank: float | None = None
+    """Hybrid query: the reranker's relevance, None when it did not score this one."""
+    explain: dict[str, Any] | None = None
+    """Why it ranked where it did (`--explain`): a trace, shaped by the stage that made it."""
+
+    @property
+    def lines(self) -> str:
+        return f"{self.start_line}-{self.end_line}"
+
+    def numbered_snippet(self) -> str:
+        """The passage under its `@@` header, each line numbered with its real line number."""
+        lines = self.snippet.split("\n")
+        body = "\n".join(f"{self.start_line + i}: {line}" for i, line in enumerate(lines))
+        return snippet_header(self.start_line, len(lines), self.total_lines) + "\n" + body
+
+
+@dataclass
+class SearchOutcome:
+    """Keyword or vector search: the pointers, and everything the caller must be told."""
+
+    hits: list[Pointer]
+    below_min_score: bool = False
+    """There were results, but none reached `min_score`."""
+    warnings: list[str] = field(default_factory=list)
+    terms: tuple[str, ...] = ()
+    degraded: bool = False
+    """A vector search that could not run answered with keyword results."""
+
+
+def resolve_scope(config: Config, collections: list[str] | None) -> list[str]:
+    """Named collections (each must exist), else the default ones (`includeByDefault`)."""
+    if collections:
+        for name in collections:
+            config.get(name)
+        return list(dict.fromkeys(collections))
+    return config.default_names()
+
+
+def file_uri(collection: str, path: str, index_name: str | None) -> str:
+    uri = f"qmd://{collection}/{path}"
+    return uri + f"?index={quote(index_name)}" if index_name else uri
+
+
+def document_ref(doc: DocRow, config: Config, index_name: str | None) -> DocumentRef:
+    coll = config.collections.get(doc.collection)
+    return DocumentRef(
+        file=file_uri(doc.collection, doc.path, index_name),
+        docid=doc.hash[:6],
+        collection=doc.collection,
+        path=doc.path,
+        abs_path=str(coll.root / doc.path) if coll else None,
+        title=doc.title,
+        context=config.context_for(doc.collection, doc.path),
+        modified_at=doc.modified_at,
+    )
+
+
+def point_at(
+    doc: DocRow,
+    score: float,
+    config: Config,
+    terms: tuple[str, ...],
+    *,
+    full: bool,
+    index_name: str | None,
+    max_len: int = 500,
+    explain: dict[str, Any] | None = None,
+    lines_within: tuple[int, int] | None = None,
+    intent_terms: tuple[str, ...] = (),
+) -> Pointer:
+    """A pointer at `doc`'s best passage for `terms` (inside `lines_within`, when a
+    vector hit names the chunk that matched)."""
+    passage = best_passage(doc.body, terms, max_len=max_len, lines_within=lines_within, intent_terms=intent_terms)
+    return Pointer(
+        doc=document_ref(doc, config, index_name),
+        score=score,
+        line=passage.line,
+        start_line=passage.start_line,
+        end_line=passage.end_line,
+        total_lines=passage.total_lines,
+        snippet=passage.text,
+        body=doc.body if full else None,
+        terms=terms,
+        explain=explain,
+    )

@@ -1,0 +1,80 @@
+"""Vector search over collections, shaped into pointers.
+
+Each collection's partition is searched on its own and the lists merged by distance,
+so one big collection never starves a small one. Every hit points at the line range
+of its nearest chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from qmd.server.errors import Unavailable
+from qmd.server.index import vectors
+from qmd.server.index.config import Config
+from qmd.server.index.documents import fetch_ids
+from qmd.server.index.store import Store
+from qmd.server.search.lexical import parse_lex
+from qmd.server.search.pointers import SearchOutcome, point_at, resolve_scope
+
+
+class VectorUnavailable(Unavailable):
+    """Vector search cannot run (no embedder, no vectors yet); the message says why."""
+
+
+def vector_search(
+    store: Store,
+    config: Config,
+    space: vectors.Space,
+    query_vector: Sequence[float],
+    query: str,
+    *,
+    collections: list[str] | None = None,
+    limit: int = 5,
+    min_score: float = 0.0,
+    all_results: bool = False,
+    full: bool = False,
+    index_name: str | None = None,
+    max_len: int = 500,
+) -> SearchOutcome:
+    """Nearest documents by cosine similarity (score = 1 − cosine distance), each
+    pointing at the line range of its nearest chunk; per collection, then merged."""
+    scope = resolve_scope(config, collections)
+    terms = parse_lex(query).terms
+    out = SearchOutcome(hits=[], terms=terms)
+    fetch = vectors.MAX_K if all_results else max(20, 2 * limit)
+    ranked = vector_hits(store, space, query_vector, scope, fetch)
+    with store.read() as conn:
+        docs = fetch_ids(conn, [h.doc_id for h in ranked])
+    scored = [(h, 1.0 - h.distance) for h in ranked if h.doc_id in docs]
+    kept = [(h, sc) for h, sc in scored if sc >= min_score]
+    out.below_min_score = bool(scored) and not kept
+    if not all_results:
+        kept = kept[:limit]
+    out.hits = [
+        point_at(
+            docs[h.doc_id],
+            sc,
+            config,
+            terms,
+            full=full,
+            index_name=index_name,
+            max_len=max_len,
+            lines_within=(h.start_line, h.end_line),
+        )
+        for h, sc in kept
+    ]
+    return out
+
+
+def vector_hits(
+    store: Store, space: vectors.Space, query_vector: Sequence[float], scope: list[str], fetch: int
+) -> list[vectors.VecHit]:
+    """Each document's nearest chunk over the collections in `scope`, nearest first."""
+    best: dict[int, vectors.VecHit] = {}
+    with store.read() as conn:
+        for name in scope:
+            for h in vectors.search(conn, space, query_vector, name, fetch):
+                if h.doc_id not in best or h.distance < best[h.doc_id].distance:
+                    best[h.doc_id] = h
+    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:fetch]
