@@ -1,4 +1,4 @@
-"""The SQLite index: schema, one writer thread, concurrent readers.
+"""The SQLite index: one writer thread, concurrent readers; the schema is migrated on open.
 
 Following datasette: every write is a function handed to a single writer thread
 through a queue and run inside one `BEGIN IMMEDIATE` transaction, so writes never
@@ -19,75 +19,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from qmd.server.index.db import sqlite3
+from qmd.server.index.schema import migrate
 from qmd.server.search.lexical import norm_cjk
 
 log = logging.getLogger("qmd.store")
 T = TypeVar("T")
-
-SCHEMA_VERSION = 1
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS content (
-    hash TEXT PRIMARY KEY,
-    doc TEXT NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS documents (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    collection TEXT NOT NULL,
-    path TEXT NOT NULL,
-    title TEXT NOT NULL,
-    hash TEXT NOT NULL REFERENCES content(hash) ON DELETE CASCADE,
-    created_at TEXT NOT NULL,
-    modified_at TEXT NOT NULL,
-    active INTEGER NOT NULL DEFAULT 1,
-    size INTEGER NOT NULL DEFAULT 0,
-    mtime_ns INTEGER NOT NULL DEFAULT 0,
-    UNIQUE(collection, path)
-);
-CREATE INDEX IF NOT EXISTS idx_documents_collection ON documents(collection, active);
-CREATE INDEX IF NOT EXISTS idx_documents_hash ON documents(hash);
-CREATE INDEX IF NOT EXISTS idx_documents_path ON documents(path, active);
-CREATE TABLE IF NOT EXISTS llm_cache (
-    hash TEXT PRIMARY KEY,
-    result TEXT,
-    created_at TEXT
-);
-CREATE TABLE IF NOT EXISTS store_collections (
-    name TEXT PRIMARY KEY,
-    path TEXT NOT NULL,
-    pattern TEXT NOT NULL DEFAULT '**/*.md',
-    ignore_patterns TEXT,
-    include_by_default INTEGER NOT NULL DEFAULT 1,
-    update_command TEXT,
-    context TEXT
-);
-CREATE TABLE IF NOT EXISTS store_config (
-    key TEXT PRIMARY KEY,
-    value TEXT
-);
-CREATE TABLE IF NOT EXISTS skipped_files (
-    collection TEXT NOT NULL,
-    path TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    seen_at TEXT NOT NULL,
-    PRIMARY KEY (collection, path)
-);
-CREATE TABLE IF NOT EXISTS collection_runs (
-    collection TEXT PRIMARY KEY,
-    updated_at TEXT NOT NULL,
-    summary TEXT NOT NULL
-);
-"""
-
-# The FTS table holds only the index, not a third copy of every body (bodies live in
-# `content`; snippets are cut from there): about a third of the index's size. Deleting
-# rows from such a table needs SQLite 3.43; older builds keep a copy.
-_FTS_OPTIONS = ", content='', contentless_delete=1" if sqlite3.sqlite_version_info >= (3, 43) else ""
-FTS_SCHEMA = (
-    "CREATE VIRTUAL TABLE IF NOT EXISTS documents_fts"
-    f" USING fts5(filepath, title, body, tokenize='porter unicode61'{_FTS_OPTIONS})"
-)
 
 
 def utcnow() -> str:
@@ -148,15 +84,18 @@ class Store:
         self.generation = 0
         """Bumped after every committed write: lets callers cache what they derive from the index."""
         wconn = _connect(path, readonly=False)
-        mode = wconn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
-        self.vec_version = _load_vec(wconn)
+        try:
+            self.vec_version = _load_vec(wconn)
+            # before the switch to WAL, so an index refused as too new is not touched at all
+            migrate(wconn, path)
+            mode = wconn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
+        except BaseException:
+            wconn.close()
+            raise
         self.sqlite_version: str = sqlite3.sqlite_version
         """The SQLite library the index runs on (pysqlite3's bundled one, or the system's)."""
-        wconn.executescript(SCHEMA)
-        wconn.execute(FTS_SCHEMA)
-        wconn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="qmd-writer", daemon=True)
         self._writer.start()
 

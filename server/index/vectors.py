@@ -21,46 +21,6 @@ from dataclasses import dataclass
 from qmd.server.index.db import sqlite3
 from qmd.server.index.store import utcnow
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS vector_spaces (
-    id INTEGER PRIMARY KEY,
-    fingerprint TEXT NOT NULL UNIQUE,
-    model TEXT NOT NULL,
-    dims INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS content_vectors (
-    id INTEGER PRIMARY KEY,
-    space_id INTEGER NOT NULL REFERENCES vector_spaces(id) ON DELETE CASCADE,
-    hash TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    pos INTEGER NOT NULL,
-    end_pos INTEGER NOT NULL,
-    start_line INTEGER NOT NULL,
-    end_line INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    clipped INTEGER NOT NULL DEFAULT 0,
-    total_chunks INTEGER NOT NULL,
-    embed_fingerprint TEXT NOT NULL,
-    embedded_at TEXT NOT NULL,
-    embedding BLOB NOT NULL,
-    UNIQUE (space_id, hash, seq)
-);
-CREATE INDEX IF NOT EXISTS idx_content_vectors_hash ON content_vectors(space_id, hash, total_chunks);
-CREATE TABLE IF NOT EXISTS vector_collection_ids (
-    id INTEGER PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE
-);
-CREATE TABLE IF NOT EXISTS vector_rows (
-    id INTEGER PRIMARY KEY,
-    space_id INTEGER NOT NULL,
-    chunk_id INTEGER NOT NULL,
-    collection_id INTEGER NOT NULL,
-    UNIQUE (chunk_id, collection_id)
-);
-CREATE INDEX IF NOT EXISTS idx_vector_rows_space ON vector_rows(space_id, collection_id);
-"""
-
 MAX_K = 4096
 
 
@@ -78,13 +38,6 @@ class Space:
     fingerprint: str
     model: str
     dims: int
-
-
-def install(conn: sqlite3.Connection) -> None:
-    # statement by statement: executescript would commit the writer's transaction
-    for statement in SCHEMA.split(";"):
-        if statement.strip():
-            conn.execute(statement)
 
 
 def find_space(conn: sqlite3.Connection, fingerprint: str) -> Space | None:
