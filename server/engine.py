@@ -23,12 +23,12 @@ from qmd.server.index.config import (
     Collection,
     Config,
     ConfigFile,
+    ConfigSource,
     expand_path,
     normalize_context_key,
     validate_collection_name,
 )
 from qmd.server.index.documents import (
-    DocRow,
     find_document,
     glob_documents,
     is_comma_list,
@@ -53,16 +53,28 @@ from qmd.server.models.worker import ModelSpec, WorkerClient
 from qmd.server.search.expansion import Expander, worker_generate
 from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
 from qmd.server.search.keyword import search
-from qmd.server.search.pointers import SearchOutcome, document_ref, file_uri, resolve_scope
+from qmd.server.search.pointers import (
+    DocumentText,
+    Retrieved,
+    SearchOutcome,
+    document_ref,
+    file_uri,
+    resolve_scope,
+)
 from qmd.server.search.querydoc import QueryDoc
 from qmd.server.search.rerank import Reranker, make_reranker
 from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_search
+from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 
 
 class Engine:
-    def __init__(self, paths: IndexPaths) -> None:
+    """One index, its config and every operation on them (the daemon holds one; the
+    library opens its own). `config` is where the collections live: the YAML file at
+    `paths.config` unless the caller holds them itself (`MemoryConfig`)."""
+
+    def __init__(self, paths: IndexPaths, config: ConfigSource | None = None) -> None:
         self.paths = paths
-        self.config_file = ConfigFile(paths.config)
+        self.config_file: ConfigSource = config or ConfigFile(paths.config)
         self.store = Store(paths.db)
         self.worker = WorkerClient()
         self.embedders = Embedders(self.worker)
@@ -70,7 +82,7 @@ class Engine:
         self._mutate = threading.RLock()
         self._update = threading.Lock()
         self._embed = threading.Lock()
-        self._vector_states: dict[tuple, dict] = {}
+        self._vector_states: dict[tuple[tuple[str, ...] | None, str, int], VectorState] = {}
         self.costs = CostModel()
         self._expanders: dict[str, Expander] = {}
         self._rerankers: dict[str, Reranker] = {}
@@ -155,26 +167,26 @@ class Engine:
             self._save(cfg.with_collection(coll))
         return coll
 
-    def describe_collections(self) -> list[dict]:
+    def describe_collections(self) -> list[CollectionInfo]:
         cfg = self.config
         with self.store.read() as conn:
             states = catalog.collection_states(conn)
         unindexed = catalog.CollectionState()
         return [
-            {
-                "name": c.name,
-                "uri": f"qmd://{c.name}/",
-                "path": str(c.root),
-                "pattern": c.pattern,
-                "ignore": list(c.ignore),
-                "update_command": c.update,
-                "include_by_default": c.include_by_default,
-                "contexts": dict(c.context),
-                "files": st.files,
-                "updated_at": st.updated_at,
-                "last_run": asdict(st.last_run) if st.last_run else None,
-                "skipped": [asdict(s) for s in st.skipped],
-            }
+            CollectionInfo(
+                name=c.name,
+                uri=f"qmd://{c.name}/",
+                path=str(c.root),
+                pattern=c.pattern,
+                ignore=list(c.ignore),
+                update_command=c.update,
+                include_by_default=c.include_by_default,
+                contexts=dict(c.context),
+                files=st.files,
+                updated_at=st.updated_at,
+                last_run=st.last_run,
+                skipped=list(st.skipped),
+            )
             for c, st in ((c, states.get(c.name, unindexed)) for c in cfg.collections.values())
         ]
 
@@ -276,8 +288,32 @@ class Engine:
 
     # -- search and retrieval -----------------------------------------------
 
-    def search(self, query: str, **kw: object) -> SearchOutcome:
-        return search(self.store, self.config, query, index_name=self.index_label, **kw)  # type: ignore[arg-type]
+    def search(
+        self,
+        query: str,
+        *,
+        collections: list[str] | None = None,
+        limit: int = 5,
+        min_score: float = 0.0,
+        all_results: bool = False,
+        full: bool = False,
+        explain: bool = False,
+        max_len: int = 500,
+    ) -> SearchOutcome:
+        """Keyword (BM25) search: pointers, best first."""
+        return search(
+            self.store,
+            self.config,
+            query,
+            collections=collections,
+            limit=limit,
+            min_score=min_score,
+            all_results=all_results,
+            full=full,
+            explain=explain,
+            index_name=self.index_label,
+            max_len=max_len,
+        )
 
     def query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         """The hybrid query: typed routing, expansion, RRF, rerank, within `opts.budget_ms`."""
@@ -294,8 +330,8 @@ class Engine:
 
     def _vector_leg(self, collections: list[str] | None) -> tuple[VectorLeg | None, str]:
         state = self.vector_state(collections)
-        if not state["available"]:
-            return None, state["message"]
+        if not state.available:
+            return None, state.message
         try:
             emb = self.embedder()
         except EmbedderUnavailable as e:
@@ -303,7 +339,7 @@ class Engine:
         with self.store.read() as conn:
             space = vectors.find_space(conn, emb.fingerprint)
         if space is None:
-            return None, state["message"]
+            return None, state.message
         scope = resolve_scope(self.config, collections)
 
         def embed(texts: list[str]) -> list[list[float]]:
@@ -319,7 +355,7 @@ class Engine:
                 embed=embed,
                 search=lambda qvec, k: vector_hits(self.store, space, qvec, scope, k),
                 model=emb.uri,
-                warning=state["message"] if state["pending"] else None,
+                warning=state.message if state.pending else None,
             ),
             "",
         )
@@ -354,7 +390,7 @@ class Engine:
     def embedder(self, *, download: bool = False, progress: Progress | None = None) -> Embedder:
         return self.embedders.get(self.config, self.paths.config.parent, download=download, progress=progress)
 
-    def vector_state(self, collections: list[str] | None = None) -> dict:
+    def vector_state(self, collections: list[str] | None = None) -> VectorState:
         """Can vector search run, and over how much of the corpus? Never loads a model.
 
         Counting pending documents scans the index (110 ms at 100k documents), so the
@@ -373,7 +409,7 @@ class Engine:
         self._vector_states[key] = state
         return state
 
-    def _count_vectors(self, emb: Embedder | None, reason: str, collections: list[str] | None) -> dict:
+    def _count_vectors(self, emb: Embedder | None, reason: str, collections: list[str] | None) -> VectorState:
         with self.store.read() as conn:
             space = vectors.find_space(conn, emb.fingerprint) if emb else None
             pending = len(vectors.pending_hashes(conn, space, collections))
@@ -388,20 +424,22 @@ class Engine:
             message = f"vector search partial — {pending} documents pending (run 'qmd embed')"
         else:
             message = f"{embedded} chunks embedded; nothing pending"
-        return {
-            "available": available,
-            "pending": pending,
-            "embedded_chunks": embedded,
-            "stale_contents": counts.stale_contents,
-            "model": emb.uri if emb else None,
-            "fingerprint": emb.fingerprint if emb else None,
-            "message": message,
-        }
+        return VectorState(
+            available=available,
+            pending=pending,
+            embedded_chunks=embedded,
+            stale_contents=counts.stale_contents,
+            model=emb.uri if emb else None,
+            fingerprint=emb.fingerprint if emb else None,
+            message=message,
+        )
 
-    def _vector_or_raise(self, query: str, *, collections: list[str] | None, **kw: object) -> SearchOutcome:
+    def _vector_or_raise(
+        self, query: str, collections: list[str] | None, limit: int, min_score: float, all_results: bool, full: bool
+    ) -> SearchOutcome:
         state = self.vector_state(collections)
-        if not state["available"]:
-            raise VectorUnavailable(state["message"])
+        if not state.available:
+            raise VectorUnavailable(state.message)
         emb = self.embedder()
         try:
             qvec = embed_query(emb, query)
@@ -417,20 +455,31 @@ class Engine:
             qvec,
             query,
             collections=collections,
+            limit=limit,
+            min_score=min_score,
+            all_results=all_results,
+            full=full,
             index_name=self.index_label,
-            **kw,  # type: ignore[arg-type]
         )
-        if state["pending"]:
-            out.warnings.append(state["message"])
+        if state.pending:
+            out.warnings.append(state.message)
         return out
 
-    def vsearch(self, query: str, *, collections: list[str] | None = None, **kw: object) -> SearchOutcome:
+    def vsearch(
+        self,
+        query: str,
+        *,
+        collections: list[str] | None = None,
+        limit: int = 5,
+        min_score: float = 0.0,
+        all_results: bool = False,
+        full: bool = False,
+    ) -> SearchOutcome:
         """Vector search; when it cannot run, keyword results with the reason (never silence)."""
         try:
-            return self._vector_or_raise(query, collections=collections, **kw)
+            return self._vector_or_raise(query, collections, limit, min_score, all_results, full)
         except VectorUnavailable as e:
-            kw.pop("min_score", None)
-            out = self.search(query, collections=collections, **kw)
+            out = self.search(query, collections=collections, limit=limit, all_results=all_results, full=full)
             out.warnings.insert(0, f"{e.message}; showing keyword results instead")
             out.degraded = True
             return out
@@ -464,7 +513,7 @@ class Engine:
 
     def get(
         self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
-    ) -> dict:
+    ) -> DocumentText:
         """A document or a line range of it. `name` may end in `:from[:count]`;
         explicit `from_line` / `max_lines` win over that suffix."""
         name, suffix_from, suffix_count = split_range(name)
@@ -475,64 +524,58 @@ class Engine:
         cfg = self.config
         with self.store.read() as conn:
             doc = find_document(conn, cfg, name, cwd)
+        ref = document_ref(doc, cfg, self.index_label)
         lines = doc.body.split("\n")
         start = max(1, from_line or 1)
+        if start > len(lines):
+            # An empty slice numbered from a line that does not exist would read as a real, blank line.
+            raise InvalidInput(f"{ref.display_path} has {len(lines)} lines; line {start} is past the end")
         end = len(lines) if max_lines is None else min(len(lines), start - 1 + max_lines)
-        return {
-            **self._doc_fields(doc, cfg),
-            "from_line": start,
-            "to_line": max(end, start - 1),
-            "total_lines": len(lines),
-            "body": "\n".join(lines[start - 1 : end]),
-        }
-
-    def _doc_fields(self, doc: DocRow, cfg: Config) -> dict:
-        return asdict(document_ref(doc, cfg, self.index_label))
+        return DocumentText(ref, start, end, len(lines), "\n".join(lines[start - 1 : end]))
 
     def multi_get(
         self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None, cwd: str | None = None
-    ) -> list[dict]:
+    ) -> list[Retrieved]:
+        """Documents by glob, comma-separated names or docids. A listed name that matches
+        nothing is an entry with `error`; a document over `max_bytes` is `skipped`."""
         if max_bytes < 1:
             raise InvalidInput("--max-bytes must be at least 1")
         cfg = self.config
-        items: list[dict] = []
+        items: list[Retrieved] = []
         with self.store.read() as conn:
             if is_comma_list(pattern) or (pattern.strip().startswith("#") and "," not in pattern):
+                names = [n for n in (p.strip() for p in pattern.split(",")) if n]
+                if not names:
+                    raise InvalidInput(f"no file names in {pattern!r}: give a glob, names joined by commas, or docids")
                 docs = []
-                for name in (p.strip() for p in pattern.split(",")):
-                    if not name:
-                        continue
+                for name in names:
                     try:
                         docs.append(find_document(conn, cfg, name, cwd))
                     except QmdError as e:
-                        items.append({"file": name, "skipped": True, "reason": e.message, "error": True})
+                        items.append(Retrieved(name, None, skipped=True, reason=e.message, error=True))
             else:
                 docs = glob_documents(conn, cfg, pattern)
                 if not docs:
                     raise NotFound(f"No files matched pattern: {pattern}")
         for doc in docs:
+            ref = document_ref(doc, cfg, self.index_label)
             size = len(doc.body.encode("utf-8"))
-            item = {**self._doc_fields(doc, cfg), "bytes": size, "skipped": False, "reason": None}
             if size > max_bytes:
-                item.update(
-                    skipped=True,
-                    body=None,
-                    reason=f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)",
-                )
-            else:
-                body = doc.body
-                if max_lines is not None:
-                    lines = body.split("\n")
-                    if len(lines) > max_lines:
-                        body = "\n".join(lines[:max_lines]) + f"\n\n[... truncated {len(lines) - max_lines} more lines]"
-                item["body"] = body
-            items.append(item)
+                reason = f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)"
+                items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason))
+                continue
+            body = doc.body
+            if max_lines is not None:
+                lines = body.split("\n")
+                if len(lines) > max_lines:
+                    body = "\n".join(lines[:max_lines]) + f"\n\n[... truncated {len(lines) - max_lines} more lines]"
+            items.append(Retrieved(ref.file, ref, size, body))
         return items
 
     def ls(self, target: str | None = None) -> dict:
         cfg = self.config
         if not target:
-            return {"collections": [{"name": c["name"], "files": c["files"]} for c in self.describe_collections()]}
+            return {"collections": [{"name": c.name, "files": c.files} for c in self.describe_collections()]}
         virtual = parse_virtual(target)
         if virtual:
             coll_name, prefix = virtual
@@ -657,14 +700,14 @@ class Engine:
             "sqlite_vec": self.store.vec_version,
             "inference": self.worker.status(),
             "models": models,
-            "vector": self.vector_state(),
+            "vector": asdict(self.vector_state()),
             "config_path": str(self.paths.config),
             "index_path": str(self.paths.db),
         }
 
     # -- status -------------------------------------------------------------
 
-    def status(self) -> dict:
+    def status(self) -> IndexStatus:
         collections = self.describe_collections()
         with self.store.read() as conn:
             counts = catalog.document_counts(conn)
@@ -672,21 +715,21 @@ class Engine:
             size = self.paths.db.stat().st_size + _size(Path(str(self.paths.db) + "-wal"))
         except OSError:
             size = 0
-        return {
-            "version": __version__,
-            "index": self.paths.name,
-            "index_path": str(self.paths.db),
-            "config_path": str(self.paths.config),
-            "size_bytes": size,
-            "documents": counts.documents,
-            "unique_contents": counts.unique_contents,
-            "sqlite_version": self.store.sqlite_version,
-            "sqlite_vec": self.store.vec_version,
-            "vector": self.vector_state(),
-            "inference": self.worker.status(),
-            "collections": collections,
-            "global_context": self.config.global_context,
-        }
+        return IndexStatus(
+            version=__version__,
+            index=self.paths.name,
+            index_path=str(self.paths.db),
+            config_path=str(self.paths.config),
+            size_bytes=size,
+            documents=counts.documents,
+            unique_contents=counts.unique_contents,
+            sqlite_version=self.store.sqlite_version,
+            sqlite_vec=self.store.vec_version,
+            vector=self.vector_state(),
+            inference=self.worker.status(),
+            collections=collections,
+            global_context=self.config.global_context,
+        )
 
 
 def _size(p: Path) -> int:

@@ -128,7 +128,9 @@ def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -
     app.state.log = log
     app.include_router(router)
     # MCP (spec §20) is a route of this app, so every middleware and the guard screen it too.
-    app.add_route("/mcp", McpEndpoint(engine), methods=["POST"], include_in_schema=False)
+    # An ASGI app is a valid endpoint (Starlette's Route serves any non-function callable
+    # as ASGI), but add_route's annotation only names request handlers.
+    app.add_route("/mcp", McpEndpoint(engine), methods=["POST"], include_in_schema=False)  # type: ignore[arg-type]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

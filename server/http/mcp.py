@@ -180,11 +180,6 @@ could not run are reported under `skipped` with the reason, never dropped silent
 # -- shaping -------------------------------------------------------------------------
 
 
-def display_path(collection: str, path: str) -> str:
-    """`collection/path`: what results show and what `get` accepts back."""
-    return f"{collection}/{path}"
-
-
 def document_uri(display: str) -> str:
     """`qmd://` URI of a document, percent-encoded per segment so it round-trips."""
     return URI_SCHEME + quote(display, safe="/")
@@ -262,34 +257,33 @@ def run_get(engine: Engine, args: GetRequest) -> types.CallToolResult:
         doc = engine.get(args.file, from_line=args.from_line, max_lines=args.max_lines)
     except NotFound as e:
         return _tool_error(_not_found_message(split_range(args.file)[0], e))
-    display = display_path(doc["collection"], doc["path"])
-    if doc["from_line"] > doc["total_lines"]:
-        # An empty slice numbered from a line that does not exist would read as a real, blank line.
-        return _tool_error(f"{display} has {doc['total_lines']} lines; line {doc['from_line']} is past the end")
-    text = _document_text(doc["body"], doc["from_line"], doc["context"], args.line_numbers)
+    display = doc.doc.display_path
+    text = _document_text(doc.body, doc.from_line, doc.doc.context, args.line_numbers)
     return types.CallToolResult(content=[_resource(display, text)])
 
 
 def run_multi_get(engine: Engine, args: MultiGetRequest) -> types.CallToolResult:
     """Several documents at once; oversized ones are named with the `get` call that reads them."""
     items = engine.multi_get(args.pattern, max_bytes=args.max_bytes)
-    errors = [item["reason"] for item in items if item.get("error")]
-    content: list[types.TextContent | types.EmbeddedResource] = []
+    errors = [item.reason or "" for item in items if item.doc is None]
+    content: list[types.ContentBlock] = []
     if errors:
         content.append(_text("Errors:\n" + "\n".join(errors)))
     for item in items:
-        if item.get("error"):
+        if item.doc is None:
             continue
-        display = display_path(item["collection"], item["path"])
-        if item["skipped"]:
+        display = item.doc.display_path
+        if item.skipped or item.body is None:
             content.append(
-                _text(f"[SKIPPED: {display} - {item['reason']}. Use 'get' with file=\"{display}\" to retrieve.]")
+                _text(f"[SKIPPED: {display} - {item.reason}. Use 'get' with file=\"{display}\" to retrieve.]")
             )
             continue
-        lines = item["body"].split("\n")
+        lines = item.body.split("\n")
         kept = lines if args.max_lines is None else lines[: args.max_lines]
         note = f"\n\n[... truncated {len(lines) - len(kept)} more lines]" if len(kept) < len(lines) else ""
-        content.append(_resource(display, _document_text("\n".join(kept), 1, item["context"], args.line_numbers, note)))
+        content.append(
+            _resource(display, _document_text("\n".join(kept), 1, item.doc.context, args.line_numbers, note))
+        )
     if not content:
         return _tool_error(f"No files matched pattern: {args.pattern}")
     return types.CallToolResult(content=content)
@@ -301,34 +295,30 @@ def run_status(engine: Engine, _args: StatusRequest) -> types.CallToolResult:
     now = utcnow()
     collections = sorted(
         (
-            {
-                "name": c["name"],
-                "path": c["path"],
-                "pattern": c["pattern"],
-                "documents": c["files"],
-                "last_updated": c["updated_at"] or now,
-            }
-            for c in st["collections"]
-            if c["files"] > 0
+            McpCollection(
+                name=c.name, path=c.path, pattern=c.pattern, documents=c.files, last_updated=c.updated_at or now
+            )
+            for c in st.collections
+            if c.files > 0
         ),
-        key=lambda c: c["last_updated"],
+        key=lambda c: c.last_updated,
         reverse=True,
     )
-    vector = st["vector"]
+    vector = st.vector
     lines = [
         "QMD Index Status:",
-        f"  Total documents: {st['documents']}",
-        f"  Needs embedding: {vector['pending']}",
-        f"  Vector index: {'yes' if vector['available'] else 'no'}",
-        *([] if vector["available"] else [f"    {vector['message']}"]),
+        f"  Total documents: {st.documents}",
+        f"  Needs embedding: {vector.pending}",
+        f"  Vector index: {'yes' if vector.available else 'no'}",
+        *([] if vector.available else [f"    {vector.message}"]),
         f"  Collections: {len(collections)}",
-        *(f"    - {c['name']}: {c['path']} ({c['documents']} docs)" for c in collections),
+        *(f"    - {c.name}: {c.path} ({c.documents} docs)" for c in collections),
     ]
     answer = McpStatus(
-        total_documents=st["documents"],
-        needs_embedding=vector["pending"],
-        has_vector_index=vector["available"],
-        collections=[McpCollection(**c) for c in collections],
+        total_documents=st.documents,
+        needs_embedding=vector.pending,
+        has_vector_index=vector.available,
+        collections=collections,
     )
     return types.CallToolResult(
         content=[_text("\n".join(lines))], structured_content=answer.model_dump(mode="json", by_alias=True)
@@ -435,19 +425,18 @@ Tips:
 def build_instructions(engine: Engine) -> str:
     """The §20.2 system-prompt text, from the index as it is now (not as it was at start-up)."""
     st = engine.status()
-    lines = [f"QMD is your local search engine over {st['documents']} markdown documents."]
-    if st["global_context"]:
-        lines.append(f"Context: {st['global_context']}")
+    lines = [f"QMD is your local search engine over {st.documents} markdown documents."]
+    if st.global_context:
+        lines.append(f"Context: {st.global_context}")
     lines.append("")
-    names = [c["name"] for c in st["collections"] if c["files"] > 0]
+    names = [c.name for c in st.collections if c.files > 0]
     if names:
         lines.append(f"Collections (scope with `collections` parameter): {', '.join(names)}")
     lines.append("Call the `status` tool for collection descriptions, paths, and per-collection doc counts.")
-    vector = st["vector"]
-    if not vector["available"]:
+    if not st.vector.available:
         lines += ["", "Note: No vector embeddings yet. Run `qmd embed` to enable semantic search (vec/hyde)."]
-    elif vector["pending"]:
-        lines += ["", f"Note: {vector['pending']} documents need embedding. Run `qmd embed` to update."]
+    elif st.vector.pending:
+        lines += ["", f"Note: {st.vector.pending} documents need embedding. Run `qmd embed` to update."]
     lines += ["", _INSTRUCTIONS_TAIL]
     return "\n".join(lines)
 
@@ -470,8 +459,8 @@ def read_document(engine: Engine, uri: str) -> types.ReadResourceResult:
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=uri, mime_type="text/plain", text=_not_found_message(path, e))]
         )
-    display = display_path(doc["collection"], doc["path"])
-    text = _document_text(doc["body"], 1, doc["context"], line_numbers=True)
+    display = doc.doc.display_path
+    text = _document_text(doc.body, 1, doc.doc.context, line_numbers=True)
     return types.ReadResourceResult(
         contents=[types.TextResourceContents(uri=document_uri(display), mime_type="text/markdown", text=text)]
     )

@@ -42,11 +42,14 @@ from qmd.server.http.wire import (
     SearchRequest,
     SearchResponse,
     UpdateRequest,
+    document_out,
     hit_out,
     http_status,
     public_result,
     query_plan,
     query_response,
+    report_out,
+    retrieved_out,
     search_response,
 )
 
@@ -100,19 +103,13 @@ def cli_search(body: SearchRequest, request: Request) -> SearchResponse:
 @router.get("/v1/status", tags=["cli"])
 def status(request: Request) -> dict:
     e = engine_of(request)
-    return {
-        **e.status(),
-        "daemon": {
-            "pid": os.getpid(),
-            "uptime": int(time.time() - e.started),
-            "url": str(request.base_url).rstrip("/"),
-        },
-    }
+    daemon = {"pid": os.getpid(), "uptime": int(time.time() - e.started), "url": str(request.base_url).rstrip("/")}
+    return {**report_out(e.status()), "daemon": daemon}
 
 
 @router.get("/v1/collections", tags=["cli"])
 def list_collections(request: Request) -> dict:
-    return {"collections": engine_of(request).describe_collections()}
+    return {"collections": [report_out(c) for c in engine_of(request).describe_collections()]}
 
 
 @router.post("/v1/collections", status_code=201, tags=["cli"])
@@ -125,7 +122,7 @@ def create_collection(body: CollectionCreate, request: Request) -> dict:
 def show_collection(name: str, request: Request) -> dict:
     e = engine_of(request)
     e.config.get(name)
-    return next(c for c in e.describe_collections() if c["name"] == name)
+    return next(report_out(c) for c in e.describe_collections() if c.name == name)
 
 
 @router.patch("/v1/collections/{name}", tags=["cli"])
@@ -268,13 +265,15 @@ def remove_context(body: ContextRemove, request: Request) -> dict:
 
 @router.post("/v1/get", tags=["cli"])
 def get(body: CliGetRequest, request: Request) -> dict:
-    return engine_of(request).get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd)
+    return document_out(
+        engine_of(request).get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd)
+    )
 
 
 @router.post("/v1/multi-get", tags=["cli"])
 def multi_get(body: CliMultiGetRequest, request: Request) -> dict:
     items = engine_of(request).multi_get(body.pattern, max_bytes=body.max_bytes, max_lines=body.max_lines, cwd=body.cwd)
-    return {"items": items}
+    return {"items": [retrieved_out(r) for r in items]}
 
 
 @router.get("/v1/ls", tags=["cli"])

@@ -16,7 +16,7 @@ its own formats.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,8 +24,9 @@ from pydantic.alias_generators import to_camel
 
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions, Stage
-from qmd.server.search.pointers import Pointer, SearchOutcome
+from qmd.server.search.pointers import DocumentText, Pointer, Retrieved, SearchOutcome
 from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
+from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 
 MAX_QUERY_CHARS = 20_000
 SCORE_DECIMALS = 2
@@ -456,6 +457,29 @@ def public_result(p: Pointer) -> ResultOut:
 def mcp_result(p: Pointer) -> ResultOut:
     """MCP: files as `collection/path`, which is what its `get` tool takes back."""
     return result_out(p, file=p.doc.display_path)
+
+
+def report_out(report: IndexStatus | CollectionInfo | VectorState) -> dict[str, Any]:
+    """The engine's reports as the CLI reads them: their fields, nested, in snake_case."""
+    return asdict(report)
+
+
+def document_out(d: DocumentText) -> dict[str, Any]:
+    """`/v1/get`: the document's pointer fields, then the range and its text."""
+    return {
+        **asdict(d.doc),
+        "from_line": d.from_line,
+        "to_line": d.to_line,
+        "total_lines": d.total_lines,
+        "body": d.body,
+    }
+
+
+def retrieved_out(r: Retrieved) -> dict[str, Any]:
+    """A `/v1/multi-get` item: a document's fields and text, or the name and why it was left out."""
+    if r.doc is None:
+        return {"file": r.name, "skipped": True, "reason": r.reason, "error": True}
+    return {**asdict(r.doc), "bytes": r.bytes, "skipped": r.skipped, "reason": r.reason, "body": r.body}
 
 
 def search_response(out: SearchOutcome) -> SearchResponse:

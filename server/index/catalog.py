@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from qmd.server.index import vectors
-from qmd.server.index.config import Config
+from qmd.server.index.config import Collection, Config
 from qmd.server.index.db import sqlite3
 from qmd.server.index.indexer import delete_orphan_content
 from qmd.server.index.store import fts_delete, fts_put
@@ -122,6 +122,28 @@ def sync_collections(conn: sqlite3.Connection, cfg: Config) -> None:
         )
     else:
         conn.execute("DELETE FROM store_config WHERE key = 'global_context'")
+
+
+def mirrored_config(conn: sqlite3.Connection) -> Config:
+    """The collections and global context as `sync_collections` last recorded them: what
+    an index file says about itself when no YAML comes with it (the library's index-only mode)."""
+    collections = {
+        r[0]: Collection(
+            name=r[0],
+            path=r[1],
+            pattern=r[2],
+            ignore=tuple(json.loads(r[3] or "[]")),
+            include_by_default=bool(r[4]),
+            update=r[5],
+            context=json.loads(r[6] or "{}"),
+        )
+        for r in conn.execute(
+            "SELECT name, path, pattern, ignore_patterns, include_by_default, update_command, context"
+            " FROM store_collections ORDER BY rowid"
+        )
+    }
+    row = conn.execute("SELECT value FROM store_config WHERE key = 'global_context'").fetchone()
+    return Config(collections=collections, global_context=row[0] if row else None)
 
 
 def delete_collection(conn: sqlite3.Connection, name: str) -> int:

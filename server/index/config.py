@@ -13,7 +13,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -165,6 +165,14 @@ class Config:
         )
 
 
+class ConfigSource(Protocol):
+    """Where an engine's config lives: the YAML file, or memory."""
+
+    def load(self) -> Config: ...
+
+    def save(self, config: Config) -> None: ...
+
+
 class ConfigFile:
     """Loads `index.yml` when it changed on disk; saves atomically."""
 
@@ -212,3 +220,21 @@ class ConfigFile:
                 raise
             self._config = config
             self._stamp = self._current_stamp()
+
+
+class MemoryConfig:
+    """A config held in memory: the library's inline mode (collections given as a dict)
+    and index-only mode (collections as the index last recorded them). Nothing is
+    written to disk but the index's own mirror of it (`store_collections`)."""
+
+    def __init__(self, config: Config) -> None:
+        self._lock = threading.Lock()
+        self._config = config
+
+    def load(self) -> Config:
+        with self._lock:
+            return self._config
+
+    def save(self, config: Config) -> None:
+        with self._lock:
+            self._config = config

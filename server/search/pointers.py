@@ -142,3 +142,29 @@ def point_at(
         terms=terms,
         explain=explain,
     )
+
+
+@dataclass(frozen=True)
+class DocumentText:
+    """`get`: a document, or the line range of it that was asked for (1-based, inclusive)."""
+
+    doc: DocumentRef
+    from_line: int
+    to_line: int
+    total_lines: int
+    body: str
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """One entry of `multi_get`: a document's text, or why it was left out."""
+
+    name: str
+    """The document's `qmd://` URI, or the name as asked when it matched nothing."""
+    doc: DocumentRef | None
+    """None when `name` matched no document (`error`)."""
+    bytes: int = 0
+    body: str | None = None
+    skipped: bool = False
+    reason: str | None = None
+    error: bool = False

@@ -1,0 +1,226 @@
+"""`import qmd`: an index opened in this process, without the daemon or HTTP.
+
+The seed's SDK (`createStore`, `search`, `get`, …) for Python programs. An `Index` is
+an engine of its own: the same indexer, searches, pointers and errors as the daemon's
+(`qmd.server.errors`), and its own inference worker when a model is used. Two
+processes may read one index file; write to it from one (a daemon serving the same
+file is a writer too).
+
+Three ways to open one, as the seed's `createStore`:
+
+    qmd.open("notes.sqlite", collections={"notes": {"path": "~/notes"}})  # inline
+    qmd.open("notes.sqlite", config="qmd.yml")                           # a YAML file
+    qmd.open("notes.sqlite")                  # the collections the index last recorded
+
+The index path is always explicit: nothing is read from or written to the user's qmd
+config or cache, so embedding qmd in an application has no side effects on it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from qmd.paths import DEFAULT_INDEX, IndexPaths, cache_root
+from qmd.server.engine import Engine
+from qmd.server.errors import InvalidInput
+from qmd.server.index import catalog
+from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConfig
+from qmd.server.index.embed_job import EmbedReport
+from qmd.server.index.indexer import Summary
+from qmd.server.index.store import Store
+from qmd.server.search.hybrid import HybridOutcome, QueryOptions
+from qmd.server.search.pointers import DocumentText, Retrieved, SearchOutcome
+from qmd.server.search.querydoc import SubQueryType, parse_query, typed_query
+from qmd.server.status import CollectionInfo, IndexStatus
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connect`
+    index: str | os.PathLike[str],
+    *,
+    collections: Mapping[str, Mapping[str, Any]] | None = None,
+    config: str | os.PathLike[str] | None = None,
+    models: Mapping[str, str] | None = None,
+) -> Index:
+    """Open (or create) the index at `index`.
+
+    `collections` gives them inline (`{name: {"path": …, "pattern": …, "ignore": […],
+    "context": {…}}}`, as in `index.yml`); `config` names a YAML file that holds them
+    (changes are saved there); with neither, the collections are those the index file
+    recorded when it was last written. `models` (`{"embed": uri, "generate": uri,
+    "rerank": uri}`) goes with inline collections; a YAML file has its own `models:`.
+    """
+    db = Path(index).expanduser()
+    if collections is not None and config is not None:
+        raise InvalidInput("give either 'collections' (inline) or 'config' (a YAML file), not both")
+    if models is not None and config is not None:
+        raise InvalidInput("'models' goes with inline collections; put them under 'models:' in the YAML file")
+    yml = Path(config).expanduser() if config is not None else db.with_suffix(".yml")
+    paths = IndexPaths(name=DEFAULT_INDEX, db=db, config=yml, cache_dir=cache_root())
+    source: ConfigSource
+    if config is not None:
+        source = ConfigFile(yml)
+    elif collections is not None:
+        raw = {"collections": dict(collections), "models": dict(models or {})}
+        source = MemoryConfig(Config.from_yaml(raw, Path("collections")))
+    else:
+        source = MemoryConfig(_recorded_config(db, models))
+    return Index(Engine(paths, source))
+
+
+def _recorded_config(db: Path, models: Mapping[str, str] | None) -> Config:
+    """What the index file says about its collections (none for a new file)."""
+    if not db.exists():
+        return Config(models=dict(models or {}))
+    store = Store(db)
+    try:
+        with store.read() as conn:
+            recorded = catalog.mirrored_config(conn)
+    finally:
+        store.close()
+    return Config(collections=recorded.collections, global_context=recorded.global_context, models=dict(models or {}))
+
+
+class Index:
+    """An open index. Use it as a context manager, or call `close()`: it stops the
+    writer thread and, if a model was used, the inference worker."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # -- collections and contexts ---------------------------------------------------
+
+    def add_collection(self, name: str, path: str | os.PathLike[str], *, pattern: str | None = None) -> CollectionInfo:
+        """Record a folder as a collection; `update()` indexes it."""
+        self.engine.create_collection(os.fspath(path), name, pattern)
+        return self.collection(name)
+
+    def remove_collection(self, name: str) -> int:
+        """Forget a collection and its documents; returns how many documents left the index."""
+        return self.engine.remove_collection(name)
+
+    def rename_collection(self, old: str, new: str) -> None:
+        self.engine.rename_collection(old, new)
+
+    def collections(self) -> list[CollectionInfo]:
+        return self.engine.describe_collections()
+
+    def collection(self, name: str) -> CollectionInfo:
+        self.engine.config.get(name)
+        return next(c for c in self.engine.describe_collections() if c.name == name)
+
+    def add_context(self, target: str, text: str) -> None:
+        """Describe a folder (`qmd://notes/meetings`, a path, or `/` for every collection):
+        results under it carry the text."""
+        self.engine.add_context(target, text, None)
+
+    def remove_context(self, target: str) -> None:
+        self.engine.remove_context(target, None)
+
+    # -- indexing -------------------------------------------------------------------
+
+    def update(self, collections: Sequence[str] | None = None, *, progress: Progress | None = None) -> list[Summary]:
+        """Re-index (running each collection's update command first); incremental."""
+        return self.engine.update(list(collections) if collections else None, progress=progress)
+
+    def embed(
+        self, collections: Sequence[str] | None = None, *, force: bool = False, progress: Progress | None = None
+    ) -> EmbedReport:
+        """Embed what changed since the last run, for vector search (downloads an `hf:` model if needed)."""
+        return self.engine.embed(collections=list(collections) if collections else None, force=force, progress=progress)
+
+    # -- search -----------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        *,
+        collections: Sequence[str] | None = None,
+        limit: int = 5,
+        min_score: float = 0.0,
+        all: bool = False,  # noqa: A002 - the CLI's --all
+        full: bool = False,
+    ) -> SearchOutcome:
+        """Keyword (BM25) search: `.hits` are pointers, best first."""
+        scope = list(collections) if collections else None
+        return self.engine.search(
+            query, collections=scope, limit=limit, min_score=min_score, all_results=all, full=full
+        )
+
+    def vsearch(
+        self,
+        query: str,
+        *,
+        collections: Sequence[str] | None = None,
+        limit: int = 5,
+        min_score: float = 0.3,
+        all: bool = False,  # noqa: A002 - the CLI's --all
+        full: bool = False,
+    ) -> SearchOutcome:
+        """Vector search; when it cannot run (no model, no vectors yet) keyword results,
+        with `degraded` set and the reason in `warnings`."""
+        scope = list(collections) if collections else None
+        return self.engine.vsearch(
+            query, collections=scope, limit=limit, min_score=min_score, all_results=all, full=full
+        )
+
+    def query(
+        self,
+        query: str | None = None,
+        *,
+        searches: Sequence[tuple[SubQueryType, str]] | None = None,
+        intent: str | None = None,
+        collections: Sequence[str] | None = None,
+        limit: int = 10,
+        min_score: float = 0.0,
+        candidate_limit: int = 40,
+        rerank: bool = True,
+        budget_ms: float | None = None,
+        explain: bool = False,
+    ) -> HybridOutcome:
+        """The hybrid query: a plain `query` (expanded by the generate model) or a query
+        document, or typed `searches` (`[("lex", "…"), ("vec", "…")]`). `.stages` says
+        what ran, what was skipped and why."""
+        if (query is None) == (searches is None):
+            raise InvalidInput("give either 'query' (text or a query document) or 'searches' (typed sub-queries)")
+        doc = parse_query(query, intent) if query is not None else typed_query(list(searches or ()), intent)
+        opts = QueryOptions(
+            collections=list(collections) if collections else None,
+            limit=limit,
+            min_score=min_score,
+            candidate_limit=candidate_limit,
+            rerank=rerank,
+            budget_ms=budget_ms,
+            explain=explain,
+        )
+        return self.engine.query(doc, opts)
+
+    # -- retrieval ----------------------------------------------------------------------
+
+    def get(self, name: str, *, from_line: int | None = None, max_lines: int | None = None) -> DocumentText:
+        """A document by path (`notes/a.md`, `qmd://notes/a.md`) or docid (`#abc123`), or the
+        range a pointer names (`notes/a.md:41:4`: 4 lines from line 41)."""
+        return self.engine.get(name, from_line=from_line, max_lines=max_lines)
+
+    def multi_get(self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None) -> list[Retrieved]:
+        """Documents by glob (`notes/2026-*.md`), comma-separated names or docids."""
+        return self.engine.multi_get(pattern, max_bytes=max_bytes, max_lines=max_lines)
+
+    def status(self) -> IndexStatus:
+        return self.engine.status()

@@ -1,0 +1,64 @@
+"""What the engine reports about itself: the index, its collections, its vectors.
+
+Typed, so `qmd status`, the MCP `status` tool, `doctor`, the library and the vector
+leg of a query read the same fields; `http.wire` turns them into JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qmd.server.index.catalog import LastRun, SkippedFile
+
+
+@dataclass(frozen=True)
+class VectorState:
+    """Can vector search run, and over how much of the corpus?"""
+
+    available: bool
+    pending: int
+    """Documents without a complete set of vectors from the current embedder."""
+    embedded_chunks: int
+    stale_contents: int
+    """Contents with vectors from another embedder only (left by a model change)."""
+    model: str | None
+    fingerprint: str | None
+    message: str
+    """One line for the user: `vector search unavailable — 3 documents pending (run 'qmd embed')`."""
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    """A collection as configured (`index.yml`) and as indexed."""
+
+    name: str
+    uri: str
+    path: str
+    pattern: str
+    ignore: list[str]
+    update_command: str | None
+    include_by_default: bool
+    contexts: dict[str, str]
+    files: int
+    updated_at: str | None
+    last_run: LastRun | None
+    skipped: list[SkippedFile] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class IndexStatus:
+    version: str
+    index: str
+    index_path: str
+    config_path: str
+    size_bytes: int
+    documents: int
+    unique_contents: int
+    sqlite_version: str
+    sqlite_vec: str | None
+    vector: VectorState
+    inference: dict[str, Any]
+    """The inference worker's own snapshot (`models.worker.WorkerClient.status`)."""
+    collections: list[CollectionInfo]
+    global_context: str | None
