@@ -18,6 +18,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY qmd qmd
 COPY server server
 COPY client client
 COPY mcp_bridge mcp_bridge
@@ -52,7 +53,7 @@ EXPOSE 8181
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8181/health', timeout=4).status != 200)"]
 
-# The same command the tests run (`qmdd` is server.main:main). Inside a container the
+# The same command the tests run (`qmdd` is qmd.server.daemon:main). Inside a container the
 # daemon must listen on 0.0.0.0 to be reachable through the published port; that is a
 # wildcard bind, so qmdd cannot know which Host names are legitimate and, unless told,
 # does not check Host at all (it warns at start). Set QMD_ALLOWED_HOSTS to the names
