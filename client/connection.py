@@ -157,6 +157,13 @@ class Daemon:
             raise ClientError(self.wrong_index(index))
 
     def wrong_index(self, index: str | None) -> str:
+        """Why the server that answered is not this index's daemon (`index` is None when
+        it sent no `X-Qmd-Index` header: not a qmd daemon at all)."""
+        if index is None:
+            return (
+                f"something other than a qmd daemon answers at {self.url} (no X-Qmd-Index header). "
+                "Stop it, or give qmd another port with QMD_PORT."
+            )
         return (
             f"the qmd daemon at {self.url} serves index '{index}', not '{self.paths.name}'. "
             "Give this index its own port with QMD_PORT."

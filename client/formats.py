@@ -359,7 +359,9 @@ def _explain_lines(explain: Mapping[str, Any]) -> list[str]:
     def listing(values: Sequence[float]) -> str:
         return ", ".join(num(v) for v in values) if values else "none"
 
-    rrf = explain.get("rrf") or {}
+    if "rrf" not in explain:  # keyword search: no fusion, no rerank, only which terms matched
+        return [f"Explain: BM25 matched {explain.get('bm25_terms_matched', 0)} of {explain.get('terms', 0)} terms"]
+    rrf = explain["rrf"]
     weight = rrf.get("weight", 1.0)
     lines = [
         f"Explain: fts=[{listing(explain.get('ftsScores') or [])}] vec=[{listing(explain.get('vectorScores') or [])}]",

@@ -87,21 +87,26 @@ class Engine:
         self._expanders: dict[str, Expander] = {}
         self._rerankers: dict[str, Reranker] = {}
         self._synced: Config | None = None
-        self.config  # noqa: B018 - validates the YAML and mirrors it into the index at start
+        self._mirror(self.config)  # validates the YAML and records it in the index at start
 
     # -- config -------------------------------------------------------------
 
     @property
     def config(self) -> Config:
-        cfg = self.config_file.load()
+        """The config as it is now (re-read when the YAML changed on disk). Reading it
+        writes nothing: the index's record of it follows the writes (`_save`, `update`)."""
+        return self.config_file.load()
+
+    def _mirror(self, cfg: Config) -> None:
+        """Record the collections in the index (`store_collections`, spec §2.2), so the
+        index file describes itself without the YAML (the library's index-only mode)."""
         if cfg is not self._synced:
             self.store.write(lambda conn: catalog.sync_collections(conn, cfg))
             self._synced = cfg
-        return cfg
 
     def _save(self, cfg: Config) -> None:
         self.config_file.save(cfg)
-        self.config  # noqa: B018 - re-sync the mirror
+        self._mirror(cfg)
 
     @property
     def index_label(self) -> str | None:
@@ -258,6 +263,7 @@ class Engine:
     def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> list[Summary]:
         """Run each collection's hook, then re-index it. A failing hook aborts the run."""
         cfg = self.config
+        self._mirror(cfg)
         names = collections or list(cfg.collections)
         colls = [cfg.get(n) for n in names]
         out: list[Summary] = []

@@ -163,6 +163,44 @@ def test_get_miss_suggests(env: Env, added: Path) -> None:
     assert "Document not found: fundrasing.md" in r.stderr and "qmd://notes/fundraising.md" in r.stderr
 
 
+def test_get_past_the_end_is_an_error(env: Env, added: Path) -> None:
+    """An empty range numbered from a line that does not exist would read as a real one."""
+    total = len((added / "fundraising.md").read_text().split("\n"))
+    r = env.qmd("get", "notes/fundraising.md:9999:2")
+    assert r.returncode == 1 and r.stdout == ""
+    assert f"notes/fundraising.md has {total} lines; line 9999 is past the end" in r.stderr
+    assert env.qmd("get", f"notes/fundraising.md:{total}:2").returncode == 0  # the last line is still a line
+
+
+def test_multi_get_with_no_names_is_an_error(env: Env, added: Path) -> None:
+    for pattern in (",", " , ,"):
+        r = env.qmd("multi-get", pattern)
+        assert r.returncode == 1 and "no file names" in r.stderr, pattern
+
+
+def test_query_starting_with_a_dash_says_how(env: Env) -> None:
+    r = env.qmd("search", "-only")
+    assert r.returncode == 2 and "No such option" in r.stderr
+    assert "goes after '--': qmd search -- -only" in r.stderr
+    r = env.qmd("status", "--bogus")
+    assert r.returncode == 2 and "'--'" not in r.stderr  # no query there: no hint
+
+
+def test_another_server_on_the_port_is_named_as_such(env: Env) -> None:
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = env.qmd("status", env={"QMD_PORT": str(server.server_address[1]), "QMD_NO_AUTOSTART": "1"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 1 and "something other than a qmd daemon answers" in r.stderr
+    assert "None" not in r.stderr
+
+
 def test_multi_get(env: Env, added: Path) -> None:
     items = env.json("multi-get", "notes/**/*.md", "--json")
     assert sorted(i["file"] for i in items) == [

@@ -831,3 +831,12 @@ def test_render_document_full_path(hits: list[dict[str, Any]], tmp_path: Path) -
     text = render_document(gone, from_line=1, line_numbers=False, full_path=True, cwd=str(tmp_path))
     assert text.startswith("qmd://notes/dir/a.md  #a1b2c3\n")
     assert resolve_full_path(gone["abs_path"], str(tmp_path)) is None
+
+
+def test_keyword_explain_shows_matched_terms_not_zero_fusion_fields(tmp_path: Path) -> None:
+    """`qmd search --explain` has no RRF or rerank to show; it says what BM25 matched."""
+    hit = {**make_hits(tmp_path)[0], "explain": {"bm25_terms_matched": 2, "terms": 3}}
+    text, _ = render_search([hit], "cli", PLAIN)
+    assert "Explain: BM25 matched 2 of 3 terms" in text
+    assert "RRF" not in text and "Blend" not in text
+
