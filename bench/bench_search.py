@@ -240,16 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update({k: env.vars[k] for k in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")})
         from qmd.paths import IndexPaths
         from qmd.server.engine import Engine
+        from qmd.server.search.pointers import SearchOptions
 
         engine = Engine(IndexPaths.resolve(None))
         try:
             for _, q in QUERIES:
-                engine.search(q, limit=5)
+                engine.search(q, SearchOptions(limit=5))
             inproc_q: dict[str, list[float]] = {q: [] for _, q in QUERIES}
             for _ in range(args.rounds):
                 for _, q in QUERIES:
                     t0 = time.perf_counter()
-                    engine.search(q, limit=5)
+                    engine.search(q, SearchOptions(limit=5))
                     inproc_q[q].append(time.perf_counter() - t0)
             inproc = [x for xs in inproc_q.values() for x in xs]
         finally:

@@ -235,7 +235,10 @@ def in_process(env: Isolated, model: str, rounds: int) -> dict[str, list[float]]
     from qmd.server.engine import Engine
     from qmd.server.index.embed_job import embed_query
     from qmd.server.index.vectors import find_space
-    from qmd.server.search.keyword import vector_search
+    from qmd.server.search.pointers import SearchOptions
+    from qmd.server.search.vector import vector_search
+
+    VSEARCH = SearchOptions(limit=5, min_score=0.3)
 
     engine = Engine(IndexPaths.resolve(None))
     out: dict[str, list[float]] = {
@@ -247,21 +250,19 @@ def in_process(env: Isolated, model: str, rounds: int) -> dict[str, list[float]]
             space = find_space(conn, emb.fingerprint)
         assert space is not None
         for _, q in QUERIES:  # warm-up (starts the worker, loads the model)
-            engine.vsearch(q, limit=5, min_score=0.3)
+            engine.vsearch(q, VSEARCH)
         for _ in range(rounds):
             for _, q in QUERIES:
                 t0 = time.perf_counter()
-                engine.vsearch(q, limit=5, min_score=0.3)
+                engine.vsearch(q, VSEARCH)
                 t1 = time.perf_counter()
                 engine.vector_state(None)
                 t2 = time.perf_counter()
                 qvec = embed_query(emb, q)
                 t3 = time.perf_counter()
-                vector_search(
-                    engine.store, engine.config, space, qvec, q, limit=5, min_score=0.3, index_name=engine.index_label
-                )
+                vector_search(engine.store, engine.config, space, qvec, q, VSEARCH, engine.index_label)
                 t4 = time.perf_counter()
-                engine.search(q, limit=5)
+                engine.search(q, SearchOptions(limit=5))
                 t5 = time.perf_counter()
                 for key, secs in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                     out[key].append(secs)

@@ -56,6 +56,7 @@ from qmd.server.search.keyword import search
 from qmd.server.search.pointers import (
     DocumentText,
     Retrieved,
+    SearchOptions,
     SearchOutcome,
     document_ref,
     file_uri,
@@ -294,32 +295,9 @@ class Engine:
 
     # -- search and retrieval -----------------------------------------------
 
-    def search(
-        self,
-        query: str,
-        *,
-        collections: list[str] | None = None,
-        limit: int = 5,
-        min_score: float = 0.0,
-        all_results: bool = False,
-        full: bool = False,
-        explain: bool = False,
-        max_len: int = 500,
-    ) -> SearchOutcome:
+    def search(self, query: str, opts: SearchOptions = SearchOptions()) -> SearchOutcome:
         """Keyword (BM25) search: pointers, best first."""
-        return search(
-            self.store,
-            self.config,
-            query,
-            collections=collections,
-            limit=limit,
-            min_score=min_score,
-            all_results=all_results,
-            full=full,
-            explain=explain,
-            index_name=self.index_label,
-            max_len=max_len,
-        )
+        return search(self.store, self.config, query, opts, self.index_label)
 
     def query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         """The hybrid query: typed routing, expansion, RRF, rerank, within `opts.budget_ms`."""
@@ -440,10 +418,8 @@ class Engine:
             message=message,
         )
 
-    def _vector_or_raise(
-        self, query: str, collections: list[str] | None, limit: int, min_score: float, all_results: bool, full: bool
-    ) -> SearchOutcome:
-        state = self.vector_state(collections)
+    def _vector_or_raise(self, query: str, opts: SearchOptions) -> SearchOutcome:
+        state = self.vector_state(opts.collections)
         if not state.available:
             raise VectorUnavailable(state.message)
         emb = self.embedder()
@@ -454,38 +430,17 @@ class Engine:
         with self.store.read() as conn:
             space = vectors.find_space(conn, emb.fingerprint)
         assert space is not None
-        out = vector_search(
-            self.store,
-            self.config,
-            space,
-            qvec,
-            query,
-            collections=collections,
-            limit=limit,
-            min_score=min_score,
-            all_results=all_results,
-            full=full,
-            index_name=self.index_label,
-        )
+        out = vector_search(self.store, self.config, space, qvec, query, opts, self.index_label)
         if state.pending:
             out.warnings.append(state.message)
         return out
 
-    def vsearch(
-        self,
-        query: str,
-        *,
-        collections: list[str] | None = None,
-        limit: int = 5,
-        min_score: float = 0.0,
-        all_results: bool = False,
-        full: bool = False,
-    ) -> SearchOutcome:
+    def vsearch(self, query: str, opts: SearchOptions = SearchOptions()) -> SearchOutcome:
         """Vector search; when it cannot run, keyword results with the reason (never silence)."""
         try:
-            return self._vector_or_raise(query, collections, limit, min_score, all_results, full)
+            return self._vector_or_raise(query, opts)
         except VectorUnavailable as e:
-            out = self.search(query, collections=collections, limit=limit, all_results=all_results, full=full)
+            out = self.search(query, replace(opts, min_score=0.0))
             out.warnings.insert(0, f"{e.message}; showing keyword results instead")
             out.degraded = True
             return out

@@ -33,7 +33,7 @@ from qmd.server.index.embed_job import EmbedReport
 from qmd.server.index.indexer import Summary
 from qmd.server.index.store import Store
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
-from qmd.server.search.pointers import DocumentText, Retrieved, SearchOutcome
+from qmd.server.search.pointers import DocumentText, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import SubQueryType, parse_query, typed_query
 from qmd.server.status import CollectionInfo, IndexStatus
 
@@ -159,9 +159,7 @@ class Index:
     ) -> SearchOutcome:
         """Keyword (BM25) search: `.hits` are pointers, best first."""
         scope = list(collections) if collections else None
-        return self.engine.search(
-            query, collections=scope, limit=limit, min_score=min_score, all_results=all, full=full
-        )
+        return self.engine.search(query, SearchOptions(scope, limit, min_score, all, full))
 
     def vsearch(
         self,
@@ -176,9 +174,7 @@ class Index:
         """Vector search; when it cannot run (no model, no vectors yet) keyword results,
         with `degraded` set and the reason in `warnings`."""
         scope = list(collections) if collections else None
-        return self.engine.vsearch(
-            query, collections=scope, limit=limit, min_score=min_score, all_results=all, full=full
-        )
+        return self.engine.vsearch(query, SearchOptions(scope, limit, min_score, all, full))
 
     def query(
         self,

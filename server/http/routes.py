@@ -27,13 +27,13 @@ from qmd.server.http.wire import (
     CliGetRequest,
     CliMultiGetRequest,
     CliQueryRequest,
+    CliQueryResponse,
     CollectionCreate,
     CollectionPatch,
     ContextAdd,
     ContextRemove,
     EmbedRequest,
     Health,
-    HitOut,
     PullRequest,
     QueryRequest,
     QueryResponse,
@@ -81,23 +81,17 @@ def query(body: QueryRequest, request: Request) -> QueryResponse[ResultOut]:
 CLI_ANSWER: dict = {"response_model_by_alias": False, "response_model_exclude_unset": True, "tags": ["cli"]}
 
 
-@router.post("/v1/query", response_model=QueryResponse[HitOut], **CLI_ANSWER)
-def cli_query(body: CliQueryRequest, request: Request) -> QueryResponse[HitOut]:
-    return query_response(engine_of(request).query(*query_plan(body, CLI)), hit_out)
+@router.post("/v1/query", response_model=CliQueryResponse, **CLI_ANSWER)
+def cli_query(body: CliQueryRequest, request: Request) -> CliQueryResponse:
+    e = engine_of(request)
+    answer = query_response(e.query(*query_plan(body, CLI)), hit_out)
+    return CliQueryResponse(**dict(answer), editor_uri=e.config.editor_uri)
 
 
 @router.post("/v1/search", response_model=SearchResponse, **CLI_ANSWER)
 def cli_search(body: SearchRequest, request: Request) -> SearchResponse:
-    out = engine_of(request).search(
-        body.query,
-        collections=body.collections,
-        limit=body.limit,
-        min_score=body.min_score,
-        all_results=body.all,
-        full=body.full,
-        explain=body.explain,
-    )
-    return search_response(out)
+    e = engine_of(request)
+    return search_response(e.search(body.query, body.options()), e.config.editor_uri)
 
 
 @router.get("/v1/status", tags=["cli"])
@@ -237,15 +231,8 @@ def doctor(request: Request) -> dict:
 def cli_vsearch(body: SearchRequest, request: Request) -> SearchResponse:
     if body.explain:
         raise InvalidInput("explain is not available for vector search: use 'qmd query --explain'")
-    out = engine_of(request).vsearch(
-        body.query,
-        collections=body.collections,
-        limit=body.limit,
-        min_score=body.min_score,
-        all_results=body.all,
-        full=body.full,
-    )
-    return search_response(out)
+    e = engine_of(request)
+    return search_response(e.vsearch(body.query, body.options()), e.config.editor_uri)
 
 
 @router.get("/v1/contexts", tags=["cli"])
@@ -273,7 +260,7 @@ def get(body: CliGetRequest, request: Request) -> dict:
 @router.post("/v1/multi-get", tags=["cli"])
 def multi_get(body: CliMultiGetRequest, request: Request) -> dict:
     items = engine_of(request).multi_get(body.pattern, max_bytes=body.max_bytes, max_lines=body.max_lines, cwd=body.cwd)
-    return {"items": [retrieved_out(r) for r in items]}
+    return {"items": [retrieved_out(r) for r in items], "editor_uri": engine_of(request).config.editor_uri}
 
 
 @router.get("/v1/ls", tags=["cli"])

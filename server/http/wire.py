@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions, Stage
-from qmd.server.search.pointers import DocumentText, Pointer, Retrieved, SearchOutcome
+from qmd.server.search.pointers import DocumentText, Pointer, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 
@@ -168,6 +168,9 @@ class SearchRequest(Request):
     all: bool = False
     full: bool = False
     explain: bool = False
+
+    def options(self) -> SearchOptions:
+        return SearchOptions(self.collections, self.limit, self.min_score, self.all, self.full, self.explain)
 
 
 class GetRequest(Request):
@@ -366,6 +369,14 @@ class SearchResponse(Response):
     below_min_score: bool
     warnings: list[str]
     degraded: bool
+    editor_uri: str | None = None
+    """`editor_uri` from index.yml, for the CLI's editor links (`QMD_EDITOR_URI` wins)."""
+
+
+class CliQueryResponse(QueryResponse[HitOut]):
+    """`qmd query`: the hybrid answer, plus what the CLI needs to draw links."""
+
+    editor_uri: str | None = None
 
 
 class McpCollection(Response):
@@ -408,28 +419,11 @@ def result_out(p: Pointer, *, file: str) -> ResultOut:
 
 
 def hit_out(p: Pointer) -> HitOut:
-    """Hybrid scores only on hybrid results: a route that leaves unset fields out
-    (`exclude_unset`) then sends none on a keyword hit."""
+    """The pointer's fields, its document's flattened in. Hybrid scores only on hybrid
+    results: a route that leaves unset fields out (`exclude_unset`) sends none on a keyword hit."""
+    fields = {k: v for k, v in asdict(p).items() if k not in ("doc", "fusion", "rerank")}
     hybrid = {"fusion": p.fusion, "rerank": p.rerank} if p.fusion is not None else {}
-    return HitOut(
-        **hybrid,
-        file=p.doc.file,
-        docid=p.doc.docid,
-        collection=p.doc.collection,
-        path=p.doc.path,
-        abs_path=p.doc.abs_path,
-        title=p.doc.title,
-        context=p.doc.context,
-        score=p.score,
-        line=p.line,
-        start_line=p.start_line,
-        end_line=p.end_line,
-        total_lines=p.total_lines,
-        snippet=p.snippet,
-        body=p.body,
-        terms=list(p.terms),
-        explain=p.explain,
-    )
+    return HitOut.model_validate({**asdict(p.doc), **fields, **hybrid, "terms": list(p.terms)})
 
 
 def stage_out(s: Stage) -> StageOut:
@@ -482,10 +476,11 @@ def retrieved_out(r: Retrieved) -> dict[str, Any]:
     return {**asdict(r.doc), "bytes": r.bytes, "skipped": r.skipped, "reason": r.reason, "body": r.body}
 
 
-def search_response(out: SearchOutcome) -> SearchResponse:
+def search_response(out: SearchOutcome, editor_uri: str | None) -> SearchResponse:
     return SearchResponse(
         results=[hit_out(p) for p in out.hits],
         below_min_score=out.below_min_score,
         warnings=out.warnings,
         degraded=out.degraded,
+        editor_uri=editor_uri,
     )

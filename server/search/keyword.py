@@ -14,7 +14,7 @@ from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow, fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.search.lexical import LexQuery, parse_lex, search_fts
-from qmd.server.search.pointers import SearchOutcome, point_at, resolve_scope
+from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, resolve_scope
 
 MAX_QUERY_CHARS = 20_000
 ALL_LIMIT = 100_000
@@ -42,25 +42,12 @@ def lexical_hits(store: Store, query: LexQuery, scope: list[str], fetch: int) ->
     return [KeywordHit(docs[i], s, m, t) for i, (s, m, t) in ranked if i in docs]
 
 
-def search(
-    store: Store,
-    config: Config,
-    query: str,
-    *,
-    collections: list[str] | None = None,
-    limit: int = 5,
-    min_score: float = 0.0,
-    all_results: bool = False,
-    full: bool = False,
-    explain: bool = False,
-    index_name: str | None = None,
-    max_len: int = 500,
-) -> SearchOutcome:
+def search(store: Store, config: Config, query: str, opts: SearchOptions, index_name: str | None) -> SearchOutcome:
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidInput(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
-    if limit < 1:
+    if opts.limit < 1:
         raise InvalidInput("limit must be at least 1")
-    scope = resolve_scope(config, collections)
+    scope = resolve_scope(config, opts.collections)
     lexq = parse_lex(query)
     out = SearchOutcome(hits=[], terms=lexq.terms)
     if lexq.truncated:
@@ -73,22 +60,22 @@ def search(
     if not scope:
         out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
         return out
-    fetch = ALL_LIMIT if all_results else max(50, 2 * limit)
+    fetch = ALL_LIMIT if opts.all_results else max(50, 2 * opts.limit)
     hits = lexical_hits(store, lexq, scope, fetch)
-    kept = [h for h in hits if h.score >= min_score]
+    kept = [h for h in hits if h.score >= opts.min_score]
     out.below_min_score = bool(hits) and not kept
-    if not all_results:
-        kept = kept[:limit]
+    if not opts.all_results:
+        kept = kept[: opts.limit]
     out.hits = [
         point_at(
             h.doc,
             h.score,
             config,
             lexq.terms,
-            full=full,
+            full=opts.full,
             index_name=index_name,
-            max_len=max_len,
-            explain={"bm25_terms_matched": h.matched, "terms": h.total} if explain else None,
+            max_len=opts.max_len,
+            explain={"bm25_terms_matched": h.matched, "terms": h.total} if opts.explain else None,
         )
         for h in kept
     ]

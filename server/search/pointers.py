@@ -73,6 +73,23 @@ class Pointer:
         return snippet_header(self.start_line, len(lines), self.total_lines) + "\n" + body
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """How a keyword or vector search is scoped and cut, whoever asks for it."""
+
+    collections: list[str] | None = None
+    """None: every collection included by default."""
+    limit: int = 5
+    min_score: float = 0.0
+    all_results: bool = False
+    """Every result above `min_score`, whatever `limit` says."""
+    full: bool = False
+    """Whole documents in `Pointer.body`."""
+    explain: bool = False
+    max_len: int = 500
+    """Longest passage, in characters."""
+
+
 @dataclass
 class SearchOutcome:
     """Keyword or vector search: the pointers, and everything the caller must be told."""

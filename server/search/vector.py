@@ -15,7 +15,7 @@ from qmd.server.index.config import Config
 from qmd.server.index.documents import fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.search.lexical import parse_lex
-from qmd.server.search.pointers import SearchOutcome, point_at, resolve_scope
+from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, resolve_scope
 
 
 class VectorUnavailable(Unavailable):
@@ -28,38 +28,32 @@ def vector_search(
     space: vectors.Space,
     query_vector: Sequence[float],
     query: str,
-    *,
-    collections: list[str] | None = None,
-    limit: int = 5,
-    min_score: float = 0.0,
-    all_results: bool = False,
-    full: bool = False,
-    index_name: str | None = None,
-    max_len: int = 500,
+    opts: SearchOptions,
+    index_name: str | None,
 ) -> SearchOutcome:
     """Nearest documents by cosine similarity (score = 1 − cosine distance), each
     pointing at the line range of its nearest chunk; per collection, then merged."""
-    scope = resolve_scope(config, collections)
+    scope = resolve_scope(config, opts.collections)
     terms = parse_lex(query).terms
     out = SearchOutcome(hits=[], terms=terms)
-    fetch = vectors.MAX_K if all_results else max(20, 2 * limit)
+    fetch = vectors.MAX_K if opts.all_results else max(20, 2 * opts.limit)
     ranked = vector_hits(store, space, query_vector, scope, fetch)
     with store.read() as conn:
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
     scored = [(h, 1.0 - h.distance) for h in ranked if h.doc_id in docs]
-    kept = [(h, sc) for h, sc in scored if sc >= min_score]
+    kept = [(h, sc) for h, sc in scored if sc >= opts.min_score]
     out.below_min_score = bool(scored) and not kept
-    if not all_results:
-        kept = kept[:limit]
+    if not opts.all_results:
+        kept = kept[: opts.limit]
     out.hits = [
         point_at(
             docs[h.doc_id],
             sc,
             config,
             terms,
-            full=full,
+            full=opts.full,
             index_name=index_name,
-            max_len=max_len,
+            max_len=opts.max_len,
             lines_within=(h.start_line, h.end_line),
         )
         for h, sc in kept
