@@ -96,28 +96,27 @@ def search_options(min_score_default: float) -> Callable[[Callable], Callable]:
     """The options `search` and `vsearch` share."""
 
     def wrap(fn: Callable) -> Callable:
-        for decorator in reversed(
-            [
-                click.argument("query", nargs=-1, required=True),
-                click.option(
-                    "-n",
-                    "limit",
-                    type=click.IntRange(min=1),
-                    default=None,
-                    help="Number of results [5; 20 for --json/--files].",
-                ),
-                click.option(
-                    "-c", "--collection", "collections", multiple=True, help="Search this collection (repeatable)."
-                ),
-                click.option("--all", "all_results", is_flag=True, help="Return every match."),
-                click.option("--min-score", type=click.FloatRange(0, 1), default=min_score_default, show_default=True),
-                click.option("--full", is_flag=True, help="Show whole documents instead of passages."),
-                click.option("--line-numbers", is_flag=True, help="Number passage lines with their file line numbers."),
-                click.option("--full-path", is_flag=True, help="Show on-disk paths instead of qmd:// links."),
-                format_options,
-                pass_ctx,
-            ]
-        ):
+        decorators: list[Callable[[Callable], Callable]] = [
+            click.argument("query", nargs=-1, required=True),
+            click.option(
+                "-n",
+                "limit",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Number of results [5; 20 for --json/--files].",
+            ),
+            click.option(
+                "-c", "--collection", "collections", multiple=True, help="Search this collection (repeatable)."
+            ),
+            click.option("--all", "all_results", is_flag=True, help="Return every match."),
+            click.option("--min-score", type=click.FloatRange(0, 1), default=min_score_default, show_default=True),
+            click.option("--full", is_flag=True, help="Show whole documents instead of passages."),
+            click.option("--line-numbers", is_flag=True, help="Number passage lines with their file line numbers."),
+            click.option("--full-path", is_flag=True, help="Show on-disk paths instead of qmd:// links."),
+            format_options,
+            pass_ctx,
+        ]
+        for decorator in reversed(decorators):
             fn = decorator(fn)
         return fn
 

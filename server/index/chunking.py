@@ -402,8 +402,11 @@ class _Chunker:
         """The first start of a non-empty line after a newline in `[raw, limit)`, else
         the first word start there, else `raw` (off a surrogate pair)."""
         nl = self.text.find("\n", raw, limit)
-        if nl >= 0 and (line := _NEWLINES.match(self.text, nl, end).end()) < end:
-            return line
+        if nl >= 0:
+            newlines = _NEWLINES.match(self.text, nl, end)
+            assert newlines is not None  # `[\r\n]*` matches anywhere, if only the empty string
+            if (line := newlines.end()) < end:
+                return line
         word = _SPACE.search(self.text, raw, limit)
         return word.end() if word else self.clean(raw, floor)
 

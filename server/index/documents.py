@@ -143,9 +143,9 @@ def find_document(conn: sqlite3.Connection, config: Config, name: str, cwd: str 
         return by_docid(conn, docid, names)
     virtual = parse_virtual(raw)
     if virtual:
-        coll, path = virtual
-        config.get(coll)
-        doc = fetch(conn, coll, safe_relpath(path))
+        coll_name, path = virtual
+        config.get(coll_name)
+        doc = fetch(conn, coll_name, safe_relpath(path))
         if doc:
             return doc
         raise _not_found(conn, config, raw, path)

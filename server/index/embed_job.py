@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +30,7 @@ from qmd.server.errors import QmdError, Unavailable
 from qmd.server.index import vectors
 from qmd.server.index.chunking import CHUNKER_VERSION, Chunk
 from qmd.server.index.config import Config
+from qmd.server.index.db import sqlite3
 from qmd.server.index.store import Store
 from qmd.server.models.refs import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
 from qmd.server.models.remote import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
@@ -220,13 +222,13 @@ def embed_pending(
     t0 = time.monotonic()
     report = EmbedReport(model=embedder.model_name, fingerprint=embedder.fingerprint)
 
-    def prepare(conn: object) -> vectors.Space:
-        old = vectors.find_space(conn, embedder.fingerprint)  # type: ignore[arg-type]
+    def prepare(conn: sqlite3.Connection) -> vectors.Space:
+        old = vectors.find_space(conn, embedder.fingerprint)
         if force and old and collections:  # only the named collections' contents start over
-            vectors.forget_hashes(conn, old, vectors.pending_hashes(conn, None, collections))  # type: ignore[arg-type]
+            vectors.forget_hashes(conn, old, vectors.pending_hashes(conn, None, collections))
         elif force and old:
-            vectors.drop_space(conn, old)  # type: ignore[arg-type]
-        return vectors.ensure_space(conn, embedder.fingerprint, embedder.model_name, embedder.dims)  # type: ignore[arg-type]
+            vectors.drop_space(conn, old)
+        return vectors.ensure_space(conn, embedder.fingerprint, embedder.model_name, embedder.dims)
 
     space = store.write(prepare)
     with store.read() as conn:
@@ -238,7 +240,8 @@ def embed_pending(
         if cancel is not None and cancel.is_set():
             report.cancelled = True
             break
-        batch, size = [], 0
+        batch: list[tuple[str, str, str, str]] = []  # (content hash, body, title, collection/path)
+        size = 0
         with store.read() as conn:
             while i < len(pending) and len(batch) < max_docs_per_batch and (not batch or size < max_batch_bytes):
                 row = conn.execute(
@@ -318,7 +321,9 @@ def _embed_document(
         for row in rows:
             if row.clipped:
                 report.clipped.append({"file": name, "chunk": row.seq, "tokens": row.tokens, "limit": embs.limit})
-        store.write(lambda conn, rows=rows: vectors.write_document(conn, space, content_hash, rows, len(chunks)))
+        store.write(
+            partial(vectors.write_document, space=space, content_hash=content_hash, chunks=rows, total=len(chunks))
+        )
         report.chunks += len(rows)
     return True
 

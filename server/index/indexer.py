@@ -22,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal, TypeAlias
 
 from wcmatch import glob as wglob
 
@@ -198,6 +199,16 @@ class Loaded:
     nbytes: int
 
 
+# One write `_apply` makes: deactivate a document id; record a new size and mtime for a
+# document whose content is unchanged; add a new file; rewrite a known document.
+_Op: TypeAlias = (
+    tuple[Literal["deactivate"], int]
+    | tuple[Literal["stat"], tuple[int, Found]]
+    | tuple[Literal["insert"], Loaded]
+    | tuple[Literal["update"], tuple[int, Loaded]]
+)
+
+
 class Skip(Exception):
     """A file that cannot be indexed; `keep` means its previous version stays."""
 
@@ -341,7 +352,7 @@ def index_collection(store: Store, coll: Collection, progress: Progress | None =
 
     limit = max_file_bytes()
     seen: set[str] = set()
-    batch: list[tuple[str, object]] = []
+    batch: list[_Op] = []
     batch_bytes = 0
     pending: list[Future] = []
     total = len(walk.files)
@@ -420,25 +431,26 @@ def index_collection(store: Store, coll: Collection, progress: Progress | None =
     return summary
 
 
-def _apply(conn: sqlite3.Connection, collection: str, ops: list[tuple[str, object]]) -> None:
+def _apply(conn: sqlite3.Connection, collection: str, ops: list[_Op]) -> None:
     now = utcnow()
     deactivate: list[int] = []
-    for kind, payload in ops:
-        if kind == "deactivate":
-            deactivate.append(payload)  # type: ignore[arg-type]
+    doc_id: int | None
+    for op in ops:
+        if op[0] == "deactivate":
+            deactivate.append(op[1])
             continue
-        if kind == "stat":
-            doc_id, found = payload  # type: ignore[misc]
+        if op[0] == "stat":
+            doc_id, found = op[1]
             conn.execute(
                 "UPDATE documents SET size = ?, mtime_ns = ? WHERE id = ?",
                 (found.size, found.mtime_ns, doc_id),
             )
             continue
-        if kind == "insert":
-            loaded: Loaded = payload  # type: ignore[assignment]
+        if op[0] == "insert":
+            loaded = op[1]
             doc_id = None
         else:
-            doc_id, loaded = payload  # type: ignore[misc]
+            doc_id, loaded = op[1]
         f = loaded.found
         conn.execute(
             "INSERT OR IGNORE INTO content(hash, doc, created_at) VALUES (?, ?, ?)",
@@ -452,6 +464,7 @@ def _apply(conn: sqlite3.Connection, collection: str, ops: list[tuple[str, objec
                 (collection, f.rel, loaded.title, loaded.hash, now, mtime, f.size, f.mtime_ns),
             )
             doc_id = cur.lastrowid
+            assert doc_id is not None  # set by every INSERT into a rowid table
         else:
             conn.execute(
                 "UPDATE documents SET title = ?, hash = ?, modified_at = ?, active = 1, size = ?, mtime_ns = ?"

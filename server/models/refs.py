@@ -504,14 +504,14 @@ def _already_complete(resp: httpx.Response, offset: int, state: _PartState) -> b
     stopped before the rename."""
     m = _CONTENT_RANGE_RE.match(resp.headers.get("content-range", ""))
     etag = _etag_of(resp)
-    return bool(m) and m.group(2) == str(offset) == str(state.size) and etag in (None, state.etag)
+    return m is not None and m.group(2) == str(offset) == str(state.size) and etag in (None, state.etag)
 
 
 def _same_file(resp: httpx.Response, offset: int, state: _PartState, etag: str | None) -> bool:
     """A 206 continues our `.part` only if it starts where we stopped and is the same
     file (ETag and total size); otherwise the remote changed and we start over."""
     m = _CONTENT_RANGE_RE.match(resp.headers.get("content-range", ""))
-    return bool(m) and m.group(1) == str(offset) and m.group(2) == str(state.size) and etag == state.etag
+    return m is not None and m.group(1) == str(offset) and m.group(2) == str(state.size) and etag == state.etag
 
 
 def _receive(

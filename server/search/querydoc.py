@@ -118,7 +118,7 @@ def validate_searches(searches: list[tuple[str, str]]) -> None:
                 f"Structured search ({kind}): the query is {len(text)} characters long; "
                 f"the limit is {MAX_LINE_CHARS}. Shorten it or split it into several sub-queries."
             )
-        validate_subquery(cast(SubQueryType, kind), text, "Structured search")
+        validate_subquery(kind, text, "Structured search")  # narrowed by the SUBQUERY_TYPES check
 
 
 def parse_query(text: str, intent: str | None = None) -> QueryDoc:
