@@ -14,6 +14,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"qmd": "qmd", "server": "qmd.server", "client": "qmd.client", "mcp_bridge": "qmd.mcp_bridge"}
 """Top-level source folders and the package each one is (pyproject's package-dir)."""
@@ -127,3 +129,29 @@ def test_readme_command_list_matches_help() -> None:
     documented = {m.group(1) for m in re.finditer(r"^qmd ([a-z][\w-]*)", readme_block("Using it"), re.M)}
     assert commands - documented == set(), f"not in the README's command list: {sorted(commands - documented)}"
     assert documented - commands == set(), f"in the README but not a command: {sorted(documented - commands)}"
+
+
+@pytest.mark.slow
+def test_install_puts_one_name_in_site_packages(tmp_path: Path) -> None:
+    """A real (non-editable) install: `qmd` and its dist-info, no `server`, `client`, …"""
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    names = {p.name for p in target.iterdir() if p.name not in ("bin", "__pycache__")}
+    assert {n for n in names if not n.endswith(".dist-info")} == {"qmd"}
+    code = "import qmd.server.http.app, qmd.client.cli, qmd.mcp_bridge.bridge, qmd.server.models.worker_child"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={"PYTHONPATH": str(target)}, timeout=120)
