@@ -67,8 +67,9 @@ def pick_format(fmt: str | None, flags: dict[str, bool]) -> str:
     return "cli"
 
 
-def _style() -> formats.Style:
-    return formats.Style.detect(sys.stdout, editor_uri=os.environ.get("QMD_EDITOR_URI"))
+def _style(editor_uri: str | None = None) -> formats.Style:
+    """How to draw for this stdout; `editor_uri` is index.yml's, as the daemon sent it."""
+    return formats.Style.detect(sys.stdout, editor_uri=editor_uri)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -147,7 +148,7 @@ def run_search(
     text, warnings = formats.render_search(
         res["results"],
         fmt,
-        _style(),
+        _style(res.get("editor_uri")),
         full=full,
         line_numbers=line_numbers,
         full_path=full_path,
@@ -377,7 +378,7 @@ def multi_get(
             if i.get("body") is not None:
                 i["body"] = formats.add_line_numbers(i["body"])
     text, warnings = formats.render_multi_get(
-        found, pick_format(fmt, flags), _style(), full_path=full_path, cwd=os.getcwd()
+        found, pick_format(fmt, flags), _style(res.get("editor_uri")), full_path=full_path, cwd=os.getcwd()
     )
     _warn(warnings)
     _out(text)
@@ -939,6 +940,16 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.NoSuchOption as e:
+        e.show()
+        if e.ctx is not None and any(p.name == "query" for p in e.ctx.command.params):
+            word = next((a for a in sys.argv[1:] if a.startswith(e.option_name)), e.option_name)
+            click.echo(
+                f"A query that starts with '-' (a negation such as {word}) goes after '--': "
+                f"qmd {e.ctx.info_name} -- {word} …",
+                err=True,
+            )
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

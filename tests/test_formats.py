@@ -839,4 +839,3 @@ def test_keyword_explain_shows_matched_terms_not_zero_fusion_fields(tmp_path: Pa
     text, _ = render_search([hit], "cli", PLAIN)
     assert "Explain: BM25 matched 2 of 3 terms" in text
     assert "RRF" not in text and "Blend" not in text
-

@@ -58,7 +58,8 @@ def ensure_space(conn: sqlite3.Connection, fingerprint: str, model: str, dims: i
         "INSERT INTO vector_spaces(fingerprint, model, dims, created_at) VALUES (?, ?, ?, ?)",
         (fingerprint, model, dims, utcnow()),
     )
-    space = Space(int(cur.lastrowid), fingerprint, model, dims)
+    assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
+    space = Space(cur.lastrowid, fingerprint, model, dims)
     conn.execute(
         f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
         f"collection_id INTEGER PARTITION KEY, embedding float[{dims}] distance_metric=cosine)"
@@ -92,7 +93,9 @@ def collection_id(conn: sqlite3.Connection, name: str, *, create: bool) -> int |
     r = conn.execute("SELECT id FROM vector_collection_ids WHERE name = ?", (name,)).fetchone()
     if r or not create:
         return r[0] if r else None
-    return int(conn.execute("INSERT INTO vector_collection_ids(name) VALUES (?)", (name,)).lastrowid)
+    rowid = conn.execute("INSERT INTO vector_collection_ids(name) VALUES (?)", (name,)).lastrowid
+    assert rowid is not None  # an INSERT into a rowid table always sets it
+    return rowid
 
 
 def rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:

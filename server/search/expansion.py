@@ -31,7 +31,7 @@ from qmd.server.index import llm_cache
 from qmd.server.index.store import Store
 from qmd.server.models.protocol import GenerationParams
 from qmd.server.search.lexical import STOP_WORDS
-from qmd.server.search.querydoc import SUBQUERY_TYPES
+from qmd.server.search.querydoc import SUBQUERY_TYPES, SubQueryType
 
 if TYPE_CHECKING:
     from qmd.server.models.worker import ModelSpec, WorkerClient
@@ -188,7 +188,7 @@ def _shares_term(query_terms: set[str], text: str) -> bool:
     return False
 
 
-def parse_expansion(raw: str, query: str) -> list[tuple[str, str]]:
+def parse_expansion(raw: str, query: str) -> list[tuple[SubQueryType, str]]:
     """The usable `(type, text)` lines of a model's answer, in the order lex, vec, hyde.
 
     Keeps a line only if it is well formed, not a repetition loop, not the query itself, not a
@@ -200,12 +200,13 @@ def parse_expansion(raw: str, query: str) -> list[tuple[str, str]]:
     content_terms = terms - STOP_WORDS or terms
     copies_allowed = _norm(query) in _EXAMPLE_QUERIES  # the user asked exactly an example's query
     seen: set[tuple[str, str]] = set()
-    kept: dict[str, list[str]] = {kind: [] for kind in SUBQUERY_TYPES}
+    kept: dict[SubQueryType, list[str]] = {kind: [] for kind in SUBQUERY_TYPES}
     for line in raw.splitlines():
         match = _LINE.match(line)
         if not match:
             continue
-        kind, text = match.group(1).lower(), " ".join(_unwrap(match.group(2)).split())
+        kind = next(k for k in SUBQUERY_TYPES if k == match.group(1).lower())  # the pattern allows only these
+        text = " ".join(_unwrap(match.group(2)).split())
         if _runaway(text):
             continue
         text = _cap(text, MAX_CHARS[kind])
@@ -224,7 +225,7 @@ def parse_expansion(raw: str, query: str) -> list[tuple[str, str]]:
     return [(kind, text) for kind in SUBQUERY_TYPES for text in kept[kind]]
 
 
-def fallback(query: str) -> list[tuple[str, str]]:
+def fallback(query: str) -> list[tuple[SubQueryType, str]]:
     """What runs when the model gave nothing usable: the query itself on both backends."""
     return [("lex", query), ("vec", query)]
 
@@ -288,7 +289,7 @@ def build_prompt(query: str, name: str | None, chat_template: bool) -> Prompt:
 class Expansion:
     """What `Expander.expand` produced, with enough facts for `--explain` and the stage report."""
 
-    lines: list[tuple[str, str]]
+    lines: list[tuple[SubQueryType, str]]
     cached: bool
     fallback: bool
     """True when the model gave nothing usable and `lines` is `fallback(query)`; the caller reports it."""

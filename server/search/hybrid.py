@@ -36,7 +36,7 @@ from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
 from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, resolve_scope
-from qmd.server.search.querydoc import QueryDoc
+from qmd.server.search.querydoc import QueryDoc, SubQueryType
 from qmd.server.search.rerank import Reranker
 from qmd.server.search.snippets import best_passage, passage_window
 
@@ -90,7 +90,7 @@ class HybridOutcome:
     hits: list[Pointer]
     stages: list[Stage]
     warnings: list[str] = field(default_factory=list)
-    expansion: list[tuple[str, str]] | None = None
+    expansion: list[tuple[SubQueryType, str]] | None = None
     below_min_score: bool = False
     elapsed_ms: float = 0.0
     budget_ms: float | None = None
@@ -298,7 +298,7 @@ class HybridQuery:
             detail = f"{len(exp.lines)} lines ({text})"
         stages.append(Stage("expand", "cached" if exp.cached else "ran", (time.perf_counter() - t) * 1000, detail))
         if not exp.fallback:
-            subs += [_Sub(k, v, 1.0) for k, v in exp.lines]  # type: ignore[arg-type]
+            subs += [_Sub(k, v, 1.0) for k, v in exp.lines]
         return subs
 
     def _reserve_after_expand(self, opts: QueryOptions, scope: list[str]) -> float:
