@@ -63,7 +63,7 @@ from _common import (  # noqa: E402
 
 REPORT = re.compile(r"Embedded (\d+) chunks from (\d+) documents in ([\d.]+)s \(([\d.]+) chunks/s\); (\d+) pending")
 SUB_BATCH = 32
-"""Texts per worker `embed` request, as the embed job sends them (server/index/embed_job.py)."""
+"""Texts per worker `embed` request, as the embed job sends them (server/index/embed_job.py, EMBED_SUB_BATCH)."""
 
 
 def parse_report(stdout: str) -> dict:
@@ -134,7 +134,7 @@ class WorkerSide:
     """qmd's inference worker without the daemon: a child process, pickled frames."""
 
     def __init__(self, model: str, threads: int) -> None:
-        from qmd.server.index.embed_job import _chunk_tokens
+        from qmd.server.models.embedders import _chunk_tokens
         from qmd.server.models.worker import ModelSpec, WorkerClient
 
         self.worker = WorkerClient(n_threads=threads, idle_seconds=3600, force_cpu=False)

@@ -233,8 +233,8 @@ def in_process(env: Isolated, model: str, rounds: int) -> dict[str, list[float]]
     os.environ["QMD_EMBED_MODEL"] = model
     from qmd.paths import IndexPaths
     from qmd.server.engine import Engine
-    from qmd.server.index.embed_job import embed_query
     from qmd.server.index.vectors import find_space
+    from qmd.server.models.embedders import embed_query
     from qmd.server.search.pointers import SearchOptions
     from qmd.server.search.vector import vector_search
 

@@ -36,9 +36,10 @@ from qmd.server.index.documents import (
     safe_relpath,
     split_range,
 )
-from qmd.server.index.embed_job import Embedder, Embedders, EmbedderUnavailable, EmbedReport, embed_pending, embed_query
+from qmd.server.index.embed_job import EmbedReport, embed_pending
 from qmd.server.index.indexer import Progress, Summary, index_collection, run_hook, split_mask
 from qmd.server.index.store import Store
+from qmd.server.models.embedders import Embedder, Embedders, EmbedderUnavailable, embed_query
 from qmd.server.models.refs import (
     FileRef,
     HfRef,

@@ -15,7 +15,7 @@ verbatim by the CLI, MCP and the library.
     ├── MigrationFailed upgrading the index's schema failed; rolled back (at open)
     └── Unavailable    a model, the worker or an endpoint cannot serve now (503)
         ├── VectorUnavailable     (search.vector) no embedder or no vectors yet
-        ├── EmbedderUnavailable   (index.embed_job) the embed model cannot be had
+        ├── EmbedderUnavailable   (models.embedders) the embed model cannot be had
         ├── InferenceError        (models.worker) the llama.cpp worker failed
         └── RemoteEmbedError      (models.remote) the embeddings endpoint failed
 """

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -22,9 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODELS_DIR, NOTES, Daemon, Env, free_port, require, write
+from conftest import MODELS_DIR, NOTES, Daemon, Env, free_port, require, unavailable, write
+from harness import stop_process
+
 from qmd.server.index.config import Config
-from qmd.server.index.embed_job import Embedders, EmbedderUnavailable
+from qmd.server.models.embedders import Embedders, EmbedderUnavailable
 from qmd.server.models.remote import RemoteBackend, RemoteEmbedError
 from qmd.server.models.worker import WorkerClient
 
@@ -39,10 +40,7 @@ def model() -> Path:
         m for m in ("starlette_context", "pydantic_settings", "sse_starlette") if not importlib.util.find_spec(m)
     ]
     if missing:
-        message = f"llama_cpp.server needs {', '.join(missing)}: pip install -e '.[test]'"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"llama_cpp.server needs {', '.join(missing)}: pip install -e '.[test]'")
     return require(MODELS_DIR / MODEL, "the MiniLM test embedder (../shared/models)")
 
 
@@ -54,13 +52,7 @@ class Served:
     url: str
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=10)
 
 
 @contextmanager
@@ -100,6 +92,7 @@ def remote_env(env: Env, url: str, key: str | None = None) -> Env:
     return env
 
 
+@pytest.mark.slow
 def test_remote_embed_search_switch_and_server_down(env: Env, model: Path, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", NOTES)
     with llama_server(model, tmp_path) as server:
@@ -141,6 +134,7 @@ def test_remote_embed_search_switch_and_server_down(env: Env, model: Path, tmp_p
         d.stop()
 
 
+@pytest.mark.slow
 def test_api_key_checked_and_never_shown(env: Env, model: Path, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", NOTES)
     said: list[str] = []
