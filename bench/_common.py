@@ -1,5 +1,5 @@
-"""Shared pieces of the benchmarks: an isolated daemon, the CLI, /proc readings,
-percentiles, plain-text tables and JSON output. Stdlib + httpx only."""
+"""Shared pieces of the benchmarks: an isolated daemon (the tests' harness), the CLI,
+/proc readings, percentiles, plain-text tables and JSON output. Stdlib + httpx only."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import json
 import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,9 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = Path(__file__).resolve().parent / "out"
 PYTHON = sys.executable
 
+# The daemon harness is the tests' own (tests/harness.py): one way to isolate qmd and
+# start `qmdd`, so what the benchmarks time is what the tests check.
+sys.path.insert(0, str(ROOT / "tests"))
 try:
-    import httpx
-except ImportError:  # pragma: no cover - run with the project's venv
+    from harness import Daemon, Env  # noqa: F401 - Daemon is the bench scripts' too
+except ModuleNotFoundError as e:  # pragma: no cover - run with the project's venv
+    if e.name != "httpx":
+        raise
     sys.exit(f"httpx is missing: run the benchmarks with the project's venv, e.g. {ROOT}/.venv/bin/python")
 
 
@@ -40,49 +43,16 @@ def embed_model_path(given: str | None = None) -> str:
     return str(path)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Isolated:
-    """Temporary HOME/XDG dirs and a free port: one qmd installation nobody else sees."""
+class Isolated(Env):
+    """The harness's isolated installation in its own temporary folder, removed afterwards
+    unless kept. Autostart is off, so a CLI run never times the start of a second daemon;
+    the checkout comes first on PYTHONPATH, so its code is what is measured."""
 
     def __init__(self, keep: bool = False) -> None:
-        self.base = Path(tempfile.mkdtemp(prefix="qmd-bench-"))
+        super().__init__(Path(tempfile.mkdtemp(prefix="qmd-bench-")))
         self.keep = keep
-        self.port = free_port()
-        self.cache = self.base / "cache"
-        self.config = self.base / "config"
-        self.home = self.base / "home"
-        for d in (self.cache, self.config, self.home):
-            d.mkdir(parents=True, exist_ok=True)
         pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        # PYTHONDONTWRITEBYTECODE (set in some sandboxes) would make every CLI start
-        # compile its modules from source; users have bytecode caches, so measure that.
-        self.vars = {
-            **{
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("QMD_", "XDG_", "INDEX_PATH")) and k != "PYTHONDONTWRITEBYTECODE"
-            },
-            "HOME": str(self.home),
-            "XDG_CACHE_HOME": str(self.cache),
-            "XDG_CONFIG_HOME": str(self.config),
-            "QMD_PORT": str(self.port),
-            "QMD_NO_AUTOSTART": "1",
-            "NO_COLOR": "1",
-            "PYTHONPATH": pythonpath,
-        }
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def db(self) -> Path:
-        return self.cache / "qmd" / "index.sqlite"
+        self.vars.update({"QMD_NO_AUTOSTART": "1", "PYTHONPATH": pythonpath})
 
     def db_bytes(self) -> dict[str, int]:
         """Sizes of index.sqlite, its -wal and -shm, by suffix ('' for the main file)."""
@@ -90,66 +60,19 @@ class Isolated:
             p.name[len("index.sqlite") :]: p.stat().st_size for p in self.db.parent.glob("index.sqlite*") if p.is_file()
         }
 
-    def cli(
-        self, *args: str, qmd_script: bool = False, check: bool = True
-    ) -> tuple[float, subprocess.CompletedProcess[str]]:
-        """Run the CLI once as a fresh process; return (wall seconds, result)."""
-        cmd = [str(Path(PYTHON).parent / "qmd"), *args] if qmd_script else [PYTHON, "-m", "qmd.client.cli", *args]
+    def cli(self, *args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+        """Run the CLI once as a fresh process, timed from outside as a user waits for it;
+        return (wall seconds, result)."""
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=self.home, env=self.vars, capture_output=True, text=True, timeout=900)
+        r = self.qmd(*args, timeout=900)
         wall = time.perf_counter() - t0
-        if check and r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
+        if r.returncode != 0:
+            raise RuntimeError(f"qmd {' '.join(args)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}")
         return wall, r
 
     def cleanup(self) -> None:
         if not self.keep:
             shutil.rmtree(self.base, ignore_errors=True)
-
-
-class Daemon:
-    """`python -m qmd.server.daemon --port P` in the isolated environment, stopped with SIGTERM."""
-
-    def __init__(self, env: Isolated) -> None:
-        self.env = env
-        self.output = env.base / "qmdd.out"
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [PYTHON, "-m", "qmd.server.daemon", "--port", str(env.port)],
-            cwd=env.home,
-            env=env.vars,
-            stdout=open(self.output, "wb"),
-            stderr=subprocess.STDOUT,
-        )
-        self.http = httpx.Client(base_url=env.url, timeout=120)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"qmdd exited {self.proc.returncode}: {self.output.read_text()}")
-            try:
-                if self.http.get("/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"qmdd did not answer /health within 60s: {self.output.read_text()}")
-            time.sleep(0.02)
-        self.startup_s = time.perf_counter() - t0
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> None:
-        self.http.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 # -- /proc --------------------------------------------------------------------------

@@ -1,21 +1,17 @@
 """Shared fixtures: a real `qmdd` on a free port with temporary XDG dirs, and the real
-`qmd` CLI run as a subprocess against it."""
+`qmd` CLI run as a subprocess against it (the harness in harness.py, which the
+benchmarks use too)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
-import httpx
 import pytest
+from harness import Daemon, Env, daemons_on, free_port  # noqa: F401 - daemons_on, free_port: for the test modules
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QMD_SHARED_DIR", ROOT.parent / "shared"))
@@ -23,127 +19,17 @@ MODELS_DIR = Path(os.environ.get("QMD_TEST_MODELS", SHARED / "models"))
 EVAL_DIR = SHARED / "eval" / "qmd-eval"
 
 
+def unavailable(message: str) -> NoReturn:
+    """Skip outside CI when something a test needs is missing; fail under CI (nothing silently untested)."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def require(path: Path, why: str) -> Path:
-    """Skip outside CI when shared test data is missing; fail under CI (nothing silently untested)."""
     if not path.exists():
-        message = f"{path} is missing: {why}"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"{path} is missing: {why}")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Env:
-    """Temporary HOME/XDG dirs and a port: one isolated qmd installation."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.port = free_port()
-        self.cache = base / "cache"
-        self.config = base / "config"
-        self.home = base / "home"
-        for d in (self.cache, self.config, self.home):
-            d.mkdir(parents=True, exist_ok=True)
-        self.vars = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("QMD_", "XDG_", "INDEX_PATH"))},
-            "HOME": str(self.home),
-            "XDG_CACHE_HOME": str(self.cache),
-            "XDG_CONFIG_HOME": str(self.config),
-            "QMD_PORT": str(self.port),
-            "NO_COLOR": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log(self) -> Path:
-        return self.cache / "qmd" / "qmdd.log"
-
-    def qmd(
-        self,
-        *args: str,
-        cwd: Path | str | None = None,
-        env: dict | None = None,
-        timeout: float = 120,
-        input: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "qmd.client.cli", *args],
-            cwd=cwd or self.home,
-            env={**self.vars, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            input=input,
-        )
-
-    def ok(self, *args: str, **kw: object) -> str:
-        r = self.qmd(*args, **kw)  # type: ignore[arg-type]
-        assert r.returncode == 0, f"qmd {' '.join(args)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
-        return r.stdout
-
-    def json(self, *args: str, **kw: object) -> object:
-        return json.loads(self.ok(*args, **kw))
-
-
-class Daemon:
-    """A `qmdd` process started the way a user would, stopped with SIGTERM."""
-
-    def __init__(self, env: Env, *args: str, extra_env: dict | None = None) -> None:
-        self.env = env
-        self.output = env.base / f"qmdd-{env.port}.out"
-        with open(self.output, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port), *args],
-                env={**env.vars, **(extra_env or {})},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.http = httpx.Client(base_url=env.url, timeout=60)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"qmdd exited {self.proc.returncode}: {self.output.read_text()}")
-            try:
-                if self.http.get("/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError("qmdd did not start")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        self.http.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                return self.proc.wait()
-        return self.proc.returncode
-
-
-def daemons_on(port: int) -> list[int]:
-    """Pids of every qmdd process started for `port` (autostarted ones included)."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                cmd = (p / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"qmd.server.daemon" in cmd and str(port).encode() in cmd:
-                pids.append(int(p.name))
-    return pids
 
 
 @pytest.fixture

@@ -67,6 +67,7 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "method,path,body",
     [
@@ -87,20 +88,24 @@ def test_routes_need_the_token(locked: Daemon, method: str, path: str, body: dic
     assert r.status_code != 401
 
 
+@pytest.mark.slow
 def test_health_needs_no_token(locked: Daemon) -> None:
     assert locked.http.get("/health").json()["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_two_authorization_headers_are_refused(locked: Daemon) -> None:
     r = locked.http.get("/v1/status", headers=[("Authorization", f"Bearer {TOKEN}"), ("Authorization", "Bearer x")])
     assert r.status_code == 401
 
 
+@pytest.mark.slow
 def test_guard_still_answers_first(locked: Daemon) -> None:
     r = locked.http.get("/v1/status", headers={"Origin": "http://evil.example", **bearer(TOKEN)})
     assert r.status_code == 403 and r.json()["error"]["code"] == -32003
 
 
+@pytest.mark.slow
 def test_cli_sends_the_token(env: Env, locked: Daemon) -> None:
     r = env.qmd("status")
     assert r.returncode == 1 and "unauthorized: missing bearer token" in r.stderr
@@ -110,6 +115,7 @@ def test_cli_sends_the_token(env: Env, locked: Daemon) -> None:
     assert "QMD Status" in env.ok("status")  # from the token file
 
 
+@pytest.mark.slow
 def test_bridge_sends_the_token(env: Env, locked: Daemon) -> None:
     lines = (json.dumps(MCP_LIST) + "\n").encode()
     bridge = [sys.executable, "-m", "qmd.client.cli", "mcp"]
@@ -121,6 +127,7 @@ def test_bridge_sends_the_token(env: Env, locked: Daemon) -> None:
     assert [t["name"] for t in answer["result"]["tools"]] == ["query", "get", "multi_get", "status"]
 
 
+@pytest.mark.slow
 def test_token_file_starts_a_locked_daemon(env: Env) -> None:
     write_token(env, 0o600)
     d = Daemon(env)
@@ -132,15 +139,10 @@ def test_token_file_starts_a_locked_daemon(env: Env) -> None:
         d.stop()
 
 
+@pytest.mark.slow
 def test_bad_permissions_refused_by_daemon_and_cli(env: Env) -> None:
     path = write_token(env, 0o644)
-    r = subprocess.run(
-        [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port)],
-        env=env.vars,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = env.qmdd()
     assert r.returncode == 1
     assert f"accessible by group or others (mode -rw-r--r--); make it private with: chmod 600 {path}" in r.stderr
     cli = env.qmd("status")

@@ -261,6 +261,7 @@ def client(env: Env, cmd: list[str], mode: str = "auto") -> Client:
     return Client(params, mode=mode, read_timeout_seconds=60)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 @pytest.mark.parametrize("name", BRIDGES)
 def test_sdk_client_over_the_bridge(corpus: Env, name: str, mode: str) -> None:
@@ -287,6 +288,7 @@ def test_sdk_client_over_the_bridge(corpus: Env, name: str, mode: str) -> None:
     anyio.run(go)
 
 
+@pytest.mark.slow
 def test_stdout_is_pure_jsonrpc_while_the_daemon_autostarts(env: Env) -> None:
     assert not daemons_on(env.port)
     messages = [
@@ -323,6 +325,7 @@ def test_stdout_is_pure_jsonrpc_while_the_daemon_autostarts(env: Env) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_survives_a_daemon_restart_between_calls(corpus: Env) -> None:
     async def go() -> None:
         async with client(corpus, BRIDGES["qmd mcp"]) as c:
@@ -342,6 +345,7 @@ def test_survives_a_daemon_restart_between_calls(corpus: Env) -> None:
     anyio.run(go)
 
 
+@pytest.mark.slow
 def test_two_bridges_share_one_daemon(env: Env) -> None:
     assert not daemons_on(env.port)
     seen: list[int] = []

@@ -286,6 +286,7 @@ def test_surrogate_pairs_are_never_split() -> None:
             assert_valid(body, chunks, EXACT, max_tokens)
 
 
+@pytest.mark.slow
 def test_real_emoji_and_cjk_stay_whole(minilm: LlamaTokenizer) -> None:
     text = ("混合テキスト🙂 emoji 👩‍💻 and 中文字符 " * 2000).strip()
     chunks = chunk_document(text, max_tokens=MINILM_CEILING, tokenizer=minilm)
@@ -494,6 +495,7 @@ def test_hundred_megabyte_document_streams() -> None:
 # --- the real tokenizer ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_llama_tokenizer_counts_special_tokens(minilm: LlamaTokenizer) -> None:
     assert minilm.count("") == 2  # [CLS] [SEP]
     assert minilm.count("hello world") == 4
@@ -508,6 +510,7 @@ def test_llama_tokenizer_counts_special_tokens(minilm: LlamaTokenizer) -> None:
     print(f"\nMiniLM tokenizer: {rounds * len(text) / elapsed / 1e6:.1f} M chars/s, {ratio:.2f} chars/token")
 
 
+@pytest.mark.slow
 def test_real_documents_stay_under_the_minilm_ceiling(minilm: LlamaTokenizer, eval_docs: Path) -> None:
     for path in sorted(eval_docs.glob("*.md")):
         text = path.read_text(encoding="utf-8")
@@ -516,6 +519,7 @@ def test_real_documents_stay_under_the_minilm_ceiling(minilm: LlamaTokenizer, ev
         assert max(c.tokens for c in chunks) > 0.6 * MINILM_CEILING or len(chunks) == 1  # chunks fill the budget
 
 
+@pytest.mark.slow
 def test_pathological_blobs_stay_under_the_minilm_ceiling(minilm: LlamaTokenizer) -> None:
     rng = random.Random(9)
     docs = {
@@ -534,6 +538,7 @@ def test_pathological_blobs_stay_under_the_minilm_ceiling(minilm: LlamaTokenizer
         assert_valid(text, chunks, minilm, MINILM_CEILING)
 
 
+@pytest.mark.slow
 def test_ten_megabytes_of_markdown_with_the_real_tokenizer(minilm: LlamaTokenizer) -> None:
     spec = open(require(SHARED / "reference" / "qmd-spec.md", "the reference spec"), encoding="utf-8").read()
     text = (spec * (10_000_000 // len(spec) + 1))[:10_000_000]

@@ -50,6 +50,7 @@ def added(env: Env, daemon: Daemon, notes: Path) -> Path:
 # -- collections ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_collection_add_relative_path_and_list(env: Env, daemon: Daemon, notes: Path) -> None:
     out = env.ok("collection", "add", ".", cwd=notes)
     assert "Creating collection 'notes'" in out and "4 new, 0 updated, 0 unchanged, 0 removed" in out
@@ -60,6 +61,7 @@ def test_collection_add_relative_path_and_list(env: Env, daemon: Daemon, notes: 
     assert cols[0]["path"] == str(notes.resolve())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -88,6 +90,7 @@ def test_errors_are_one_clear_line(env: Env, added: Path, args: tuple[str, ...],
     assert cfg.read_text() == before
 
 
+@pytest.mark.slow
 def test_collection_rename_remove_show(env: Env, added: Path) -> None:
     env.ok("collection", "rename", "notes", "journal")
     assert "qmd://journal/fundraising.md" in env.ok("search", "angel")
@@ -98,6 +101,7 @@ def test_collection_rename_remove_show(env: Env, added: Path) -> None:
     assert "No results found." in env.ok("search", "angel")
 
 
+@pytest.mark.slow
 def test_include_exclude(env: Env, added: Path, tmp_path: Path) -> None:
     other = write(tmp_path / "other", {"angel.md": "# Angel\n\nangel angel angel\n"})
     env.ok("collection", "add", str(other), "--name", "other")
@@ -113,6 +117,7 @@ def test_include_exclude(env: Env, added: Path, tmp_path: Path) -> None:
     assert "qmd://other/angel.md" in env.ok("search", "angel", "--files")
 
 
+@pytest.mark.slow
 def test_update_cmd_set_and_clear(env: Env, added: Path) -> None:
     env.ok("collection", "update-cmd", "notes", "echo", "hello")
     assert "Update:   echo hello" in env.ok("collection", "show", "notes")
@@ -125,6 +130,7 @@ def test_update_cmd_set_and_clear(env: Env, added: Path) -> None:
 # -- get / multi-get / ls ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_get_forms(env: Env, added: Path) -> None:
     want = "7: Angel investors fund early startups."
     docid = env.json("search", "angel", "--json")[0]["docid"]
@@ -145,6 +151,7 @@ def test_get_forms(env: Env, added: Path) -> None:
     assert env.ok("get", "./fundraising.md", cwd=added).count("\n") > 5
 
 
+@pytest.mark.slow
 def test_get_ranges_and_numbers(env: Env, added: Path) -> None:
     out = env.ok("get", "notes/fundraising.md:7:2")
     assert out.splitlines()[-2:] == [
@@ -157,12 +164,14 @@ def test_get_ranges_and_numbers(env: Env, added: Path) -> None:
     assert out.splitlines()[-1] == "We raise money from angels and VCs."
 
 
+@pytest.mark.slow
 def test_get_miss_suggests(env: Env, added: Path) -> None:
     r = env.qmd("get", "fundrasing.md")
     assert r.returncode == 1
     assert "Document not found: fundrasing.md" in r.stderr and "qmd://notes/fundraising.md" in r.stderr
 
 
+@pytest.mark.slow
 def test_get_past_the_end_is_an_error(env: Env, added: Path) -> None:
     """An empty range numbered from a line that does not exist would read as a real one."""
     total = len((added / "fundraising.md").read_text().split("\n"))
@@ -172,6 +181,7 @@ def test_get_past_the_end_is_an_error(env: Env, added: Path) -> None:
     assert env.qmd("get", f"notes/fundraising.md:{total}:2").returncode == 0  # the last line is still a line
 
 
+@pytest.mark.slow
 def test_multi_get_with_no_names_is_an_error(env: Env, added: Path) -> None:
     for pattern in (",", " , ,"):
         r = env.qmd("multi-get", pattern)
@@ -201,6 +211,7 @@ def test_another_server_on_the_port_is_named_as_such(env: Env) -> None:
     assert "None" not in r.stderr
 
 
+@pytest.mark.slow
 def test_multi_get(env: Env, added: Path) -> None:
     items = env.json("multi-get", "notes/**/*.md", "--json")
     assert sorted(i["file"] for i in items) == [
@@ -224,6 +235,7 @@ def test_multi_get(env: Env, added: Path) -> None:
     assert "qmd://notes/fundraising.md" in r.stdout
 
 
+@pytest.mark.slow
 def test_ls(env: Env, added: Path) -> None:
     assert "qmd://notes/  (4 files)" in env.ok("ls")
     out = env.ok("ls", "notes")
@@ -236,6 +248,7 @@ def test_ls(env: Env, added: Path) -> None:
 # -- contexts ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_contexts(env: Env, added: Path) -> None:
     env.ok("context", "add", "/", "My personal notes")
     env.ok("context", "add", "qmd://notes/cooking", "Recipes I have tried")
@@ -253,6 +266,7 @@ def test_contexts(env: Env, added: Path) -> None:
 # -- search ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_search_formats(env: Env, added: Path) -> None:
     q = ("search", "angel investors")
     hits = env.json(*q, "--json")
@@ -268,6 +282,7 @@ def test_search_formats(env: Env, added: Path) -> None:
     assert r.returncode == 2 and "yaml" in r.stderr
 
 
+@pytest.mark.slow
 def test_search_limits_and_scores(env: Env, added: Path) -> None:
     assert len(env.json("search", "a", "--json", "-n", "1")) == 1
     all_hits = env.json("search", "bread startup investors", "--json", "--all")
@@ -279,6 +294,7 @@ def test_search_limits_and_scores(env: Env, added: Path) -> None:
     assert env.ok("search", "zzzzqqq", "--json") == "[]\n"
 
 
+@pytest.mark.slow
 def test_status(env: Env, added: Path) -> None:
     out = env.ok("status")
     assert "Total:    4 files indexed" in out
@@ -291,6 +307,7 @@ def test_status(env: Env, added: Path) -> None:
 # -- autostart -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_autostart_ten_clis_start_one_daemon(env: Env, notes: Path) -> None:
     procs = [
         subprocess.Popen(
@@ -361,6 +378,7 @@ def _run_on_tty(env: Env, *args: str) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_tty_progress_colour_and_links(env: Env, daemon: Daemon, tmp_path: Path) -> None:
     corpus = write(tmp_path / "many", {f"n{i}.md": f"# Note {i}\n\nsearchable words {i}\n" for i in range(400)})
     out = _run_on_tty(env, "collection", "add", str(corpus), "--name", "many")
@@ -373,6 +391,7 @@ def test_tty_progress_colour_and_links(env: Env, daemon: Daemon, tmp_path: Path)
     assert "\x1b" not in plain
 
 
+@pytest.mark.slow
 def test_named_index_has_its_own_files_and_daemon(env: Env, notes: Path) -> None:
     try:
         env.ok("--index", "work", "collection", "add", str(notes), "--name", "notes")

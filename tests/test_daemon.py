@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
 from conftest import Daemon, Env, write
+
+# Every test runs a real qmdd: integration, outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
 
 FORBIDDEN_ORIGIN = (
     b'{"jsonrpc":"2.0","error":{"code":-32003,"message":"Forbidden: Origin not allowed: http://evil.com"},"id":null}'
@@ -186,13 +187,7 @@ def test_query_runs_lex_and_reports_vectors_skipped(daemon: Daemon, env: Env, no
 
 
 def test_busy_port_is_one_line_and_exit_1(daemon: Daemon, env: Env) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port)],
-        env=env.vars,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = env.qmdd()
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "already in use" in lines[0], r.stderr

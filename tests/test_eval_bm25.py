@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import EVAL_DIR, Daemon, Env, require
+
+# A real qmdd indexes the eval corpus: integration, outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def hit_rates(daemon: Daemon, queries: list[dict]) -> dict[str, tuple[int, int, int]]:

@@ -297,6 +297,7 @@ def real_generate(worker: WorkerClient, spec: ModelSpec) -> Callable[[Prompt], s
     return worker_generate(worker, spec, timeout=300)
 
 
+@pytest.mark.slow
 def test_gemma_expansion_through_the_worker(worker: WorkerClient, gemma: ModelSpec) -> None:
     info = worker.model_info(gemma)
     assert info["chat_template"] is False
@@ -323,6 +324,7 @@ def settle(store: Store) -> None:
     store.write(lambda conn: None, bump=False)
 
 
+@pytest.mark.slow
 def test_expander_caches_and_forgets(worker: WorkerClient, gemma: ModelSpec, store: Store) -> None:
     generate = real_generate(worker, gemma)
     calls: list[Prompt] = []
@@ -357,6 +359,7 @@ def test_expander_caches_and_forgets(worker: WorkerClient, gemma: ModelSpec, sto
     assert len(calls) == 2
 
 
+@pytest.mark.slow
 def test_expander_reads_the_legacy_cache_form(worker: WorkerClient, gemma: ModelSpec, store: Store) -> None:
     calls: list[Prompt] = []
     generate = real_generate(worker, gemma)
@@ -379,6 +382,7 @@ def test_fallback_is_not_cached_and_the_key_ignores_other_models(store: Store) -
     assert Expander(lambda p: "", "model-b", None, False, store).key("q") != expander.key("q")
 
 
+@pytest.mark.slow
 def test_generate_errors_propagate(gemma: ModelSpec, store: Store) -> None:
     closed = WorkerClient(n_threads=2)
     closed.close()

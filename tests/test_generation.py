@@ -29,6 +29,9 @@ from qmd.server.search.rerank import (
     make_reranker,
 )
 
+# Every test loads a GGUF model in an inference worker: outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 EXAMPLES = [
     (
         "python virtual environment setup",

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Daemon, Env, write
+
 from qmd.server.errors import HookFailed
 from qmd.server.index.config import Collection
 from qmd.server.index.indexer import discover, extract_title, index_collection, run_hook, split_mask
@@ -115,8 +116,7 @@ def same_stat_rewrite(path: Path, text: str) -> None:
 
 def content_rows(env: Env, docid: str) -> int:
     """Rows of the `content` table whose hash starts with `docid`, read straight from the file."""
-    db = env.cache / "qmd" / "index.sqlite"
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+    with closing(sqlite3.connect(f"file:{env.db}?mode=ro", uri=True)) as conn:
         return conn.execute("SELECT COUNT(*) FROM content WHERE hash LIKE ?", (docid.lstrip("#") + "%",)).fetchone()[0]
 
 
@@ -315,6 +315,7 @@ def test_run_hook_reports_exit_codes(tmp_path: Path) -> None:
 # -- masks and exclusions ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_masks_union_brace_glob_alias_and_exclusions(qenv: Env, tmp_path: Path) -> None:
     union = write(
         tmp_path / "union",
@@ -364,6 +365,7 @@ def test_masks_union_brace_glob_alias_and_exclusions(qenv: Env, tmp_path: Path) 
 # -- incremental ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_incremental_unchanged_edit_delete_rename_shared_content(qenv: Env, tmp_path: Path) -> None:
     root = write(
         tmp_path / "inc",
@@ -408,6 +410,7 @@ def test_incremental_unchanged_edit_delete_rename_shared_content(qenv: Env, tmp_
     assert content_rows(qenv, hits["x/a.md"]) == 1
 
 
+@pytest.mark.slow
 def test_emptied_file_stops_matching_and_is_listed(qenv: Env, tmp_path: Path) -> None:
     root = write(tmp_path / "e", {"a.md": "# A\nemptyme\n", "b.md": "# B\nstays\n"})
     assert add(qenv, root, "x").counts == [(2, 0, 0, 0)]
@@ -428,6 +431,7 @@ def test_emptied_file_stops_matching_and_is_listed(qenv: Env, tmp_path: Path) ->
 # -- an empty walk never prunes ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_empty_walk_never_prunes(qenv: Env, tmp_path: Path) -> None:
     root = write(tmp_path / "w", {"a.md": "# A\nwalkword one\n", "sub/b.md": "# B\nwalkword two\n"})
     assert add(qenv, root, "x").counts == [(2, 0, 0, 0)]
@@ -460,6 +464,7 @@ def test_empty_walk_never_prunes(qenv: Env, tmp_path: Path) -> None:
 # -- skipped files ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_skipped_files_have_reasons(env: Env, tmp_path: Path) -> None:
     root = write(
         tmp_path / "s",
@@ -495,6 +500,7 @@ def test_skipped_files_have_reasons(env: Env, tmp_path: Path) -> None:
 # -- symlinks ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_symlinks_never_lead_outside(qenv: Env, tmp_path: Path) -> None:
     outside = write(
         tmp_path / "outside", {"secret.md": "# S\nlinkword outsidesecret\n", "dir/o.md": "# O\nlinkword outsidedir\n"}
@@ -519,6 +525,7 @@ def test_symlinks_never_lead_outside(qenv: Env, tmp_path: Path) -> None:
 # -- update hooks -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_update_cmd_runs_first_and_a_failure_aborts(qenv: Env, tmp_path: Path) -> None:
     a = write(tmp_path / "a", {"one.md": "# One\nhookword\n"})
     b = write(tmp_path / "b", {"two.md": "# Two\nhookword\n"})
@@ -549,6 +556,7 @@ def test_update_cmd_runs_first_and_a_failure_aborts(qenv: Env, tmp_path: Path) -
 # -- titles and literal paths -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_titles_and_literal_paths(qenv: Env, tmp_path: Path) -> None:
     root = write(
         tmp_path / "lit",

@@ -161,6 +161,7 @@ def test_bad_model_files_fail_cleanly(tmp_path: Path) -> None:
     assert w.status()["pid"] is None, "no child was needed to refuse these"
 
 
+@pytest.mark.slow
 def test_embeddings_match_sentence_transformers(worker: WorkerClient, spec: ModelSpec, reference: dict) -> None:
     vectors = worker.embed(spec, reference["texts"], kind="document")
     assert isinstance(vectors, Embeddings) and vectors.clipped == ()
@@ -174,11 +175,13 @@ def test_embeddings_match_sentence_transformers(worker: WorkerClient, spec: Mode
     assert fundraising == pytest.approx(0.594, abs=0.02) and bread == pytest.approx(0.119, abs=0.02)
 
 
+@pytest.mark.slow
 def test_token_counts_match_reference(worker: WorkerClient, spec: ModelSpec, reference: dict) -> None:
     counts = worker.count_tokens(spec, reference["texts"])
     assert counts == [len(ids) for ids in reference["token_ids"]]
 
 
+@pytest.mark.slow
 def test_overlong_and_odd_inputs_embed(worker: WorkerClient, spec: ModelSpec) -> None:
     texts = [
         "",
@@ -200,6 +203,7 @@ def test_overlong_and_odd_inputs_embed(worker: WorkerClient, spec: ModelSpec) ->
     assert worker.count_tokens(spec, [LONG]) == [5002]
 
 
+@pytest.mark.slow
 def test_chunking_runs_with_the_models_tokenizer(worker: WorkerClient, spec: ModelSpec) -> None:
     body = "# Fundraising\n\n" + "\n\n".join(
         f"## Round {i}\n\nAngel investors and venture firms fund seed rounds; founders pitch, negotiate "
@@ -215,6 +219,7 @@ def test_chunking_runs_with_the_models_tokenizer(worker: WorkerClient, spec: Mod
     assert worker.chunk(spec, "   \n", max_tokens=128) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGABRT], ids=["SIGKILL", "SIGABRT"])
 def test_crash_mid_batch_fails_that_request_only(worker: WorkerClient, spec: ModelSpec, sig: signal.Signals) -> None:
     expected = worker.embed(spec, ["how to raise money for a startup"], kind="query")[0]
@@ -246,6 +251,7 @@ def test_crash_mid_batch_fails_that_request_only(worker: WorkerClient, spec: Mod
     assert worker.status()["restarts"] == restarts + 1
 
 
+@pytest.mark.slow
 def test_child_killed_while_idle_restarts_transparently(worker: WorkerClient, spec: ModelSpec) -> None:
     worker.embed(spec, ["warm"], kind="query")
     pid = worker.status()["pid"]
@@ -257,6 +263,7 @@ def test_child_killed_while_idle_restarts_transparently(worker: WorkerClient, sp
     assert "SIGKILL" in worker.status()["last_crash"]["reason"]
 
 
+@pytest.mark.slow
 def test_timeout_stops_a_stuck_request(worker: WorkerClient, spec: ModelSpec) -> None:
     worker.embed(spec, ["warm"], kind="query")
     with pytest.raises(InferenceError, match=r"did not answer within 0.3 s while embedding 400 texts"):
@@ -264,6 +271,7 @@ def test_timeout_stops_a_stuck_request(worker: WorkerClient, spec: ModelSpec) ->
     assert len(worker.embed(spec, ["next"], kind="query", timeout=30)[0]) == 384
 
 
+@pytest.mark.slow
 def test_concurrent_callers_get_their_own_results(worker: WorkerClient, spec: ModelSpec) -> None:
     groups = [[f"note {g}-{i}: {topic}" for i in range(6)] for g, topic in enumerate(["bread", "git", "money", "sql"])]
     serial = [worker.embed(spec, texts, kind="document") for texts in groups]
@@ -284,6 +292,7 @@ def test_concurrent_callers_get_their_own_results(worker: WorkerClient, spec: Mo
         assert all(dot(a, b) > 0.99999 for a, b in zip(results[g], serial[g], strict=True))
 
 
+@pytest.mark.slow
 def test_idle_contexts_are_freed_and_rebuilt(spec: ModelSpec) -> None:
     w = WorkerClient(idle_seconds=1, n_threads=2)
     try:
@@ -302,6 +311,7 @@ def test_idle_contexts_are_freed_and_rebuilt(spec: ModelSpec) -> None:
         w.close()
 
 
+@pytest.mark.slow
 def test_idle_timer_waits_for_in_flight_work(spec: ModelSpec) -> None:
     """A timer far shorter than the request: freeing the context mid-decode would crash the child."""
     w = WorkerClient(idle_seconds=0.05, n_threads=2)
@@ -316,6 +326,7 @@ def test_idle_timer_waits_for_in_flight_work(spec: ModelSpec) -> None:
         w.close()
 
 
+@pytest.mark.slow
 def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, spec: ModelSpec) -> None:
     monkeypatch.setenv("QMD_IDLE_SECONDS", "7.5")
     monkeypatch.setenv("QMD_THREADS", "3")
@@ -359,6 +370,7 @@ def test_force_cpu_reads_false_ish_values_as_off(
     assert WorkerClient(force_cpu=not forced).force_cpu is not forced, "an explicit argument wins over the environment"
 
 
+@pytest.mark.slow
 def test_failed_load_is_answered_and_native_log_reaches_the_daemon_log(
     spec: ModelSpec, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -385,6 +397,7 @@ def test_failed_load_is_answered_and_native_log_reaches_the_daemon_log(
         w.close()
 
 
+@pytest.mark.slow
 def test_worker_that_cannot_start_says_so(spec: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(inference.sys, "executable", "/bin/false")
     w = WorkerClient()
@@ -396,6 +409,7 @@ def test_worker_that_cannot_start_says_so(spec: ModelSpec, monkeypatch: pytest.M
     w.close()
 
 
+@pytest.mark.slow
 def test_close_leaves_no_child(spec: ModelSpec) -> None:
     w = WorkerClient(n_threads=2)
     w.embed(spec, ["x"], kind="query")
@@ -407,6 +421,7 @@ def test_close_leaves_no_child(spec: ModelSpec) -> None:
         w.embed(spec, ["x"], kind="query")
 
 
+@pytest.mark.slow
 def test_child_exits_when_the_daemon_dies(spec: ModelSpec) -> None:
     """A SIGKILLed daemon closes the pipe; the orphaned worker sees EOF and exits."""
     code = (

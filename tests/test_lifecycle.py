@@ -23,17 +23,6 @@ from conftest import Daemon, Env, free_port
 from qmd.pidfile import is_running, process_start_time
 
 
-def qmdd(env: Env, *args: str, extra: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port), *args],
-        env={**env.vars, **(extra or {})},
-        cwd=env.home,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def pidfile(env: Env, index: str = "index") -> Path:
     return env.cache / "qmd" / ("qmdd.pid" if index == "index" else f"qmdd-{index}.pid")
 
@@ -66,9 +55,10 @@ def started_pid(out: str, env: Env) -> int:
     return int(first.rsplit("PID ", 1)[1].rstrip(")"))
 
 
+@pytest.mark.slow
 def test_daemon_starts_detached_and_answers_before_reporting(lifecycle: Env) -> None:
     env = lifecycle
-    r = qmdd(env, "--daemon")
+    r = env.qmdd("--daemon")
     assert r.returncode == 0, r.stderr
     pid = started_pid(r.stdout, env)
     assert health(env)["pid"] == pid  # answering already: no wait needed after "Started"
@@ -77,7 +67,7 @@ def test_daemon_starts_detached_and_answers_before_reporting(lifecycle: Env) -> 
     assert os.getsid(pid) == pid  # its own session: no terminal hang-up reaches it
     assert "listening on" in (env.cache / "qmd" / "qmdd.log").read_text()
 
-    again = qmdd(env, "--daemon")
+    again = env.qmdd("--daemon")
     assert again.returncode == 1
     assert again.stderr.strip() == f"Already running (PID {pid}). Run 'qmd daemon stop' first."
 
@@ -88,6 +78,7 @@ def test_daemon_starts_detached_and_answers_before_reporting(lifecycle: Env) -> 
     assert env.ok("daemon", "stop").strip() == "Not running (no PID file)."
 
 
+@pytest.mark.slow
 def test_stale_pidfile_is_cleaned_up(lifecycle: Env) -> None:
     env = lifecycle
     gone = subprocess.Popen(["true"])
@@ -98,11 +89,12 @@ def test_stale_pidfile_is_cleaned_up(lifecycle: Env) -> None:
     assert not pidfile(env).exists()
 
     pidfile(env).write_text(json.dumps({"pid": gone.pid, "start_time": "12345", "port": env.port}))
-    r = qmdd(env, "--daemon")  # a stale pidfile does not block a start
+    r = env.qmdd("--daemon")  # a stale pidfile does not block a start
     assert r.returncode == 0, r.stderr
     assert json.loads(pidfile(env).read_text())["pid"] == started_pid(r.stdout, env)
 
 
+@pytest.mark.slow
 def test_recycled_pid_is_never_signalled(lifecycle: Env) -> None:
     env = lifecycle
     other = subprocess.Popen(["sleep", "60"])
@@ -114,7 +106,7 @@ def test_recycled_pid_is_never_signalled(lifecycle: Env) -> None:
         pidfile(env).write_text(json.dumps({"pid": other.pid, "start_time": str(int(real) - 1)}))
         assert env.ok("daemon", "stop").strip() == "Cleaned up stale PID file (server was not running)."
         pidfile(env).write_text(json.dumps({"pid": other.pid, "start_time": str(int(real) - 1)}))
-        r = qmdd(env, "--daemon")
+        r = env.qmdd("--daemon")
         assert r.returncode == 0 and "Already running" not in r.stderr
         time.sleep(0.2)
         assert other.poll() is None  # still sleeping: never sent a signal
@@ -123,6 +115,7 @@ def test_recycled_pid_is_never_signalled(lifecycle: Env) -> None:
         other.wait()
 
 
+@pytest.mark.slow
 def test_mcp_http_daemon_alias_and_mcp_stop(lifecycle: Env) -> None:
     env = lifecycle
     env.port = free_port()  # --port must win over QMD_PORT
@@ -135,6 +128,7 @@ def test_mcp_http_daemon_alias_and_mcp_stop(lifecycle: Env) -> None:
     assert health(env) is None
 
 
+@pytest.mark.slow
 def test_mcp_http_foreground_is_the_daemon_itself(lifecycle: Env) -> None:
     env = lifecycle
     proc = subprocess.Popen(
@@ -155,11 +149,12 @@ def test_mcp_http_foreground_is_the_daemon_itself(lifecycle: Env) -> None:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_named_index_daemons_have_their_own_pidfiles(lifecycle: Env) -> None:
     env = lifecycle
     default = started_pid(env.ok("mcp", "--http", "--daemon"), env)
     work_port = str(free_port())
-    r = qmdd(env, "--daemon", "--index", "work", "--port", work_port)
+    r = env.qmdd("--daemon", "--index", "work", "--port", work_port)
     assert r.returncode == 0, r.stderr
     assert "work" in json.loads(pidfile(env, "work").read_text())["index"]
     r = subprocess.run(
@@ -173,12 +168,13 @@ def test_named_index_daemons_have_their_own_pidfiles(lifecycle: Env) -> None:
     assert health(env)["pid"] == default  # the default index's daemon is untouched
 
 
+@pytest.mark.slow
 def test_busy_port_fails_the_start_with_the_log(lifecycle: Env) -> None:
     env = lifecycle
     with socket.socket() as s:
         s.bind(("127.0.0.1", env.port))
         s.listen(1)
-        r = qmdd(env, "--daemon")
+        r = env.qmdd("--daemon")
     assert r.returncode == 1
     assert "qmdd failed to start (exit 1)" in r.stderr and "already in use" in r.stderr
     assert not pidfile(env).exists()
@@ -232,6 +228,7 @@ def test_image_runs_the_command_the_tests_run() -> None:
     assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == cmd
 
 
+@pytest.mark.slow
 def test_healthcheck_probes_health_even_with_a_token(env: Env) -> None:
     (args,) = [a for op, a in dockerfile_instructions() if op == "HEALTHCHECK"]
     probe = json.loads(args.split(" CMD ", 1)[1])
@@ -247,6 +244,7 @@ def test_healthcheck_probes_health_even_with_a_token(env: Env) -> None:
         d.stop()
 
 
+@pytest.mark.slow
 def test_k8s_probes_send_a_host_the_guard_accepts(env: Env) -> None:
     docs = list(yaml.safe_load_all((ROOT / "deploy" / "k8s.yaml").read_text()))
     assert {d["kind"] for d in docs} == {"PersistentVolumeClaim", "Deployment", "Service"}

@@ -100,6 +100,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 # -- handshake and listing ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_initialize_names_the_server_and_describes_the_index(shared: Daemon, mode: str) -> None:
     async def body() -> tuple[str, types.Implementation | None, str | None]:
@@ -118,6 +119,7 @@ def test_initialize_names_the_server_and_describes_the_index(shared: Daemon, mod
     assert "Read the range with `get` before stating a fact from it" in instructions
 
 
+@pytest.mark.slow
 def test_instructions_follow_the_live_index(env: Env, daemon: Daemon, notes: Path) -> None:
     async def instructions() -> str:
         async with connect(daemon) as client:
@@ -133,6 +135,7 @@ def test_instructions_follow_the_live_index(env: Env, daemon: Daemon, notes: Pat
     assert "Collections (scope with `collections` parameter): notes\n" in filled
 
 
+@pytest.mark.slow
 def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) -> None:
     async def body() -> list[types.Tool]:
         async with connect(shared) as client:
@@ -189,6 +192,7 @@ def test_listed_schemas_and_argument_models_name_the_same_parameters() -> None:
 # -- query ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_query_returns_pointers_that_get_reads_back(shared: Daemon, mode: str) -> None:
     async def body() -> tuple[types.CallToolResult, types.CallToolResult]:
@@ -230,6 +234,7 @@ def test_query_returns_pointers_that_get_reads_back(shared: Daemon, mode: str) -
     )
 
 
+@pytest.mark.slow
 def test_query_reports_vec_and_hyde_as_skipped(shared: Daemon) -> None:
     result = tool(
         shared,
@@ -256,6 +261,7 @@ def test_query_reports_vec_and_hyde_as_skipped(shared: Daemon) -> None:
     assert "Not run:\n  - vector: vector search unavailable" in text
 
 
+@pytest.mark.slow
 def test_plain_query_is_hybrid_and_says_what_did_not_run(shared: Daemon) -> None:
     result = tool(shared, "query", {"query": "sourdough", "rerank": False})
     assert result.structured_content is not None
@@ -266,6 +272,7 @@ def test_plain_query_is_hybrid_and_says_what_did_not_run(shared: Daemon) -> None
     assert text_of(result).startswith('Found 1 result(s) for "sourdough":\n\nNot run:\n  - expand: ')
 
 
+@pytest.mark.slow
 def test_query_returns_at_most_eight_unless_limit_says_otherwise(shared: Daemon) -> None:
     async def counts() -> list[int]:
         async with connect(shared) as client:
@@ -279,6 +286,7 @@ def test_query_returns_at_most_eight_unless_limit_says_otherwise(shared: Daemon)
     assert run(counts) == [8, 10, 3]
 
 
+@pytest.mark.slow
 def test_query_with_no_results_still_reports_what_did_not_run(shared: Daemon) -> None:
     result = tool(shared, "query", {"searches": [{"type": "lex", "query": "xylophone"}]})
     assert not result.is_error
@@ -288,6 +296,7 @@ def test_query_with_no_results_still_reports_what_did_not_run(shared: Daemon) ->
     assert "rerank" in text and "get file=" not in text
 
 
+@pytest.mark.slow
 def test_query_scoped_to_collections(shared: Daemon) -> None:
     searches = [{"type": "lex", "query": "zebra"}, {"type": "lex", "query": "bread"}]
     result = tool(shared, "query", {"searches": searches, "collections": ["notes"]})
@@ -296,6 +305,7 @@ def test_query_scoped_to_collections(shared: Daemon) -> None:
     assert "Collection not found: nope" in error_of(tool(shared, "query", {"query": "x", "collections": ["nope"]}))
 
 
+@pytest.mark.slow
 def test_query_and_searches_are_mutually_exclusive(shared: Daemon) -> None:
     both = tool(shared, "query", {"query": "bread", "searches": [{"type": "lex", "query": "bread"}]})
     assert error_of(both) == "Error: 'query' and 'searches' are mutually exclusive; provide only one"
@@ -306,6 +316,7 @@ def test_query_and_searches_are_mutually_exclusive(shared: Daemon) -> None:
 # -- unknown and invalid parameters ---------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,arguments,message",
     [
@@ -337,6 +348,7 @@ def test_unknown_parameters_are_named_not_dropped(
     assert message in error_of(tool(shared, name, arguments))
 
 
+@pytest.mark.slow
 def test_invalid_values_name_the_parameter(shared: Daemon) -> None:
     assert error_of(tool(shared, "query", {"query": "bread", "limit": 0})).startswith("invalid value for 'limit':")
     bad_type = error_of(tool(shared, "query", {"searches": [{"type": "regex", "query": "b.*"}]}))
@@ -346,6 +358,7 @@ def test_invalid_values_name_the_parameter(shared: Daemon) -> None:
     )
 
 
+@pytest.mark.slow
 def test_unknown_tool_is_a_protocol_error(shared: Daemon) -> None:
     async def body() -> MCPError:
         async with connect(shared) as client:
@@ -368,6 +381,7 @@ def get_text(daemon: Daemon, arguments: dict[str, Any]) -> str:
     return doc.text.removeprefix(f"<!-- Context: {GLOBAL_CONTEXT} -->\n\n")
 
 
+@pytest.mark.slow
 def test_get_reads_ranges_with_line_numbers(shared: Daemon) -> None:
     assert get_text(shared, {"file": "notes/fundraising.md:5:3"}) == (
         "5: ## Investors\n6: \n7: Angel investors fund early startups."
@@ -384,11 +398,13 @@ def test_get_reads_ranges_with_line_numbers(shared: Daemon) -> None:
     )
 
 
+@pytest.mark.slow
 def test_get_past_the_end_is_an_error(shared: Daemon) -> None:
     message = error_of(tool(shared, "get", {"file": "notes/ideas.md:50:2"}))
     assert message == "notes/ideas.md has 4 lines; line 50 is past the end"
 
 
+@pytest.mark.slow
 def test_get_by_docid_and_encoded_uri(shared: Daemon) -> None:
     found = tool(shared, "query", {"query": "sourdough"})
     assert found.structured_content is not None
@@ -399,12 +415,14 @@ def test_get_by_docid_and_encoded_uri(shared: Daemon) -> None:
     assert doc.uri == "qmd://notes/my%20notes/a%20b.md"
 
 
+@pytest.mark.slow
 def test_get_miss_suggests_similar_documents(shared: Daemon) -> None:
     message = error_of(tool(shared, "get", {"file": "notes/fundraisin.md"}))
     assert message.startswith("Document not found: notes/fundraisin.md\n\nDid you mean one of these?\n")
     assert "  - notes/fundraising.md" in message.split("\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/etc/passwd", "../../../etc/passwd", "notes/../../etc/passwd"])
 def test_get_outside_every_collection_is_an_error(shared: Daemon, path: str) -> None:
     message = error_of(tool(shared, "get", {"file": path}))
@@ -415,6 +433,7 @@ def test_get_outside_every_collection_is_an_error(shared: Daemon, path: str) -> 
 # -- multi_get -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_multi_get_by_glob_and_list(shared: Daemon) -> None:
     globbed = tool(shared, "multi_get", {"pattern": "cooking/*.md"})
     assert [r.uri for r in resources_of(globbed)] == ["qmd://notes/cooking/bread.md"]
@@ -429,6 +448,7 @@ def test_multi_get_by_glob_and_list(shared: Daemon) -> None:
     )
 
 
+@pytest.mark.slow
 def test_multi_get_reports_errors_first_and_truncates(shared: Daemon) -> None:
     result = tool(shared, "multi_get", {"pattern": "notes/ideas.md, notes/nope.md", "maxLines": 1})
     assert not result.is_error
@@ -439,6 +459,7 @@ def test_multi_get_reports_errors_first_and_truncates(shared: Daemon) -> None:
     assert doc.text.endswith("\n\n1: # Ideas\n\n[... truncated 3 more lines]")
 
 
+@pytest.mark.slow
 def test_multi_get_skips_large_files_naming_the_get_tool(shared: Daemon) -> None:
     result = tool(shared, "multi_get", {"pattern": "notes/fundraising.md, notes/ideas.md", "maxBytes": 100})
     skipped = [c.text for c in result.content if isinstance(c, types.TextContent)]
@@ -449,6 +470,7 @@ def test_multi_get_skips_large_files_naming_the_get_tool(shared: Daemon) -> None
     assert [r.uri for r in resources_of(result)] == ["qmd://notes/ideas.md"]
 
 
+@pytest.mark.slow
 def test_multi_get_without_matches_is_an_error(shared: Daemon) -> None:
     assert error_of(tool(shared, "multi_get", {"pattern": "nowhere/*.md"})) == "No files matched pattern: nowhere/*.md"
 
@@ -456,6 +478,7 @@ def test_multi_get_without_matches_is_an_error(shared: Daemon) -> None:
 # -- status --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_status_structured_content(shared: Daemon) -> None:
     result = tool(shared, "status", {})
     assert not result.is_error
@@ -485,6 +508,7 @@ def test_status_structured_content(shared: Daemon) -> None:
 # -- resources -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resource_template_and_reads(shared: Daemon) -> None:
     async def body() -> tuple[list[types.ResourceTemplate], list[types.Resource], list[types.ReadResourceResult]]:
         async with connect(shared) as client:
@@ -516,6 +540,7 @@ def test_resource_template_and_reads(shared: Daemon) -> None:
     assert texts[3].startswith("Document not found: notes/nope.md")
 
 
+@pytest.mark.slow
 def test_resource_outside_every_collection_is_refused(shared: Daemon) -> None:
     async def body() -> MCPError:
         async with connect(shared) as client:
@@ -534,6 +559,7 @@ def raw_post(daemon: Daemon, body: dict[str, Any], **headers: str) -> httpx.Resp
     return daemon.http.post("/mcp", content=json.dumps(body), headers={**MCP_HEADERS, **headers})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "headers,reason",
     [
@@ -550,6 +576,7 @@ def test_guard_screens_mcp(shared: Daemon, headers: dict[str, str], reason: str)
     assert r.json() == {"jsonrpc": "2.0", "error": {"code": -32003, "message": f"Forbidden: {reason}"}, "id": None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("origin", ["http://localhost:3000", "http://127.0.0.1:8181", "https://[::1]"])
 def test_local_origins_reach_mcp(shared: Daemon, origin: str) -> None:
     r = raw_post(shared, INITIALIZE, Origin=origin)
@@ -561,6 +588,7 @@ def test_local_origins_reach_mcp(shared: Daemon, origin: str) -> None:
     assert result["instructions"].startswith("QMD is your local search engine over")
 
 
+@pytest.mark.slow
 def test_stateless_requests_need_no_handshake(shared: Daemon) -> None:
     r = raw_post(
         shared,
@@ -571,6 +599,7 @@ def test_stateless_requests_need_no_handshake(shared: Daemon) -> None:
     assert r.json()["result"]["structuredContent"]["totalDocuments"] == 5 + MANY
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
 def test_only_post_is_served(shared: Daemon, method: str) -> None:
     r = shared.http.request(method, "/mcp", headers={"Accept": "text/event-stream, application/json"})
@@ -578,6 +607,7 @@ def test_only_post_is_served(shared: Daemon, method: str) -> None:
     assert r.headers["allow"] == "POST"
 
 
+@pytest.mark.slow
 def test_two_clients_at_once(shared: Daemon) -> None:
     async def client(query: str) -> list[list[str]]:
         async with connect(shared) as c:
@@ -596,6 +626,7 @@ def test_two_clients_at_once(shared: Daemon) -> None:
     assert all(files[0] == "notes/fundraising.md" for files in angels)
 
 
+@pytest.mark.slow
 def test_inspector_cli_lists_tools(shared: Daemon, tmp_path: Path) -> None:
     """The reference client, if npm can fetch it here."""
     npx = shutil.which("npx")

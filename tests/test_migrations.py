@@ -13,8 +13,6 @@ tables differ.
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -142,18 +140,13 @@ def test_an_index_from_a_newer_qmd_is_refused_and_untouched(tmp_path: Path) -> N
     assert user_version(db) == LATEST + 5
 
 
+@pytest.mark.slow
 def test_the_daemon_refuses_a_newer_index_in_one_line(tmp_path: Path) -> None:
     db = release_index(tmp_path)
     with raw(db) as conn:
         conn.execute(f"PRAGMA user_version = {LATEST + 1}")
     env = Env(tmp_path / "env")
-    r = subprocess.run(
-        [sys.executable, "-m", "qmd.server.daemon", "--port", str(env.port)],
-        env={**env.vars, "INDEX_PATH": str(db)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = env.qmdd(env={"INDEX_PATH": str(db)})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()

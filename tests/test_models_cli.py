@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import MODELS_DIR, NOTES, Daemon, Env, require, write
 
+# A real qmdd pulls and loads a model: integration, outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 
 

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
 
+# Every test runs a real qmdd, most with the generate model: outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 EMBED = "all-MiniLM-L6-v2-Q8_0.gguf"
 
 

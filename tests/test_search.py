@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import NOTES, Daemon, Env, write
 
+# Every test searches through a real qmdd: integration, outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 HOSTILE = [
     '"unbalanced',
     'a "b',

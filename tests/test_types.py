@@ -13,6 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# mypy over the package takes seconds even with its cache: outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = {"server": "server", "client": "client", "mcp_bridge": "mcp_bridge"}
 

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
 
+# Every test runs a real qmdd with the embedder: integration, outside the fast run (-m "not slow").
+pytestmark = pytest.mark.slow
+
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 
 

@@ -1,0 +1,188 @@
+"""One isolated qmd installation and its daemon, shared by the tests and the benchmarks so
+that both measure and check the same thing: a real `qmdd` in temporary HOME/XDG dirs on a
+free port, and the real CLI as a fresh process.
+
+Stdlib + httpx only, and no pytest: bench/_common.py imports it from outside pytest. It
+lives with the tests, not in the `qmd` package, so installing qmd never ships it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now, so parallel runs never meet the user's daemon or each other."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    """Ask `proc` to stop with `sig`, killing it if it has not within `timeout`: a hung
+    process must not outlive the test or benchmark that started it."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+    return proc.returncode
+
+
+class Env:
+    """Temporary HOME/XDG dirs and a port: one qmd installation that no other run, and not
+    the user's own index or daemon, can see."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.port = free_port()
+        self.cache = base / "cache"
+        self.config = base / "config"
+        self.home = base / "home"
+        for d in (self.cache, self.config, self.home):
+            d.mkdir(parents=True, exist_ok=True)
+        # The caller's QMD_/XDG_ settings would point at a real index. PYTHONDONTWRITEBYTECODE
+        # (set in some sandboxes) would make every start compile its modules from source;
+        # users have bytecode caches, so run (and measure) with them.
+        self.vars = {
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("QMD_", "XDG_", "INDEX_PATH")) and k != "PYTHONDONTWRITEBYTECODE"
+            },
+            "HOME": str(self.home),
+            "XDG_CACHE_HOME": str(self.cache),
+            "XDG_CONFIG_HOME": str(self.config),
+            "QMD_PORT": str(self.port),
+            "NO_COLOR": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.cache / "qmd" / "qmdd.log"
+
+    @property
+    def db(self) -> Path:
+        return self.cache / "qmd" / "index.sqlite"
+
+    def run(
+        self,
+        argv: list[str],
+        cwd: Path | str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """`argv` to completion inside this installation (its HOME, XDG dirs and port), from its HOME."""
+        return subprocess.run(
+            argv,
+            cwd=cwd or self.home,
+            env={**self.vars, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+        )
+
+    def qmd(
+        self,
+        *args: str,
+        cwd: Path | str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """The CLI as a fresh process, the way a user runs it, so start-up and autostart are real."""
+        return self.run([sys.executable, "-m", "qmd.client.cli", *args], cwd, env, timeout, input)
+
+    def qmdd_command(self, *args: str) -> list[str]:
+        """`qmdd` on this port as `python -m`, so it runs this interpreter's qmd (the code under test)."""
+        return [sys.executable, "-m", "qmd.server.daemon", "--port", str(self.port), *args]
+
+    def qmdd(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """`qmdd` in the foreground until it exits: for starts that must be refused, and for
+        `--daemon`, which returns once the detached daemon answers."""
+        return self.run(self.qmdd_command(*args), env=env, timeout=timeout)
+
+    def ok(self, *args: str, **kw: Any) -> str:
+        r = self.qmd(*args, **kw)
+        assert r.returncode == 0, f"qmd {' '.join(args)} exited {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
+        return r.stdout
+
+    def json(self, *args: str, **kw: Any) -> Any:
+        return json.loads(self.ok(*args, **kw))
+
+
+class Daemon:
+    """A `qmdd` process started the way a user would, stopped with SIGTERM; ready once
+    `/health` answers, which `startup_s` times."""
+
+    def __init__(self, env: Env, *args: str, extra_env: dict[str, str] | None = None) -> None:
+        self.env = env
+        self.output = env.base / f"qmdd-{env.port}.out"
+        t0 = time.perf_counter()
+        with open(self.output, "wb") as out:
+            self.proc = subprocess.Popen(
+                env.qmdd_command(*args),
+                cwd=env.home,
+                env={**env.vars, **(extra_env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.http = httpx.Client(base_url=env.url, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                self.http.close()
+                raise RuntimeError(f"qmdd exited {self.proc.returncode}: {self.output.read_text()}")
+            try:
+                if self.http.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"qmdd did not answer /health within 60s: {self.output.read_text()}")
+            time.sleep(0.02)
+        self.startup_s = time.perf_counter() - t0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.http.close()
+        return stop_process(self.proc, sig)
+
+
+def daemons_on(port: int) -> list[int]:
+    """Pids of every qmdd process started for `port`, autostarted ones included, which no
+    Popen handle of ours knows about."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"qmd.server.daemon" in cmd and str(port).encode() in cmd:
+                pids.append(int(p.name))
+    return pids
