@@ -23,7 +23,7 @@ from qmd import __version__
 from qmd.server.engine import Engine, summary_dict
 from qmd.server.errors import InvalidInput, QmdError
 from qmd.server.http.wire import (
-    CLI,
+    CLI_SNIPPET_CHARS,
     CliGetRequest,
     CliMultiGetRequest,
     CliQueryRequest,
@@ -84,7 +84,7 @@ CLI_ANSWER: dict = {"response_model_by_alias": False, "response_model_exclude_un
 @router.post("/v1/query", response_model=CliQueryResponse, **CLI_ANSWER)
 def cli_query(body: CliQueryRequest, request: Request) -> CliQueryResponse:
     e = engine_of(request)
-    answer = query_response(e.query(*query_plan(body, CLI)), hit_out)
+    answer = query_response(e.query(*query_plan(body, CLI_SNIPPET_CHARS)), hit_out)
     return CliQueryResponse(**dict(answer), editor_uri=e.config.editor_uri)
 
 

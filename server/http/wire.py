@@ -16,7 +16,7 @@ its own formats.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -124,17 +124,11 @@ class McpQueryArgs(QueryFields):
     )
 
 
-@dataclass(frozen=True)
-class Surface:
-    """What differs between surfaces once a query is validated: the passage length."""
-
-    snippet_chars: int = 300
+CLI_SNIPPET_CHARS = 500
+"""The CLI shows longer passages than the 300 characters an agent gets (spec §15.2)."""
 
 
-CLI = Surface(snippet_chars=500)
-
-
-def query_plan(req: QueryFields, surface: Surface = Surface()) -> tuple[QueryDoc, QueryOptions]:
+def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, QueryOptions]:
     """What to search and how, from any surface's request; grammar errors raise `InvalidInput`."""
     if req.query is not None and req.searches is not None:
         raise InvalidInput("'query' and 'searches' are mutually exclusive; provide only one")
@@ -151,10 +145,10 @@ def query_plan(req: QueryFields, surface: Surface = Surface()) -> tuple[QueryDoc
         candidate_limit=req.candidate_limit,
         rerank=req.rerank,
         budget_ms=req.budget_ms,
-        explain=getattr(req, "explain", False),
-        all_results=getattr(req, "all", False),
-        full=getattr(req, "full", False),
-        max_len=surface.snippet_chars,
+        explain=isinstance(req, QueryRequest) and req.explain,
+        all_results=isinstance(req, CliQueryRequest) and req.all,
+        full=isinstance(req, CliQueryRequest) and req.full,
+        max_len=snippet_chars,
     )
 
 
