@@ -392,6 +392,17 @@ def test_tty_progress_colour_and_links(env: Env, daemon: Daemon, tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_editor_uri_from_index_yml_and_env(env: Env, added: Path) -> None:
+    """Links follow `QMD_EDITOR_URI` > `editor_uri` in index.yml > the VS Code default (§18.2)."""
+    yml = env.config / "qmd" / "index.yml"
+    yml.write_text(yml.read_text() + 'editor_uri: "zed://file/{path}:{line}"\n')
+    for argv in (("search", "angel", "-n", "1"), ("multi-get", "notes/ideas.md")):
+        assert "\x1b]8;;zed://file/" in _run_on_tty(env, *argv), argv
+    env.vars["QMD_EDITOR_URI"] = "cursor://file/{path}:{line}:{col}"
+    assert "\x1b]8;;cursor://file/" in _run_on_tty(env, "search", "angel", "-n", "1")
+
+
+@pytest.mark.slow
 def test_named_index_has_its_own_files_and_daemon(env: Env, notes: Path) -> None:
     try:
         env.ok("--index", "work", "collection", "add", str(notes), "--name", "notes")

@@ -16,13 +16,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from qmd.server.http.guard import (
-    GuardSettings,
-    OriginHostGuard,
-    check_host,
-    check_origin,
-    is_loopback_hostname,
-)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -30,6 +23,14 @@ from starlette.routing import Route
 from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
+
+from qmd.server.http.guard import (
+    GuardSettings,
+    OriginHostGuard,
+    check_host,
+    check_origin,
+    is_loopback_hostname,
+)
 
 DISABLED_WARNING = (
     "Warning: QMD_ALLOWED_ORIGINS=* — DNS-rebinding protection is off. "
