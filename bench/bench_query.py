@@ -30,7 +30,7 @@ miss, the honest interactive number (the caches live in the index's llm_cache):
 
 Each is the wall time of the `POST /v1/query` round trip from a warm httpx client, with the
 CLI's own body (limit 5, candidate limit 40). Right after every query the same text goes to
-`POST /v1/search` (BM25 only): the same-run baseline each mode is reported against. The
+`POST /v1/keyword` (BM25 only): the same-run baseline each mode is reported against. The
 answer's `stages` give per-stage mean/p95 ms per mode (a stage that did not appear counts
 0 ms) and how often each was skipped, partial or off, with the most common reason. Cold CLI
 processes: `python -m qmd.client.cli query` on (e)'s cached queries, interleaved with
@@ -327,7 +327,7 @@ def run_corpus(
             a = http.post("/v1/query", json=body).raise_for_status().json()
             warm.append({"query": text, "wall_ms": round((time.perf_counter() - t0) * 1000, 1), "stages": a["stages"]})
         http.post("/v1/query", json=query_body(Q(typed_document("warm up typed"), None, "warm-up"), rerank=False))
-        http.post("/v1/search", json=search_body("warm up")).raise_for_status()
+        http.post("/v1/keyword", json=search_body("warm up")).raise_for_status()
         for s in warm[0]["stages"]:
             if s["stage"] in ("expand", "vector", "rerank") and s["status"] not in ("ran", "partial"):
                 say(f"[{name}] WARNING: warm-up {s['stage']} {s['status']}: {s['detail']}")
@@ -356,7 +356,7 @@ def run_corpus(
             resp.raise_for_status()
             answer = resp.json()
             t1 = time.perf_counter()
-            http.post("/v1/search", json=search_body(q.text)).raise_for_status()
+            http.post("/v1/keyword", json=search_body(q.text)).raise_for_status()
             search_s = time.perf_counter() - t1
             records.append(
                 {
@@ -770,7 +770,7 @@ def report(res: dict, args: argparse.Namespace, say: Say, show: bool) -> dict:
         )
     rows.append(
         [
-            "POST /v1/search (BM25), same queries",
+            "POST /v1/keyword (BM25), same queries",
             S["search"]["n"],
             S["search"]["p50_ms"],
             S["search"]["p95_ms"],

@@ -7,7 +7,7 @@ Indexes a generated corpus (bench/corpus.py; or an existing folder with --corpus
 is only read) in a fresh isolated `qmdd` (temporary HOME/XDG dirs, free port), then
 runs 20 fixed queries (1 word, 2-3 words, questions, phrases, negations):
 
-  (a) HTTP      `POST /v1/search` from a warm httpx client, the CLI's own request body;
+  (a) HTTP      `POST /v1/keyword` from a warm httpx client, the CLI's own request body;
                 p50/p95 over 20 queries x --rounds (after one warm-up pass)
   (b) CLI       a fresh `python -m qmd.client.cli search "q"` process per query, and the
                 same through the `.venv/bin/qmd` entry-point script, against the warm
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         # (a) HTTP, warm client ------------------------------------------------------------
         hits: dict[str, int] = {}
         for _, q in QUERIES:  # warm-up: connection, SQLite page cache, per-thread readers
-            r = http.post("/v1/search", json=search_body(q))
+            r = http.post("/v1/keyword", json=search_body(q))
             r.raise_for_status()
             hits[q] = len(r.json()["results"])
         health = []
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for _, q in QUERIES:
                 t0 = time.perf_counter()
-                r = http.post("/v1/search", json=search_body(q))
+                r = http.post("/v1/keyword", json=search_body(q))
                 per_query[q].append(time.perf_counter() - t0)
                 r.raise_for_status()
         http_all = [x for xs in per_query.values() for x in xs]
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         p = {k: v["p50_ms"] for k, v in S.items()}
         rows = [
             [
-                "(a) POST /v1/search, warm httpx",
+                "(a) POST /v1/keyword, warm httpx",
                 S["http_search"],
                 f"{p['http_search'] / p['http_health']:.1f}x GET /health",
             ],

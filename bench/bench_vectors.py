@@ -8,8 +8,8 @@
 (a) round trip. Generates a small corpus (bench/corpus.py, files capped at a section
     boundary), starts a fresh isolated `qmdd` with `QMD_EMBED_MODEL=GGUF`, indexes and
     embeds it, then runs bench_search.py's 20 queries:
-      HTTP  `POST /v1/vsearch` from a warm httpx client (the CLI's body: limit 5, min
-            score 0.3), interleaved with `POST /v1/search` (keyword), the same-run
+      HTTP  `POST /v1/vector` from a warm httpx client (the CLI's body: limit 5, min
+            score 0.3), interleaved with `POST /v1/keyword` (keyword), the same-run
             baseline; 20 queries x --rounds after a warm-up pass
       CLI   a fresh `python -m qmd.client.cli vsearch "q"` process per query against the
             warm daemon, interleaved with `... search "q"` and `python -c pass`
@@ -114,19 +114,19 @@ def round_trip(args: argparse.Namespace, model: str) -> dict:
         hits_v: dict[str, int] = {}
         hits_k: dict[str, int] = {}
         for _, q in QUERIES:  # warm-up: connection, page cache, the query embedder's context
-            rv = http.post("/v1/vsearch", json=vsearch_body(q)).raise_for_status().json()
+            rv = http.post("/v1/vector", json=vsearch_body(q)).raise_for_status().json()
             if rv.get("degraded"):
                 raise RuntimeError(f"vsearch fell back to keyword search: {rv.get('warnings')}")
             hits_v[q] = len(rv["results"])
-            hits_k[q] = len(http.post("/v1/search", json=search_body(q)).raise_for_status().json()["results"])
+            hits_k[q] = len(http.post("/v1/keyword", json=search_body(q)).raise_for_status().json()["results"])
         http_v, http_k = [], []
         win, ours0 = CpuWindow(), ours()
         for _ in range(args.rounds):
             for _, q in QUERIES:
                 t0 = time.perf_counter()
-                http.post("/v1/vsearch", json=vsearch_body(q)).raise_for_status()
+                http.post("/v1/vector", json=vsearch_body(q)).raise_for_status()
                 t1 = time.perf_counter()
-                http.post("/v1/search", json=search_body(q)).raise_for_status()
+                http.post("/v1/keyword", json=search_body(q)).raise_for_status()
                 http_k.append(time.perf_counter() - t1)
                 http_v.append(t1 - t0)
         http_others = win.stop().others(ours() - ours0)
@@ -161,8 +161,8 @@ def round_trip(args: argparse.Namespace, model: str) -> dict:
         }
         p = {k: v["p50_ms"] for k, v in S.items()}
         rows = [
-            ["POST /v1/vsearch, warm httpx", "http_vsearch", f"{p['http_vsearch'] / p['http_search']:.1f}x search"],
-            ["POST /v1/search (keyword), warm httpx", "http_search", ""],
+            ["POST /v1/vector, warm httpx", "http_vsearch", f"{p['http_vsearch'] / p['http_search']:.1f}x search"],
+            ["POST /v1/keyword (keyword), warm httpx", "http_search", ""],
             ["python -m qmd.client.cli vsearch", "cli_vsearch", f"{p['cli_vsearch'] / p['cli_search']:.2f}x search"],
             [
                 "python -m qmd.client.cli search (keyword)",

@@ -183,7 +183,7 @@ def search(
     """
     run_search(
         c,
-        "/v1/search",
+        "/v1/keyword",
         query,
         limit,
         fmt,
@@ -217,7 +217,7 @@ def vsearch(
     and answers with keyword results."""
     run_search(
         c,
-        "/v1/vsearch",
+        "/v1/vector",
         query,
         limit,
         fmt,

@@ -33,7 +33,7 @@ def test_health_shape(daemon: Daemon) -> None:
 def test_openapi_docs_served(daemon: Daemon) -> None:
     assert daemon.http.get("/docs").status_code == 200
     paths = daemon.http.get("/openapi.json").json()["paths"]
-    assert {"/health", "/query", "/search", "/v1/search"} <= set(paths)
+    assert {"/health", "/query", "/search", "/v1/keyword"} <= set(paths)
 
 
 def test_unknown_route_is_404(daemon: Daemon) -> None:
@@ -221,7 +221,7 @@ def test_reads_never_see_locked_database_during_update(daemon: Daemon, env: Env,
     def reader() -> None:
         with httpx.Client(base_url=env.url, timeout=60) as c:
             for _ in range(25):
-                statuses.append(c.post("/v1/search", json={"query": "alpha delta"}).status_code)
+                statuses.append(c.post("/v1/keyword", json={"query": "alpha delta"}).status_code)
 
     threads = [threading.Thread(target=reader) for _ in range(4)]
     for t in threads:

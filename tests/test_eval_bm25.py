@@ -17,7 +17,7 @@ def hit_rates(daemon: Daemon, queries: list[dict]) -> dict[str, tuple[int, int, 
     """difficulty → (hits@3, hits@5, total)."""
     out: dict[str, list[int]] = {}
     for q in queries:
-        r = daemon.http.post("/v1/search", json={"query": q["query"], "limit": 5})
+        r = daemon.http.post("/v1/keyword", json={"query": q["query"], "limit": 5})
         assert r.status_code == 200, r.text
         files = [h["file"].lower() for h in r.json()["results"]]
         want = q["expected_doc_substring"]

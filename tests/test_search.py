@@ -102,7 +102,7 @@ def shared_daemon(shared: tuple[Env, Daemon, Path]) -> Daemon:
 
 @pytest.mark.parametrize("query", HOSTILE)
 def test_hostile_queries_never_fail(shared_daemon: Daemon, corpus: Path, query: str) -> None:
-    r = shared_daemon.http.post("/v1/search", json={"query": query})
+    r = shared_daemon.http.post("/v1/keyword", json={"query": query})
     assert r.status_code == 200, r.text
     r = shared_daemon.http.post("/query", json={"searches": [{"type": "lex", "query": query}]})
     assert r.status_code in (200, 400), r.text
@@ -113,21 +113,21 @@ def test_random_unicode_queries_never_fail(shared_daemon: Daemon, corpus: Path) 
     alphabet = "abc XYZ 0123 \"-*():^.,+_#@!?'\\/{}[]<>~`|&;日本🙂é\t"
     for _ in range(150):
         q = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
-        r = shared_daemon.http.post("/v1/search", json={"query": q})
+        r = shared_daemon.http.post("/v1/keyword", json={"query": q})
         assert r.status_code == 200, (q, r.text)
 
 
 def test_ten_kilobytes_of_text(shared_daemon: Daemon, corpus: Path) -> None:
     text = (Path(__file__).read_text() * 3)[:10_240]
-    r = shared_daemon.http.post("/v1/search", json={"query": text})
+    r = shared_daemon.http.post("/v1/keyword", json={"query": text})
     assert r.status_code == 200
     assert any("only the first" in w for w in r.json()["warnings"])
-    assert shared_daemon.http.post("/v1/search", json={"query": "x" * 30_000}).status_code == 400
+    assert shared_daemon.http.post("/v1/keyword", json={"query": "x" * 30_000}).status_code == 400
 
 
 def test_pointer_line_ranges_are_real(shared_daemon: Daemon, corpus: Path) -> None:
     for q in ("angel investors", "sourdough", "multi-agent memory", "startup"):
-        for hit in shared_daemon.http.post("/v1/search", json={"query": q, "limit": 10}).json()["results"]:
+        for hit in shared_daemon.http.post("/v1/keyword", json={"query": q, "limit": 10}).json()["results"]:
             lines = (corpus / hit["path"]).read_text().split("\n")
             assert hit["snippet"] == "\n".join(lines[hit["start_line"] - 1 : hit["end_line"]])
             assert hit["start_line"] <= hit["line"] <= hit["end_line"]
@@ -135,7 +135,7 @@ def test_pointer_line_ranges_are_real(shared_daemon: Daemon, corpus: Path) -> No
 
 def test_natural_language_question_finds_partial_matches(shared_daemon: Daemon, corpus: Path) -> None:
     hits = shared_daemon.http.post(
-        "/v1/search", json={"query": "how do I raise money for a startup", "limit": 5}
+        "/v1/keyword", json={"query": "how do I raise money for a startup", "limit": 5}
     ).json()
     files = [h["path"] for h in hits["results"]]
     assert files[0] == "fundraising.md"
@@ -154,14 +154,14 @@ def test_all_terms_rank_first(env: Env, daemon: Daemon, tmp_path: Path) -> None:
     env.ok("collection", "add", str(root), "--name", "rank")
     hits = env.json("search", "alpha beta gamma", "--json")
     assert [h["file"] for h in hits] == ["qmd://rank/all.md", "qmd://rank/two.md", "qmd://rank/one.md"]
-    raw = daemon.http.post("/v1/search", json={"query": "alpha beta gamma"}).json()["results"]
+    raw = daemon.http.post("/v1/keyword", json={"query": "alpha beta gamma"}).json()["results"]
     assert raw[0]["score"] > 2 / 3 > raw[1]["score"] > 1 / 3 > raw[2]["score"]
 
 
 def test_syntax_phrases_negation_dots_hyphens(shared_daemon: Daemon, corpus: Path) -> None:
     def files(q: str) -> list[str]:
         return [
-            h["path"] for h in shared_daemon.http.post("/v1/search", json={"query": q, "limit": 10}).json()["results"]
+            h["path"] for h in shared_daemon.http.post("/v1/keyword", json={"query": q, "limit": 10}).json()["results"]
         ]
 
     assert files('"pitch deck"') == ["fundraising.md"]

@@ -71,7 +71,7 @@ def test_vsearch_returns_pointers(embedded: tuple[Env, Daemon]) -> None:
 
 def test_vsearch_scores_and_min_score(embedded: tuple[Env, Daemon]) -> None:
     env, d = embedded
-    raw = d.http.post("/v1/vsearch", json={"query": "sourdough bread baking", "limit": 3, "min_score": 0}).json()
+    raw = d.http.post("/v1/vector", json={"query": "sourdough bread baking", "limit": 3, "min_score": 0}).json()
     assert raw["results"][0]["path"] == "cooking/bread.md"
     scores = [h["score"] for h in raw["results"]]
     assert scores == sorted(scores, reverse=True) and all(-1 <= s <= 1 for s in scores)
@@ -100,7 +100,7 @@ def test_vector_floors_on_eval(embedded: tuple[Env, Daemon]) -> None:
     floors = spec["thresholds_in_upstream_tests"]["vector"]
     rates: dict[str, list[int]] = {}
     for q in spec["eval_queries"]:
-        r = d.http.post("/v1/vsearch", json={"query": q["query"], "limit": 5, "collections": ["eval"]}).json()
+        r = d.http.post("/v1/vector", json={"query": q["query"], "limit": 5, "collections": ["eval"]}).json()
         files = [h["file"].lower() for h in r["results"]]
         rank = next((i for i, f in enumerate(files) if q["expected_doc_substring"] in f), None)
         row = rates.setdefault(q["difficulty"], [0, 0, 0])
@@ -277,5 +277,5 @@ def test_worker_killed_between_queries_restarts(embedded: tuple[Env, Daemon]) ->
 
 def test_vsearch_refuses_explain(embedded: tuple[Env, Daemon]) -> None:
     _, d = embedded
-    r = d.http.post("/v1/vsearch", json={"query": "bread", "explain": True})
+    r = d.http.post("/v1/vector", json={"query": "bread", "explain": True})
     assert r.status_code == 400 and "explain is not available for vector search" in r.json()["error"]

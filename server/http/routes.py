@@ -88,7 +88,7 @@ def cli_query(body: CliQueryRequest, request: Request) -> CliQueryResponse:
     return CliQueryResponse(**dict(answer), editor_uri=e.config.editor_uri)
 
 
-@router.post("/v1/search", response_model=SearchResponse, **CLI_ANSWER)
+@router.post("/v1/keyword", response_model=SearchResponse, **CLI_ANSWER)
 def cli_search(body: SearchRequest, request: Request) -> SearchResponse:
     e = engine_of(request)
     return search_response(e.search(body.query, body.options()), e.config.editor_uri)
@@ -227,7 +227,7 @@ def doctor(request: Request) -> dict:
     return engine_of(request).doctor()
 
 
-@router.post("/v1/vsearch", response_model=SearchResponse, **CLI_ANSWER)
+@router.post("/v1/vector", response_model=SearchResponse, **CLI_ANSWER)
 def cli_vsearch(body: SearchRequest, request: Request) -> SearchResponse:
     if body.explain:
         raise InvalidInput("explain is not available for vector search: use 'qmd query --explain'")

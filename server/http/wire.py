@@ -153,7 +153,7 @@ def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, Qu
 
 
 class SearchRequest(Request):
-    """`qmd search` and `qmd vsearch` (`/v1/search`, `/v1/vsearch`)."""
+    """`qmd search` and `qmd vsearch` (`/v1/keyword`, `/v1/vector`)."""
 
     query: str = Field(max_length=MAX_QUERY_CHARS)
     collections: list[str] | None = None
