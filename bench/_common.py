@@ -45,14 +45,13 @@ def embed_model_path(given: str | None = None) -> str:
 
 class Isolated(Env):
     """The harness's isolated installation in its own temporary folder, removed afterwards
-    unless kept. Autostart is off, so a CLI run never times the start of a second daemon;
-    the checkout comes first on PYTHONPATH, so its code is what is measured."""
+    unless kept. Autostart is off, so a CLI run never times the start of a second daemon.
+    The code measured is the venv's `qmd`: the editable install of this checkout."""
 
     def __init__(self, keep: bool = False) -> None:
         super().__init__(Path(tempfile.mkdtemp(prefix="qmd-bench-")))
         self.keep = keep
-        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        self.vars.update({"QMD_NO_AUTOSTART": "1", "PYTHONPATH": pythonpath})
+        self.vars["QMD_NO_AUTOSTART"] = "1"
 
     def db_bytes(self) -> dict[str, int]:
         """Sizes of index.sqlite, its -wal and -shm, by suffix ('' for the main file)."""

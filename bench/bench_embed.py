@@ -43,7 +43,6 @@ from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import corpus as corpus_mod  # noqa: E402
 from _common import (  # noqa: E402

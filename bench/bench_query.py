@@ -76,7 +76,6 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import corpus as corpus_mod  # noqa: E402
 from _common import (  # noqa: E402
