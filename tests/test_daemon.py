@@ -108,6 +108,21 @@ def test_query_bad_bodies(daemon: Daemon, body: bytes, status: int, needle: str)
     assert needle in r.json()["error"]
 
 
+def test_query_accepts_camel_and_snake_case_and_answers_in_camel_case(env: Env, daemon: Daemon, notes: Path) -> None:
+    """One request model for every surface: the original's camelCase, or the CLI's snake_case."""
+    env.ok("collection", "add", str(notes), "--name", "notes")
+    lex = [{"type": "lex", "query": "angel investors"}]
+    camel = daemon.http.post("/query", json={"searches": lex, "minScore": 0.5, "budgetMs": 5000, "limit": 1}).json()
+    snake = daemon.http.post("/query", json={"searches": lex, "min_score": 0.5, "budget_ms": 5000, "limit": 1}).json()
+    assert camel["results"] == snake["results"] and len(camel["results"]) == 1
+    for answer in (camel, snake):
+        assert answer["belowMinScore"] is False and answer["budgetMs"] == 5000
+        assert "elapsedMs" in answer and "elapsed_ms" not in answer
+    top = daemon.http.post("/query", json={"searches": lex}).json()["results"][0]
+    assert top["file"] == "qmd://notes/fundraising.md" and top["docid"].startswith("#")
+    assert round(top["score"], 2) == top["score"]
+
+
 def test_unknown_fields_are_listed(daemon: Daemon) -> None:
     r = daemon.http.post("/search", json={"searches": [{"type": "lex", "query": "x"}], "colections": ["a"], "lim": 3})
     assert r.status_code == 400
