@@ -280,6 +280,7 @@ class LoadedModel:
                 eos_token=self.llm._model.token_get_text(eos) if eos != -1 else "",
                 add_generation_prompt=True,
             )
+        # llama-cpp-python types `messages` as its OpenAI-style TypedDicts; plain dicts are what it reads.
         return self._chat(messages=messages, enable_thinking=False).prompt  # type: ignore[arg-type]
 
     def complete(
@@ -320,6 +321,7 @@ class LoadedModel:
             repeat_penalty=1.0,
             seed=params.seed,
         )
+        # create_completion is typed "a dict or an iterator of chunks"; without stream=True it is the dict.
         usage = out["usage"]  # type: ignore[index]
         return Completion(
             text=out["choices"][0]["text"],  # type: ignore[index]
