@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from qmd.client import formats
-from qmd.client.connection import ClientError, Daemon
+from qmd.client.connection import ClientError, Daemon, Http
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
 
@@ -39,6 +39,39 @@ class Ctx:
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
+COMPLETE_VAR = "_QMD_COMPLETE"
+COMPLETION_TIMEOUT_S = 2.0
+"""The environment variable click's completion scripts set when they ask `qmd` for candidates."""
+
+
+def complete_collections(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Collection names, from the daemon if one is running: a TAB never starts one, and
+    never waits more than a moment."""
+    try:
+        d = Daemon(ctx.find_root().params.get("index"))
+        r = Http(d.host, d.port, d.headers, read_timeout=COMPLETION_TIMEOUT_S).request("GET", "/v1/collections")
+    except (ClientError, OSError):
+        return []
+    if r.status != 200 or r.index != d.paths.name:
+        return []
+    return [c["name"] for c in r.json()["collections"] if c["name"].startswith(incomplete)]
+
+
+only_collections = click.option(
+    "-c",
+    "--collection",
+    "collections",
+    multiple=True,
+    shell_complete=complete_collections,
+    help="Only these collections.",
+)
+
+
+def complete_indexes(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Named indexes: each has its `NAME.yml` in the config folder."""
+    from qmd.paths import config_root
+
+    return sorted(p.stem for p in config_root().glob("*.yml") if p.stem.startswith(incomplete))
 
 
 def _out(text: str) -> None:
@@ -73,7 +106,14 @@ def _style(editor_uri: str | None = None) -> formats.Style:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--index", "index", default=None, metavar="NAME", help="Use a named index (own config and database).")
+@click.option(
+    "--index",
+    "index",
+    default=None,
+    metavar="NAME",
+    shell_complete=complete_indexes,
+    help="Use a named index (own config and database).",
+)
 @click.version_option(package_name="qmd", prog_name="qmd")
 @click.pass_context
 def cli(ctx: click.Context, index: str | None) -> None:
@@ -107,7 +147,12 @@ def search_options(min_score_default: float) -> Callable[[Callable], Callable]:
                 help="Number of results [5; 20 for --json/--files].",
             ),
             click.option(
-                "-c", "--collection", "collections", multiple=True, help="Search this collection (repeatable)."
+                "-c",
+                "--collection",
+                "collections",
+                multiple=True,
+                shell_complete=complete_collections,
+                help="Search this collection (repeatable).",
             ),
             click.option("--all", "all_results", is_flag=True, help="Return every match."),
             click.option("--min-score", type=click.FloatRange(0, 1), default=min_score_default, show_default=True),
@@ -505,7 +550,7 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
 
 
 @cli.command()
-@click.option("-c", "--collection", "collections", multiple=True, help="Only these collections.")
+@only_collections
 @pass_ctx
 def update(c: Ctx, collections: tuple[str, ...]) -> None:
     """Re-index collections (running their update commands first)."""
@@ -513,7 +558,7 @@ def update(c: Ctx, collections: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.option("-c", "--collection", "collections", multiple=True, help="Only these collections.")
+@only_collections
 @click.option("-f", "--force", is_flag=True, help="Re-embed everything for the current model.")
 @click.option("--max-docs-per-batch", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-batch-mb", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True)
@@ -722,7 +767,7 @@ def collection_list(c: Ctx, as_json: bool) -> None:
 
 
 @collection.command("show")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_collections)
 @pass_ctx
 def collection_show(c: Ctx, name: str) -> None:
     """Show one collection's settings."""
@@ -748,7 +793,7 @@ def _seg(name: str) -> str:
 
 
 @collection.command("remove")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_collections)
 @pass_ctx
 def collection_remove(c: Ctx, name: str) -> None:
     """Remove a collection and its documents from the index (files are untouched)."""
@@ -757,7 +802,7 @@ def collection_remove(c: Ctx, name: str) -> None:
 
 
 @collection.command("rename")
-@click.argument("old")
+@click.argument("old", shell_complete=complete_collections)
 @click.argument("new")
 @pass_ctx
 def collection_rename(c: Ctx, old: str, new: str) -> None:
@@ -767,7 +812,7 @@ def collection_rename(c: Ctx, old: str, new: str) -> None:
 
 
 @collection.command("include")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_collections)
 @pass_ctx
 def collection_include(c: Ctx, name: str) -> None:
     """Search this collection by default."""
@@ -776,7 +821,7 @@ def collection_include(c: Ctx, name: str) -> None:
 
 
 @collection.command("exclude")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_collections)
 @pass_ctx
 def collection_exclude(c: Ctx, name: str) -> None:
     """Search this collection only when named with -c."""
@@ -785,7 +830,7 @@ def collection_exclude(c: Ctx, name: str) -> None:
 
 
 @collection.command("update-cmd")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_collections)
 @click.argument("command", nargs=-1)
 @pass_ctx
 def collection_update_cmd(c: Ctx, name: str, command: tuple[str, ...]) -> None:
@@ -933,10 +978,27 @@ def daemon_stop(c: Ctx) -> None:
     _stop(c)
 
 
+@cli.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script (commands, options, collection and index names).
+
+    \b
+    bash:  eval "$(qmd completion bash)"      in ~/.bashrc
+    zsh:   eval "$(qmd completion zsh)"       in ~/.zshrc
+    fish:  qmd completion fish | source       in ~/.config/fish/config.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    script = get_completion_class(shell)
+    assert script is not None  # every name the Choice allows has a class
+    click.echo(script(cli, {}, "qmd", COMPLETE_VAR).source())
+
+
 def main() -> None:
     """Entry point: user errors are one line on stderr, never a traceback."""
     try:
-        cli.main(standalone_mode=False)
+        cli.main(standalone_mode=False, complete_var=COMPLETE_VAR)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)

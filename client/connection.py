@@ -60,8 +60,9 @@ class Http:
     original's 81 ms cold start).
     """
 
-    def __init__(self, host: str, port: int, headers: dict[str, str]) -> None:
+    def __init__(self, host: str, port: int, headers: dict[str, str], read_timeout: float = READ_TIMEOUT_S) -> None:
         self.host, self.port, self.headers = host, port, headers
+        self.read_timeout = read_timeout
         self._conn: http.client.HTTPConnection | None = None
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -70,7 +71,7 @@ class Http:
             conn.connect()
             assert conn.sock is not None
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sock.settimeout(READ_TIMEOUT_S)
+            conn.sock.settimeout(self.read_timeout)
             self._conn = conn
         return self._conn
 
