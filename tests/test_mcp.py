@@ -311,6 +311,9 @@ def test_query_and_searches_are_mutually_exclusive(shared: Daemon) -> None:
     assert error_of(both) == "Error: 'query' and 'searches' are mutually exclusive; provide only one"
     neither = tool(shared, "query", {"limit": 3})
     assert error_of(neither) == "Error: provide either 'query' (plain text) or 'searches' (typed sub-queries)"
+    # Grammar errors (spec §11) reach the agent verbatim, without the "Error: " of the two above.
+    bad = tool(shared, "query", {"query": "lex: bread\nvec: -crust"})
+    assert error_of(bad).startswith("Line 2 (vec): Negation (-term) is not supported")
 
 
 # -- unknown and invalid parameters ---------------------------------------------------------

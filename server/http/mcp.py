@@ -52,6 +52,7 @@ from qmd.server.http.wire import (
     ResultOut,
     StatusRequest,
     SubSearch,
+    form_error,
     mcp_result,
     query_plan,
     query_response,
@@ -221,10 +222,9 @@ def _not_found_message(name: str, err: NotFound) -> str:
 
 def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
     """Typed or plain search; every result is a pointer to a line range, not an answer."""
-    try:
-        doc, opts = query_plan(args)
-    except InvalidInput as e:
-        raise InvalidInput(f"Error: {e.message}") from e
+    if (error := form_error(args)) is not None:
+        raise InvalidInput(f"Error: {error}")  # §20.3 words these two as "Error: …"; grammar errors as they are
+    doc, opts = query_plan(args)
     out = engine.query(doc, opts)
     answer = query_response(out, mcp_result)
     primary = primary_text(doc)

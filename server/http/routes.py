@@ -34,6 +34,7 @@ from qmd.server.http.wire import (
     ContextRemove,
     EmbedRequest,
     Health,
+    HitOut,
     PullRequest,
     QueryRequest,
     QueryResponse,
@@ -82,10 +83,10 @@ CLI_ANSWER: dict = {"response_model_by_alias": False, "response_model_exclude_un
 
 
 @router.post("/v1/query", response_model=CliQueryResponse, **CLI_ANSWER)
-def cli_query(body: CliQueryRequest, request: Request) -> CliQueryResponse:
+def cli_query(body: CliQueryRequest, request: Request) -> QueryResponse[HitOut]:
     e = engine_of(request)
-    answer = query_response(e.query(*query_plan(body, CLI_SNIPPET_CHARS)), hit_out)
-    return CliQueryResponse(**dict(answer), editor_uri=e.config.editor_uri)
+    out = e.query(*query_plan(body, CLI_SNIPPET_CHARS))
+    return query_response(out, hit_out, CliQueryResponse, editor_uri=e.config.editor_uri)
 
 
 @router.post("/v1/keyword", response_model=SearchResponse, **CLI_ANSWER)

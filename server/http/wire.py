@@ -16,7 +16,7 @@ its own formats.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -128,16 +128,23 @@ CLI_SNIPPET_CHARS = 500
 """The CLI shows longer passages than the 300 characters an agent gets (spec §15.2)."""
 
 
-def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, QueryOptions]:
-    """What to search and how, from any surface's request; grammar errors raise `InvalidInput`."""
+def form_error(req: QueryFields) -> str | None:
+    """Why a request names no query or two (spec §20.3's wording), or None when it names one."""
     if req.query is not None and req.searches is not None:
-        raise InvalidInput("'query' and 'searches' are mutually exclusive; provide only one")
+        return "'query' and 'searches' are mutually exclusive; provide only one"
+    if req.query is None and req.searches is None:
+        return "provide either 'query' (plain text) or 'searches' (typed sub-queries)"
+    return None
+
+
+def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, QueryOptions]:
+    """What to search and how, from any surface's request; form and grammar errors raise `InvalidInput`."""
+    if (error := form_error(req)) is not None:
+        raise InvalidInput(error)
     if req.searches is not None:
         doc = typed_query([(s.type, s.query) for s in req.searches], req.intent)
-    elif req.query is not None:
-        doc = parse_query(req.query, req.intent)
     else:
-        raise InvalidInput("provide either 'query' (plain text) or 'searches' (typed sub-queries)")
+        doc = parse_query(req.query or "", req.intent)
     return doc, QueryOptions(
         collections=req.collections,
         limit=req.limit,
@@ -415,17 +422,21 @@ def result_out(p: Pointer, *, file: str) -> ResultOut:
 def hit_out(p: Pointer) -> HitOut:
     """The pointer's fields, its document's flattened in. Hybrid scores only on hybrid
     results: a route that leaves unset fields out (`exclude_unset`) sends none on a keyword hit."""
-    fields = {k: v for k, v in asdict(p).items() if k not in ("doc", "fusion", "rerank")}
+    own = {f.name: getattr(p, f.name) for f in fields(p) if f.name not in ("doc", "fusion", "rerank")}
     hybrid = {"fusion": p.fusion, "rerank": p.rerank} if p.fusion is not None else {}
-    return HitOut.model_validate({**asdict(p.doc), **fields, **hybrid, "terms": list(p.terms)})
+    return HitOut.model_validate({**asdict(p.doc), **own, **hybrid, "terms": list(p.terms)})
 
 
 def stage_out(s: Stage) -> StageOut:
     return StageOut(stage=s.stage, status=s.status, ms=round(s.ms, 1), detail=s.detail)
 
 
-def query_response(out: HybridOutcome, result: Callable[[Pointer], R]) -> QueryResponse[R]:
-    return QueryResponse[R](
+def query_response(
+    out: HybridOutcome, result: Callable[[Pointer], R], cls: type[QueryResponse[R]] = QueryResponse, **extra: Any
+) -> QueryResponse[R]:
+    """The answer as `cls` (a `QueryResponse` or a subclass, whose own fields come in `extra`)."""
+    return cls(
+        **extra,
         results=[result(p) for p in out.hits],
         stages=[stage_out(s) for s in out.stages],
         skipped=[SkippedOut(stage=s.stage, reason=s.reason) for s in out.skipped],
