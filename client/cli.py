@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from qmd.client import formats
-from qmd.client.connection import ClientError, Daemon, Http
+from qmd.client.connection import ClientError, Daemon
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
 
@@ -40,8 +40,8 @@ class Ctx:
 
 pass_ctx = click.make_pass_decorator(Ctx)
 COMPLETE_VAR = "_QMD_COMPLETE"
-COMPLETION_TIMEOUT_S = 2.0
 """The environment variable click's completion scripts set when they ask `qmd` for candidates."""
+COMPLETION_TIMEOUT_S = 2.0
 
 
 def complete_collections(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
@@ -49,7 +49,7 @@ def complete_collections(ctx: click.Context, _param: click.Parameter, incomplete
     never waits more than a moment."""
     try:
         d = Daemon(ctx.find_root().params.get("index"))
-        r = Http(d.host, d.port, d.headers, read_timeout=COMPLETION_TIMEOUT_S).request("GET", "/v1/collections")
+        r = d.connect(read_timeout=COMPLETION_TIMEOUT_S).request("GET", "/v1/collections")
     except (ClientError, OSError):
         return []
     if r.status != 200 or r.index != d.paths.name:

@@ -133,10 +133,10 @@ class Daemon:
             self.headers["Authorization"] = f"Bearer {token}"
         self.http = self.connect()
 
-    def connect(self) -> Http:
+    def connect(self, read_timeout: float = READ_TIMEOUT_S) -> Http:
         """A new connection of its own (with the token): one per thread, since an
         `http.client` connection carries one exchange at a time."""
-        return Http(self.host, self.port, self.headers)
+        return Http(self.host, self.port, self.headers, read_timeout)
 
     # -- liveness -------------------------------------------------------------
 

@@ -514,7 +514,7 @@ class Engine:
                     try:
                         docs.append(find_document(conn, cfg, name, cwd))
                     except QmdError as e:
-                        items.append(Retrieved(name, None, skipped=True, reason=e.message, error=True))
+                        items.append(Retrieved(name, None, skipped=True, reason=e.message))
             else:
                 docs = glob_documents(conn, cfg, pattern)
                 if not docs:

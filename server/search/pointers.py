@@ -179,9 +179,13 @@ class Retrieved:
     name: str
     """The document's `qmd://` URI, or the name as asked when it matched nothing."""
     doc: DocumentRef | None
-    """None when `name` matched no document (`error`)."""
+    """None when `name` matched no document."""
     bytes: int = 0
     body: str | None = None
     skipped: bool = False
     reason: str | None = None
-    error: bool = False
+
+    @property
+    def error(self) -> bool:
+        """`name` matched no document; `reason` says why."""
+        return self.doc is None
