@@ -51,6 +51,12 @@ RELEASE_OBJECTS = {
     ("table", "vector_rows"),
     ("index", "idx_vector_rows_space"),
 }
+# What migration 3 (typed metadata) adds; the first release had none of it.
+METADATA_OBJECTS = {
+    ("table", "document_metadata"),
+    ("index", "idx_metadata_value"),
+    ("index", "idx_metadata_folded"),
+}
 VECTOR_TABLES = ("vector_spaces", "content_vectors", "vector_collection_ids", "vector_rows")
 
 
@@ -88,6 +94,9 @@ def release_index(tmp_path: Path, *, with_vectors: bool = True) -> Path:
         if not with_vectors:
             for table in VECTOR_TABLES:
                 conn.execute(f"DROP TABLE {table}")
+        conn.execute("DROP TABLE document_metadata")
+        conn.execute("ALTER TABLE documents DROP COLUMN meta_state")
+        conn.execute("ALTER TABLE documents DROP COLUMN meta_error")
         conn.execute("PRAGMA user_version = 1")
     return db
 
@@ -108,7 +117,7 @@ def test_a_new_index_has_the_release_schema_at_the_latest_version(tmp_path: Path
     db = tmp_path / "index.sqlite"
     Store(db).close()
     assert user_version(db) == LATEST
-    assert objects(db) == RELEASE_OBJECTS
+    assert objects(db) == RELEASE_OBJECTS | METADATA_OBJECTS
 
 
 @pytest.mark.parametrize("with_vectors", [True, False], ids=["opened-by-engine", "opened-by-store"])
@@ -123,7 +132,7 @@ def test_a_release_index_upgrades_and_keeps_its_documents(tmp_path: Path, with_v
     finally:
         store.close()
     assert user_version(db) == LATEST
-    assert objects(db) == RELEASE_OBJECTS
+    assert objects(db) == RELEASE_OBJECTS | METADATA_OBJECTS
 
 
 def test_an_index_from_a_newer_qmd_is_refused_and_untouched(tmp_path: Path) -> None:

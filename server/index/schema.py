@@ -159,7 +159,37 @@ def _v2_vector_tables(conn: sqlite3.Connection) -> None:
     run_script(conn, VECTOR_TABLES)
 
 
-MIGRATIONS: list[Migration] = [_v1_first_release, _v2_vector_tables]
+# Typed frontmatter metadata (`qmd: metadata:`), one row per (document, key, value):
+# an array is a set of rows with `multi` = 1. `value` has no declared type, so SQLite
+# keeps each value's own storage class and `'3'` never equals `3`; `type` says which
+# of string / number / boolean it is (booleans are stored as 0 / 1). `folded` is the
+# ASCII-lowercased string, for `caseInsensitive`. `documents.meta_state` records the
+# extraction: NULL pending (an index made before this migration), 0 no metadata,
+# 1 extracted, 2 rejected (`meta_error` says why).
+METADATA_TABLES = """
+ALTER TABLE documents ADD COLUMN meta_state INTEGER;
+ALTER TABLE documents ADD COLUMN meta_error TEXT;
+CREATE TABLE document_metadata (
+    doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    key TEXT NOT NULL,
+    type TEXT NOT NULL CHECK (type IN ('string', 'number', 'boolean')),
+    value NOT NULL,
+    folded TEXT,
+    multi INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (doc_id, key, type, value)
+) WITHOUT ROWID;
+CREATE INDEX idx_metadata_value ON document_metadata(key, type, value, doc_id);
+CREATE INDEX idx_metadata_folded ON document_metadata(key, folded, doc_id) WHERE folded IS NOT NULL;
+"""
+
+
+def _v3_metadata(conn: sqlite3.Connection) -> None:
+    """Typed metadata. Existing documents start pending (meta_state NULL) until the
+    next update extracts theirs."""
+    run_script(conn, METADATA_TABLES)
+
+
+MIGRATIONS: list[Migration] = [_v1_first_release, _v2_vector_tables, _v3_metadata]
 """MIGRATIONS[N - 1] takes an index from version N - 1 to N; append, never edit."""
 
 
