@@ -27,6 +27,7 @@ from typing import Literal, TypeAlias
 from wcmatch import glob as wglob
 
 from qmd.server.errors import HookFailed
+from qmd.server.index import metadata
 from qmd.server.index.config import Collection
 from qmd.server.index.db import sqlite3
 from qmd.server.index.store import Store, fts_delete, fts_put, utcnow
@@ -67,7 +68,6 @@ def split_mask(mask: str) -> list[str]:
 
 # -- titles -------------------------------------------------------------------
 
-_FRONTMATTER_RE = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
 _FM_TITLE_RE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
 _HEADING_RE = re.compile(r"^##?[ \t]+(.*\S)", re.M)
 _H2_RE = re.compile(r"^##[ \t]+(.*\S)", re.M)
@@ -87,7 +87,7 @@ def extract_title(path: str, text: str) -> str:
     ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
     head = text[:65536].removeprefix("\ufeff")
     if ext in ("md", "markdown", "mdx"):
-        fm = _FRONTMATTER_RE.match(head)
+        fm = metadata.FRONTMATTER_RE.match(head)
         if fm:
             t = _FM_TITLE_RE.search(fm.group(1))
             if t and t.group(1).strip("'\" "):
@@ -197,6 +197,7 @@ class Loaded:
     hash: str
     title: str
     nbytes: int
+    meta: metadata.Extracted
 
 
 # One write `_apply` makes: deactivate a document id; record a new size and mtime for a
@@ -239,7 +240,14 @@ def load_file(found: Found, limit: int) -> Loaded:
         raise Skip(f"not UTF-8 (invalid byte at offset {e.start})") from e
     if not text.strip():
         raise Skip("empty")
-    return Loaded(found, text, hashlib.sha256(data).hexdigest(), extract_title(found.rel, text), len(data))
+    return Loaded(
+        found,
+        text,
+        hashlib.sha256(data).hexdigest(),
+        extract_title(found.rel, text),
+        len(data),
+        metadata.extract(found.rel, text),
+    )
 
 
 # -- one collection -------------------------------------------------------------
@@ -258,6 +266,8 @@ class Summary:
     seconds: float = 0.0
     files: int = 0
     bytes_read: int = 0
+    metadata_extracted: int = 0
+    """Unchanged documents whose metadata was extracted for the first time."""
 
     def line(self) -> str:
         return (
@@ -417,6 +427,7 @@ def index_collection(store: Store, coll: Collection, progress: Progress | None =
     flush()
     for fut in pending:
         fut.result()
+    summary.metadata_extracted = _extract_pending(store, coll.name)
 
     gone = [
         e.id
@@ -472,8 +483,33 @@ def _apply(conn: sqlite3.Connection, collection: str, ops: list[_Op]) -> None:
                 (loaded.title, loaded.hash, mtime, f.size, f.mtime_ns, doc_id),
             )
         fts_put(conn, doc_id, f"{collection}/{f.rel}", loaded.title, loaded.text)
+        metadata.store(conn, doc_id, loaded.meta)
     if deactivate:
         _deactivate(conn, deactivate)
+
+
+def _extract_pending(store: Store, collection: str) -> int:
+    """Extract the metadata of documents indexed before it existed (schema migration 3)
+    or whose extraction was cut short: their files are unchanged, so the walk did not
+    read them. Bodies come from the index, a batch at a time."""
+    with store.read() as conn:
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM documents WHERE collection = ? AND active = 1 AND meta_state IS NULL", (collection,)
+            )
+        ]
+    for i in range(0, len(ids), BATCH_FILES):
+        part = ids[i : i + BATCH_FILES]
+        with store.read() as conn:
+            rows = conn.execute(
+                "SELECT d.id, d.path, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
+                f" WHERE d.id IN ({','.join('?' * len(part))})",
+                part,
+            ).fetchall()
+        found = [(doc_id, metadata.extract(path, body)) for doc_id, path, body in rows]
+        store.write(lambda conn, found=found: metadata.store_many(conn, found))
+    return len(ids)
 
 
 def _finish(conn: sqlite3.Connection, gone: list[int]) -> int:

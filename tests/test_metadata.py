@@ -1,0 +1,195 @@
+"""Metadata extraction: the `qmd: metadata:` frontmatter block becomes typed rows on
+`update`, a bad block is rejected per document with the reason, and the body, title
+and keyword search of a document are exactly what they were without metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import write
+
+from qmd.server.index import metadata
+from qmd.server.index.config import Collection
+from qmd.server.index.indexer import index_collection
+from qmd.server.index.store import Store
+from qmd.server.search.lexical import parse_lex, search_fts
+
+
+def block(body: str) -> str:
+    return "---\nqmd:\n  metadata:\n" + "".join(f"    {line}\n" for line in body.strip().split("\n")) + "---\n# T\n"
+
+
+def entries(text: str, path: str = "a.md") -> set[tuple[str, str, object, bool]]:
+    ex = metadata.extract(path, text)
+    assert ex.state == metadata.OK, ex.error
+    return {(e.key, e.type, e.value, e.multi) for e in ex.entries}
+
+
+def test_the_seeds_example_is_typed() -> None:
+    text = block("topics:\n  - typescript\n  - programming\nstatus: published\npriority: 3\nreviewed: true")
+    assert entries(text) == {
+        ("topics", "string", "typescript", True),
+        ("topics", "string", "programming", True),
+        ("status", "string", "published", False),
+        ("priority", "number", 3, False),
+        ("reviewed", "boolean", True, False),
+    }
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "typed"),
+    [
+        ("on", ("string", "on")),  # YAML 1.1 would say True
+        ("yes", ("string", "yes")),
+        ("2025-01-02", ("string", "2025-01-02")),  # 1.1: a date
+        ("1:30", ("string", "1:30")),  # 1.1: 90
+        ("012", ("number", 12)),  # 1.1: octal 10
+        ("0x1F", ("number", 31)),
+        ("1e3", ("number", 1000.0)),  # 1.1: a string
+        ("-2.5", ("number", -2.5)),
+        ("False", ("boolean", False)),
+        ('"42"', ("string", "42")),
+        ('""', ("string", "")),
+    ],
+)
+def test_values_follow_the_yaml_1_2_core_schema(yaml_value: str, typed: tuple[str, object]) -> None:
+    ((key, type_, value, multi),) = entries(block(f"k: {yaml_value}"))
+    assert (type_, value) == typed
+    assert type(value) is type(typed[1])
+
+
+def test_arrays_are_sets() -> None:
+    assert entries(block("tags: [a, b, a]")) == {("tags", "string", "a", True), ("tags", "string", "b", True)}
+    assert entries(block("n: [1, 1.0, 2]")) == {("n", "number", 1, True), ("n", "number", 2, True)}
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("a: null", "qmd.metadata.a: null is not a value"),
+        ("a: ~", "qmd.metadata.a: null is not a value"),
+        ("a:", "qmd.metadata.a: null is not a value"),
+        ("a: {b: 1}", "qmd.metadata.a: nested objects are not supported"),
+        ("a: []", "qmd.metadata.a: an empty array"),
+        ("a: [1, x]", "qmd.metadata.a: a mixed array (number and string)"),
+        ("a: [true, 1]", "qmd.metadata.a: a mixed array (boolean and number)"),
+        ("a: [[1]]", "qmd.metadata.a[0]: nested arrays are not supported"),
+        ("a: .nan", "qmd.metadata.a: nan is not a finite number"),
+        ("a: 99999999999999999999", "outside the 64-bit integer range"),
+        ("1: x", "qmd.metadata: the key 1 is not a non-empty string"),
+        ("a: !!binary aGVsbG8=", "qmd.metadata.a: a bytes is not supported"),
+    ],
+)
+def test_a_bad_block_is_rejected_whole_with_the_reason(body: str, reason: str) -> None:
+    ex = metadata.extract("a.md", block("ok: 1\n" + body))
+    assert ex.state == metadata.REJECTED
+    assert ex.entries == ()
+    assert ex.error is not None and reason in ex.error
+
+
+def test_frontmatter_that_is_not_yaml_is_rejected_only_when_it_names_qmd() -> None:
+    bad = metadata.extract("a.md", "---\nqmd: [\n---\nbody\n")
+    assert bad.state == metadata.REJECTED and bad.error and "not valid YAML at line" in bad.error
+    assert metadata.extract("a.md", "---\ntitle: [\n---\nbody\n").state == metadata.NONE
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# no frontmatter\n",
+        "---\ntitle: x\n---\nbody\n",
+        "---\nqmd:\n  other: 1\n---\n",
+        "---\nqmd:\n  metadata: {}\n---\n",
+        "text\n---\nqmd:\n  metadata:\n    a: 1\n---\n",  # not at the top: not frontmatter
+    ],
+)
+def test_documents_without_a_block_have_none(text: str) -> None:
+    assert metadata.extract("a.md", text).state == metadata.NONE
+
+
+def test_only_markdown_files_carry_metadata() -> None:
+    assert metadata.extract("a.txt", block("a: 1")).state == metadata.NONE
+    assert metadata.extract("notes/a.MD", block("a: 1")).state == metadata.OK
+
+
+def test_qmd_not_a_mapping_is_rejected() -> None:
+    ex = metadata.extract("a.md", "---\nqmd: 3\n---\n")
+    assert ex.state == metadata.REJECTED and ex.error == "qmd: expected a mapping holding 'metadata'"
+    ex = metadata.extract("a.md", "---\nqmd:\n  metadata: [a]\n---\n")
+    assert ex.state == metadata.REJECTED and ex.error == "qmd.metadata: expected a mapping of keys to values"
+
+
+def test_fold_is_ascii_only() -> None:
+    assert metadata.fold("ÄbC-É") == "Äbc-É"
+
+
+def stored(store: Store) -> dict[str, dict[str, object]]:
+    with store.read() as conn:
+        ids = {r[0]: r[1] for r in conn.execute("SELECT id, path FROM documents WHERE active = 1")}
+        got = metadata.fetch(conn, list(ids))
+    return {ids[i]: dict(m) for i, m in got.items()}
+
+
+def test_update_stores_rows_and_an_edit_replaces_them(tmp_path: Path) -> None:
+    root = write(
+        tmp_path / "n",
+        {
+            "a.md": block("status: draft\ntags: [x, y]"),
+            "b.md": "# plain\n",
+            "c.md": block("bad: null"),
+        },
+    )
+    store = Store(tmp_path / "i.sqlite")
+    try:
+        coll = Collection(name="n", path=str(root))
+        index_collection(store, coll)
+        assert stored(store) == {"a.md": {"status": "draft", "tags": ["x", "y"]}}
+        with store.read() as conn:
+            counts = metadata.extraction_counts(conn)
+            states = dict(conn.execute("SELECT path, meta_state FROM documents").fetchall())
+        assert states == {"a.md": metadata.OK, "b.md": metadata.NONE, "c.md": metadata.REJECTED}
+        assert (counts.with_metadata, counts.pending, counts.rejected) == (1, 0, 1)
+        assert counts.examples[0].path == "c.md" and "null" in counts.examples[0].reason
+
+        (root / "a.md").write_text(block("status: published\nreviewed: true"))
+        index_collection(store, coll)
+        assert stored(store) == {"a.md": {"status": "published", "reviewed": True}}
+        (root / "a.md").unlink()
+        index_collection(store, coll)
+        assert stored(store) == {}
+    finally:
+        store.close()
+
+
+def test_the_body_and_keyword_search_are_unchanged_by_metadata(tmp_path: Path) -> None:
+    text = block("status: published") + "sourdough starter\n"
+    root = write(tmp_path / "n", {"a.md": text})
+    store = Store(tmp_path / "i.sqlite")
+    try:
+        index_collection(store, Collection(name="n", path=str(root)))
+        with store.read() as conn:
+            assert conn.execute("SELECT c.doc FROM documents d JOIN content c ON c.hash = d.hash").fetchone()[0] == text
+            assert len(search_fts(conn, parse_lex("published"), None, 5)) == 1  # frontmatter stays searchable
+    finally:
+        store.close()
+
+
+def test_documents_indexed_before_metadata_are_pending_until_the_next_update(tmp_path: Path) -> None:
+    root = write(tmp_path / "n", {"a.md": block("status: draft"), "b.md": "# plain\n"})
+    store = Store(tmp_path / "i.sqlite")
+    try:
+        coll = Collection(name="n", path=str(root))
+        index_collection(store, coll)
+        # What migration 3 leaves behind on an older index: state unknown, no rows.
+        store.write(lambda conn: conn.execute("UPDATE documents SET meta_state = NULL"))
+        store.write(lambda conn: conn.execute("DELETE FROM document_metadata"))
+        with store.read() as conn:
+            assert metadata.extraction_counts(conn).pending == 2
+        summary = index_collection(store, coll)
+        assert summary.unchanged == 2 and summary.metadata_extracted == 2
+        with store.read() as conn:
+            assert metadata.extraction_counts(conn).pending == 0
+        assert stored(store) == {"a.md": {"status": "draft"}}
+    finally:
+        store.close()
