@@ -7,6 +7,7 @@ user are resolved here, against the user's working directory, before they are se
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -133,6 +134,41 @@ def cli(ctx: click.Context, index: str | None) -> None:
 # -- search ----------------------------------------------------------------------
 
 
+class JsonTree(click.ParamType):
+    """A JSON object given inline or as `@file.json` (a filter or a match): parsed here so
+    a typo is pointed at by line and column before anything is sent."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, dict):
+            return value
+        text = str(value)
+        where = "the argument"
+        if text.startswith("@"):
+            where = text[1:]
+            try:
+                text = Path(where).expanduser().read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                self.fail(f"cannot read {where}: {getattr(e, 'strerror', None) or e}", param, ctx)
+        try:
+            tree = json.loads(text)
+        except RecursionError:
+            self.fail(f"{where} nests too deeply", param, ctx)
+        except json.JSONDecodeError as e:
+            self.fail(f"{where} is not JSON: {e.msg} at line {e.lineno}, column {e.colno}", param, ctx)
+        if not isinstance(tree, dict):
+            example = '{"field":"status","operator":"eq","value":"published"}'
+            self.fail(f"{where} must be a JSON object, like '{example}'", param, ctx)
+        return tree
+
+
+FILTER_HELP = (
+    "Only documents whose metadata satisfies this filter: JSON, or @file.json "
+    "(see 'qmd collection metadata' for what to filter on)."
+)
+
+
 def search_options(min_score_default: float) -> Callable[[Callable], Callable]:
     """The options `search` and `vsearch` share."""
 
@@ -159,6 +195,7 @@ def search_options(min_score_default: float) -> Callable[[Callable], Callable]:
             click.option("--full", is_flag=True, help="Show whole documents instead of passages."),
             click.option("--line-numbers", is_flag=True, help="Number passage lines with their file line numbers."),
             click.option("--full-path", is_flag=True, help="Show on-disk paths instead of qmd:// links."),
+            click.option("--filter", "metadata_filter", type=JsonTree(), default=None, help=FILTER_HELP),
             format_options,
             pass_ctx,
         ]
@@ -183,11 +220,12 @@ def run_search(
     collections: tuple[str, ...],
     min_score: float,
     all_results: bool,
+    metadata_filter: dict[str, Any] | None,
     **body: Any,
 ) -> dict:
     fmt = pick_format(fmt, flags)
     limit = limit or (20 if fmt in ("json", "files") else 5)
-    body.update(collections=list(collections) or None, min_score=min_score, all=all_results)
+    body.update(collections=list(collections) or None, min_score=min_score, all=all_results, filter=metadata_filter)
     res = c.call("POST", endpoint, {"query": " ".join(query), "limit": limit, "full": full, **body})
     _warn(res.get("warnings", []))
     text, warnings = formats.render_search(
@@ -218,6 +256,7 @@ def search(
     full: bool,
     line_numbers: bool,
     full_path: bool,
+    metadata_filter: dict[str, Any] | None,
     explain: bool,
     fmt: str | None,
     **flags: bool,
@@ -239,6 +278,7 @@ def search(
         collections=collections,
         min_score=min_score,
         all_results=all_results,
+        metadata_filter=metadata_filter,
         explain=explain,
     )
 
@@ -255,6 +295,7 @@ def vsearch(
     full: bool,
     line_numbers: bool,
     full_path: bool,
+    metadata_filter: dict[str, Any] | None,
     fmt: str | None,
     **flags: bool,
 ) -> None:
@@ -273,6 +314,7 @@ def vsearch(
         collections=collections,
         min_score=min_score,
         all_results=all_results,
+        metadata_filter=metadata_filter,
     )
 
 
@@ -335,6 +377,7 @@ def query(
     full: bool,
     line_numbers: bool,
     full_path: bool,
+    metadata_filter: dict[str, Any] | None,
     intent: str | None,
     candidate_limit: int,
     no_rerank: bool,
@@ -356,6 +399,7 @@ def query(
         collections=collections,
         min_score=min_score,
         all_results=all_results,
+        metadata_filter=metadata_filter,
         explain=explain,
         intent=intent,
         candidate_limit=candidate_limit,

@@ -423,6 +423,8 @@ def _search_json(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], fu
         item["title"] = hit.get("title")
         if hit.get("context"):
             item["context"] = hit["context"]
+        if hit.get("metadata"):
+            item["metadata"] = hit["metadata"]
         item["body" if full else "snippet"] = _content(hit, full, line_numbers)
         if hit.get("explain") is not None:
             item["explain"] = hit["explain"]

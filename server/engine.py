@@ -61,10 +61,10 @@ from qmd.server.search.pointers import (
     SearchOutcome,
     document_ref,
     file_uri,
-    resolve_scope,
 )
 from qmd.server.search.querydoc import QueryDoc
 from qmd.server.search.rerank import Reranker, make_reranker
+from qmd.server.search.scope import resolve_scope
 from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_search
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 
@@ -325,7 +325,6 @@ class Engine:
             space = vectors.find_space(conn, emb.fingerprint)
         if space is None:
             return None, state.message
-        scope = resolve_scope(self.config, collections)
 
         def embed(texts: list[str]) -> list[list[float]]:
             try:
@@ -338,7 +337,7 @@ class Engine:
         return (
             VectorLeg(
                 embed=embed,
-                search=lambda qvec, k: vector_hits(self.store, space, qvec, scope, k),
+                search=lambda qvec, k, scope: vector_hits(self.store, space, qvec, scope, k),
                 model=emb.uri,
                 warning=state.message if state.pending else None,
             ),

@@ -32,6 +32,7 @@ from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConf
 from qmd.server.index.embed_job import EmbedReport
 from qmd.server.index.indexer import Summary
 from qmd.server.index.store import Store
+from qmd.server.search.filters import Filter, parse_filter
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
 from qmd.server.search.pointers import DocumentText, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import SubQueryType, parse_query, typed_query
@@ -156,10 +157,13 @@ class Index:
         min_score: float = 0.0,
         all: bool = False,  # noqa: A002 - the CLI's --all
         full: bool = False,
+        filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
     ) -> SearchOutcome:
-        """Keyword (BM25) search: `.hits` are pointers, best first."""
+        """Keyword (BM25) search: `.hits` are pointers, best first. `filter` is the
+        metadata filter of every surface (a JSON-shaped dict); each hit's `.metadata`
+        holds its document's."""
         scope = list(collections) if collections else None
-        return self.engine.search(query, SearchOptions(scope, limit, min_score, all, full))
+        return self.engine.search(query, SearchOptions(scope, limit, min_score, all, full, filter=_filter(filter)))
 
     def vsearch(
         self,
@@ -170,11 +174,12 @@ class Index:
         min_score: float = 0.3,
         all: bool = False,  # noqa: A002 - the CLI's --all
         full: bool = False,
+        filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
     ) -> SearchOutcome:
         """Vector search; when it cannot run (no model, no vectors yet) keyword results,
         with `degraded` set and the reason in `warnings`."""
         scope = list(collections) if collections else None
-        return self.engine.vsearch(query, SearchOptions(scope, limit, min_score, all, full))
+        return self.engine.vsearch(query, SearchOptions(scope, limit, min_score, all, full, filter=_filter(filter)))
 
     def query(
         self,
@@ -189,6 +194,7 @@ class Index:
         rerank: bool = True,
         budget_ms: float | None = None,
         explain: bool = False,
+        filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
     ) -> HybridOutcome:
         """The hybrid query: a plain `query` (expanded by the generate model) or a query
         document, or typed `searches` (`[("lex", "…"), ("vec", "…")]`). `.stages` says
@@ -204,6 +210,7 @@ class Index:
             rerank=rerank,
             budget_ms=budget_ms,
             explain=explain,
+            filter=_filter(filter),
         )
         return self.engine.query(doc, opts)
 
@@ -220,3 +227,8 @@ class Index:
 
     def status(self) -> IndexStatus:
         return self.engine.status()
+
+
+def _filter(raw: Mapping[str, Any] | None) -> Filter | None:
+    """A filter as every surface takes it; a bad one raises `InvalidInput` naming the node."""
+    return None if raw is None else parse_filter(dict(raw))

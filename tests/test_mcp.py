@@ -160,6 +160,7 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
         "intent",
         "rerank",
         "budgetMs",
+        "filter",
     ]
     assert query["properties"]["limit"]["default"] == 8
     assert query["properties"]["budgetMs"]["default"] == 4000

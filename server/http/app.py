@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qmd import __version__
@@ -142,6 +143,15 @@ def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -
         return JSONResponse(
             {"error": message, "unknown_fields": extra} if extra else {"error": message}, status_code=400
         )
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        """Errors FastAPI raises itself (no such route, a body it cannot parse) in the same
+        `{"error": …}` shape as every other answer."""
+        message = str(exc.detail)
+        if message == "There was an error parsing the body":
+            message = "the request body could not be parsed as JSON (malformed, or nested too deeply)"
+        return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(QmdError)
     async def _qmd(_: Request, exc: QmdError) -> JSONResponse:

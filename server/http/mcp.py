@@ -23,6 +23,7 @@ SDK surface relied on (mcp 2.3.0): `mcp.server.lowlevel.Server` (`on_*` handlers
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -236,7 +237,8 @@ def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
     if out.warnings:
         blocks.append("Warnings:\n" + "\n".join(f"  - {w}" for w in out.warnings))
     for r in results:
-        blocks.append(f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines} - {r.title}\n{r.snippet}")
+        meta = f"\nmetadata: {json.dumps(r.metadata, ensure_ascii=False)}" if r.metadata else ""
+        blocks.append(f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines} - {r.title}{meta}\n{r.snippet}")
     if results:
         first = out.hits[0]
         example = f"{results[0].file}:{first.start_line}:{first.end_line - first.start_line + 1}"

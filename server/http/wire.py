@@ -23,9 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
+from qmd.server.search.filters import Filter, parse_filter
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions, Stage
 from qmd.server.search.pointers import DocumentText, Pointer, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
+from qmd.server.search.scope import FilterReport
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 
 MAX_QUERY_CHARS = 20_000
@@ -52,6 +54,22 @@ def http_status(err: QmdError) -> int:
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
+
+
+FILTER_DESCRIPTION = (
+    "Only documents whose metadata (frontmatter `qmd: metadata:`) satisfies this filter: a JSON tree of"
+    ' conditions {"field": KEY, "operator": OP, "value": V} with OP one of eq ne gt gte lt lte (a string,'
+    " number or boolean), in nin all (an array), contains prefix suffix (a string), type"
+    ' ("string"|"number"|"boolean"), exists (true|false); optional "caseInsensitive": true on string values;'
+    ' combined with {"operator": "and"|"or", "operands": [...]} and {"operator": "not", "operand": {...}}.'
+    ' Matching is typed and exact (3 never equals "3"); arrays match when any element does. Use the'
+    " `metadata` tool (or POST /metadata) to see which keys and values exist."
+)
+
+
+def filter_of(raw: dict[str, Any] | None) -> Filter | None:
+    """The request's filter, parsed; a bad one raises `InvalidInput` naming the node."""
+    return None if raw is None else parse_filter(raw)
 
 
 class SubSearch(Request):
@@ -95,6 +113,7 @@ class QueryFields(Request):
         le=600_000,
         description="Answer within this many milliseconds; stages that do not fit are skipped and reported.",
     )
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION)
 
 
 class QueryRequest(QueryFields):
@@ -156,6 +175,7 @@ def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, Qu
         all_results=isinstance(req, CliQueryRequest) and req.all,
         full=isinstance(req, CliQueryRequest) and req.full,
         max_len=snippet_chars,
+        filter=filter_of(req.filter),
     )
 
 
@@ -169,9 +189,18 @@ class SearchRequest(Request):
     all: bool = False
     full: bool = False
     explain: bool = False
+    filter: dict[str, Any] | None = None
 
     def options(self) -> SearchOptions:
-        return SearchOptions(self.collections, self.limit, self.min_score, self.all, self.full, self.explain)
+        return SearchOptions(
+            self.collections,
+            self.limit,
+            self.min_score,
+            self.all,
+            self.full,
+            self.explain,
+            filter=filter_of(self.filter),
+        )
 
 
 class GetRequest(Request):
@@ -317,6 +346,8 @@ class ResultOut(Response):
     snippet: str
     """The passage under its `@@` header, each line numbered with its real number."""
     explain: dict[str, Any] | None = None
+    metadata: dict[str, Any]
+    """The document's indexed metadata; empty when it has none."""
 
 
 class ExpandedOut(Response):
@@ -346,6 +377,16 @@ class HitOut(Response):
     body: str | None
     terms: list[str]
     explain: dict[str, Any] | None = None
+    metadata: dict[str, Any]
+
+
+class FilterOut(Response):
+    """Under a filter: how much of the scope it could see and admitted."""
+
+    documents: int
+    eligible: int
+    pending: int
+    rejected: int
 
 
 class QueryResponse(Response, Generic[R]):
@@ -361,6 +402,7 @@ class QueryResponse(Response, Generic[R]):
     below_min_score: bool = False
     elapsed_ms: float
     budget_ms: float | None = None
+    filter: FilterOut | None = None
 
 
 class SearchResponse(Response):
@@ -370,6 +412,7 @@ class SearchResponse(Response):
     below_min_score: bool
     warnings: list[str]
     degraded: bool
+    filter: FilterOut | None = None
     editor_uri: str | None = None
     """`editor_uri` from index.yml, for the CLI's editor links (`QMD_EDITOR_URI` wins)."""
 
@@ -416,6 +459,7 @@ def result_out(p: Pointer, *, file: str) -> ResultOut:
         lines=p.lines,
         snippet=p.numbered_snippet(),
         explain=p.explain,
+        metadata=p.metadata,
     )
 
 
@@ -425,6 +469,10 @@ def hit_out(p: Pointer) -> HitOut:
     own = {f.name: getattr(p, f.name) for f in fields(p) if f.name not in ("doc", "fusion", "rerank")}
     hybrid = {"fusion": p.fusion, "rerank": p.rerank} if p.fusion is not None else {}
     return HitOut.model_validate({**asdict(p.doc), **own, **hybrid, "terms": list(p.terms)})
+
+
+def filter_out(report: FilterReport | None) -> FilterOut | None:
+    return None if report is None else FilterOut(**asdict(report))
 
 
 def stage_out(s: Stage) -> StageOut:
@@ -445,6 +493,7 @@ def query_response(
         below_min_score=out.below_min_score,
         elapsed_ms=round(out.elapsed_ms, 1),
         budget_ms=out.budget_ms,
+        filter=filter_out(out.filter),
     )
 
 
@@ -488,4 +537,5 @@ def search_response(out: SearchOutcome, editor_uri: str | None) -> SearchRespons
         warnings=out.warnings,
         degraded=out.degraded,
         editor_uri=editor_uri,
+        filter=filter_out(out.filter),
     )

@@ -10,14 +10,16 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from wcmatch import glob as wglob
 
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound
+from qmd.server.index import metadata
 from qmd.server.index.config import Config
 from qmd.server.index.db import sqlite3
+from qmd.server.index.metadata import Metadata
 
 _DOCID_RE = re.compile(r"^[0-9a-fA-F]{6,64}$")
 _VIRTUAL_RE = re.compile(r"^qmd://([^/]+)/?(.*)$")
@@ -77,6 +79,8 @@ class DocRow:
     hash: str
     modified_at: str
     body: str
+    metadata: Metadata = field(default_factory=dict)
+    """Filled by `fetch_ids`, the lookup every search shapes its results from."""
 
 
 _DOC_SELECT = (
@@ -85,8 +89,8 @@ _DOC_SELECT = (
 )
 
 
-def _row(r: sqlite3.Row) -> DocRow:
-    return DocRow(r["id"], r["collection"], r["path"], r["title"], r["hash"], r["modified_at"], r["body"])
+def _row(r: sqlite3.Row, meta: Metadata | None = None) -> DocRow:
+    return DocRow(r["id"], r["collection"], r["path"], r["title"], r["hash"], r["modified_at"], r["body"], meta or {})
 
 
 def fetch(conn: sqlite3.Connection, collection: str, path: str) -> DocRow | None:
@@ -95,12 +99,13 @@ def fetch(conn: sqlite3.Connection, collection: str, path: str) -> DocRow | None
 
 
 def fetch_ids(conn: sqlite3.Connection, ids: list[int]) -> dict[int, DocRow]:
-    out: dict[int, DocRow] = {}
+    """These documents, with their metadata."""
+    rows: list[sqlite3.Row] = []
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
-        q = _DOC_SELECT + f" AND d.id IN ({','.join('?' * len(chunk))})"
-        out.update((r["id"], _row(r)) for r in conn.execute(q, chunk))
-    return out
+        rows += conn.execute(_DOC_SELECT + f" AND d.id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+    metas = metadata.fetch(conn, [r["id"] for r in rows])
+    return {r["id"]: _row(r, metas.get(r["id"])) for r in rows}
 
 
 def by_docid(conn: sqlite3.Connection, docid: str, collections: list[str]) -> DocRow:

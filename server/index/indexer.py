@@ -22,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Literal, TypeAlias
 
 from wcmatch import glob as wglob
@@ -508,7 +509,7 @@ def _extract_pending(store: Store, collection: str) -> int:
                 part,
             ).fetchall()
         found = [(doc_id, metadata.extract(path, body)) for doc_id, path, body in rows]
-        store.write(lambda conn, found=found: metadata.store_many(conn, found))
+        store.write(partial(metadata.store_many, extracted=found))
     return len(ids)
 
 

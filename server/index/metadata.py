@@ -69,7 +69,7 @@ def value_type(value: Scalar) -> ValueType:
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _CoreLoader(_BaseLoader):  # type: ignore[misc]  # CSafeLoader is untyped in the stubs
+class _CoreLoader(_BaseLoader):
     """SafeLoader with the YAML 1.2 core schema's implicit types."""
 
 
@@ -248,6 +248,31 @@ def extract(path: str, text: str) -> Extracted:
     return Extracted(OK, tuple(entries))
 
 
+@dataclass(frozen=True)
+class DocFilter:
+    """A metadata filter compiled for this store: a boolean SQL expression over
+    `documents d`, and its parameters."""
+
+    sql: str
+    params: tuple[object, ...]
+
+
+def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
+    """`SELECT id FROM documents …`: the documents a search of `collection` (None: every
+    collection) may return. Under a filter only active documents whose metadata was
+    extracted and accepted qualify: pending and rejected ones cannot satisfy a filter,
+    not even `exists: false`."""
+    where: list[str] = []
+    params: list[object] = []
+    if collection is not None:
+        where.append("d.collection = ?")
+        params.append(collection)
+    if doc_filter is not None:
+        where.append(f"d.active = 1 AND d.meta_state IN (0, 1) AND ({doc_filter.sql})")
+        params.extend(doc_filter.params)
+    return "SELECT d.id FROM documents d" + (" WHERE " + " AND ".join(where) if where else ""), params
+
+
 # -- storage ------------------------------------------------------------------------
 
 
@@ -312,6 +337,8 @@ class Rejection:
 class ExtractionCounts:
     """What a filtered search cannot see, for `status` and for the answer's warnings."""
 
+    documents: int
+    """Active documents in scope."""
     with_metadata: int
     pending: int
     rejected: int
@@ -330,8 +357,8 @@ def extraction_counts(
             list(collections),
         )
     )
-    ok, pending, rejected = conn.execute(
-        "SELECT coalesce(sum(meta_state = 1), 0), coalesce(sum(meta_state IS NULL), 0),"
+    total, ok, pending, rejected = conn.execute(
+        "SELECT count(*), coalesce(sum(meta_state = 1), 0), coalesce(sum(meta_state IS NULL), 0),"
         f" coalesce(sum(meta_state = 2), 0) FROM documents WHERE active = 1{scope}",
         args,
     ).fetchone()
@@ -340,4 +367,12 @@ def extraction_counts(
         " ORDER BY collection, path LIMIT ?",
         [*args, examples],
     ).fetchall()
-    return ExtractionCounts(ok, pending, rejected, tuple(Rejection(c, p, r or "") for c, p, r in shown))
+    return ExtractionCounts(total, ok, pending, rejected, tuple(Rejection(c, p, r or "") for c, p, r in shown))
+
+
+def count_eligible(conn: sqlite3.Connection, collections: Sequence[str], doc_filter: DocFilter) -> int:
+    total = 0
+    for name in collections:
+        sql, params = ids_sql(name, doc_filter)
+        total += conn.execute(f"SELECT count(*) FROM ({sql})", params).fetchone()[0]
+    return int(total)

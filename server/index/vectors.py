@@ -15,13 +15,19 @@ search is a KNN statement first, then plain lookups.
 from __future__ import annotations
 
 import array
+import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from qmd.server.index.db import sqlite3
+from qmd.server.index.metadata import DocFilter, ids_sql
 from qmd.server.index.store import utcnow
 
 MAX_K = 4096
+DENSE = 0.1
+"""A filter admitting at least this share of a collection is searched by widening an
+unfiltered KNN; a sparser one by a KNN restricted to the eligible rows."""
 
 
 def pack(vector: Sequence[float]) -> bytes:
@@ -230,29 +236,101 @@ class VecHit:
     end_line: int
 
 
-def search(conn: sqlite3.Connection, space: Space, query: Sequence[float], collection: str, limit: int) -> list[VecHit]:
+def search(
+    conn: sqlite3.Connection,
+    space: Space,
+    query: Sequence[float],
+    collection: str,
+    limit: int,
+    doc_filter: DocFilter | None = None,
+) -> list[VecHit]:
     """Nearest documents of one collection: KNN over its partition (widened until
     `limit` distinct documents are found), then chunk → document lookups, keeping
-    each document's nearest chunk."""
+    each document's nearest chunk.
+
+    Under a metadata filter the answer is the exact top `limit` of the eligible
+    documents, however selective the filter. A dense filter widens the unfiltered KNN
+    until enough eligible documents turn up (a few of them are skipped, nothing is
+    approximated); a sparse one, or a dense one whose eligible documents lie beyond
+    the largest KNN, restricts the KNN to the eligible documents' rows."""
     cid = collection_id(conn, collection, create=False)
     if cid is None:
         return []
-    table = _vec_table(space.id)
     qblob = pack(query)
     k = min(MAX_K, max(limit * 3, 10))
+    eligible: set[int] | None = None
+    if doc_filter is not None:
+        sql, params = ids_sql(collection, doc_filter)
+        eligible = {r[0] for r in conn.execute(sql, params)}
+        total = conn.execute(
+            "SELECT count(*) FROM documents WHERE collection = ? AND active = 1", (collection,)
+        ).fetchone()[0]
+        if not eligible:
+            return []
+        share = len(eligible) / max(total, 1)
+        if share < DENSE:
+            return _search_eligible(conn, space, qblob, cid, collection, limit, eligible, doc_filter)
+        k = min(MAX_K, math.ceil(k / share))
     while True:
-        knn = conn.execute(
-            f"SELECT rowid, distance FROM {table} WHERE embedding MATCH ? AND k = ? AND collection_id = ?",
-            (qblob, k, cid),
-        ).fetchall()
-        best = _documents_for(conn, [(r[0], r[1]) for r in knn], collection)
-        if len(best) >= limit or len(knn) < k or k >= MAX_K:
+        knn = _knn(conn, space, qblob, k, cid)
+        best = _documents_for(conn, knn, collection, eligible)
+        if len(best) >= limit or len(knn) < k:
+            break
+        if k >= MAX_K:
+            if eligible is not None and doc_filter is not None:
+                return _search_eligible(conn, space, qblob, cid, collection, limit, eligible, doc_filter)
             break
         k = min(MAX_K, k * 4)
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
 
 
-def _documents_for(conn: sqlite3.Connection, knn: list[tuple[int, float]], collection: str) -> dict[int, VecHit]:
+def _knn(
+    conn: sqlite3.Connection, space: Space, qblob: bytes, k: int, cid: int, rowids: list[int] | None = None
+) -> list[tuple[int, float]]:
+    within = "" if rowids is None else " AND rowid IN (SELECT value FROM json_each(?))"
+    return conn.execute(
+        f"SELECT rowid, distance FROM {_vec_table(space.id)} WHERE embedding MATCH ? AND k = ? AND collection_id = ?"
+        + within,
+        (qblob, k, cid, *(() if rowids is None else (json.dumps(rowids),))),
+    ).fetchall()
+
+
+def _search_eligible(
+    conn: sqlite3.Connection,
+    space: Space,
+    qblob: bytes,
+    cid: int,
+    collection: str,
+    limit: int,
+    eligible: set[int],
+    doc_filter: DocFilter,
+) -> list[VecHit]:
+    """KNN over the eligible documents' rows only: exact whatever their share."""
+    sql, params = ids_sql(collection, doc_filter)
+    rowids = [
+        r[0]
+        for r in conn.execute(
+            "SELECT vr.id FROM vector_rows vr JOIN content_vectors cv ON cv.id = vr.chunk_id"
+            f" WHERE vr.space_id = ? AND vr.collection_id = ? AND cv.hash IN (SELECT hash FROM documents"
+            f" WHERE id IN ({sql}))",
+            (space.id, cid, *params),
+        )
+    ]
+    if not rowids:
+        return []
+    k = min(MAX_K, max(limit * 3, 10), len(rowids))
+    while True:
+        knn = _knn(conn, space, qblob, k, cid, rowids)
+        best = _documents_for(conn, knn, collection, eligible)
+        if len(best) >= limit or len(knn) < k or k >= min(MAX_K, len(rowids)):
+            break
+        k = min(MAX_K, k * 4, len(rowids))
+    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
+
+
+def _documents_for(
+    conn: sqlite3.Connection, knn: list[tuple[int, float]], collection: str, eligible: set[int] | None = None
+) -> dict[int, VecHit]:
     best: dict[int, VecHit] = {}
     for i in range(0, len(knn), 500):
         part = knn[i : i + 500]
@@ -273,6 +351,8 @@ def _documents_for(conn: sqlite3.Connection, knn: list[tuple[int, float]], colle
             [collection, *by_hash],
         ).fetchall()
         for doc_id, h in docs:
+            if eligible is not None and doc_id not in eligible:
+                continue
             d, pos, end, sl, el = min(by_hash[h])
             if doc_id not in best or d < best[doc_id].distance:
                 best[doc_id] = VecHit(doc_id, d, pos, end, sl, el)

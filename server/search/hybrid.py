@@ -32,12 +32,14 @@ from qmd.server.index.documents import DocRow, fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.index.vectors import VecHit
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
+from qmd.server.search.filters import Filter
 from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
 from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
-from qmd.server.search.pointers import Pointer, point_at, resolve_scope
+from qmd.server.search.pointers import Pointer, point_at
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
 from qmd.server.search.rerank import Reranker
+from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
 
 LIST_FETCH = 20
@@ -78,6 +80,7 @@ class QueryOptions:
     explain: bool = False
     full: bool = False
     max_len: int = 300
+    filter: Filter | None = None
 
 
 class Skipped(NamedTuple):
@@ -94,6 +97,7 @@ class HybridOutcome:
     below_min_score: bool = False
     elapsed_ms: float = 0.0
     budget_ms: float | None = None
+    filter: FilterReport | None = None
 
     @property
     def skipped(self) -> list[Skipped]:
@@ -132,7 +136,7 @@ class VectorLeg:
     """What the vector stage needs: query embedding and a KNN over the scope."""
 
     embed: Callable[[list[str]], list[list[float]]]
-    search: Callable[[Sequence[float], int], list[VecHit]]
+    search: Callable[[Sequence[float], int, Scope], list[VecHit]]
     model: str
     warning: str | None = None  # e.g. documents still pending
 
@@ -192,10 +196,10 @@ class HybridQuery:
         clock = _Clock(opts.budget_ms)
         stages: list[Stage] = []
         out = HybridOutcome(hits=[], stages=stages, budget_ms=opts.budget_ms)
-        scope = resolve_scope(self.config, opts.collections)
+        scope = scope_of(self.config, opts.collections, opts.filter)
         primary = primary_text(doc)
         lexq = parse_lex(primary)
-        if not scope:
+        if not scope.collections:
             out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
             return out
         lists: list[RankedList] = []
@@ -225,10 +229,12 @@ class HybridQuery:
         )
         with self.store.read() as conn:
             docs = fetch_ids(conn, [c.doc_id for c in candidates])
+            out.filter = filter_report(conn, scope)
         candidates = [c for c in candidates if c.doc_id in docs]
         iterms = intent_terms(doc.intent)
         rerank = self._rerank(candidates, docs, vec_hits, primary, doc.intent, lexq.terms, iterms, opts, clock, stages)
         self._shape(candidates, docs, vec_hits, rerank, lexq.terms, iterms, opts, out)
+        out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit)
         out.warnings = list(dict.fromkeys(out.warnings))
         out.elapsed_ms = clock.elapsed_ms()
         return out
@@ -239,7 +245,7 @@ class HybridQuery:
         self,
         doc: QueryDoc,
         opts: QueryOptions,
-        scope: list[str],
+        scope: Scope,
         clock: _Clock,
         stages: list[Stage],
         lists: list[RankedList],
@@ -301,25 +307,31 @@ class HybridQuery:
             subs += [_Sub(k, v, 1.0) for k, v in exp.lines]
         return subs
 
-    def _reserve_after_expand(self, opts: QueryOptions, scope: list[str]) -> float:
+    def _reserve_after_expand(self, opts: QueryOptions, scope: Scope) -> float:
         """What must still fit after expansion: vectors for a few texts, rerank of the candidates."""
         total = SHAPE_RESERVE_S + 3 * self.costs.estimate("fts")
         vec = self.legs.vector
         if vec:
-            total += 3 * (self.costs.estimate("embed", vec.model) + len(scope) * self.costs.estimate("vsearch"))
+            total += 3 * (
+                self.costs.estimate("embed", vec.model) + len(scope.collections) * self.costs.estimate("vsearch")
+            )
         rr = self.legs.reranker
         if rr and opts.rerank:
             total += min(opts.candidate_limit, self._documents_in(scope)) * self.costs.estimate("rerank", rr.uri)
         return total
 
-    def _documents_in(self, scope: list[str]) -> int:
+    def _documents_in(self, scope: Scope) -> int:
+        """Documents a search of `scope` can return (under a filter, the eligible ones)."""
         with self.store.read() as conn:
-            marks = ",".join("?" * len(scope))
+            report = filter_report(conn, scope)
+            if report is not None:
+                return report.eligible
+            marks = ",".join("?" * len(scope.collections))
             return conn.execute(
-                f"SELECT COUNT(*) FROM documents WHERE active = 1 AND collection IN ({marks})", scope
+                f"SELECT COUNT(*) FROM documents WHERE active = 1 AND collection IN ({marks})", scope.collections
             ).fetchone()[0]
 
-    def _fts(self, text: str, scope: list[str]) -> list:
+    def _fts(self, text: str, scope: Scope) -> list:
         lexq = parse_lex(text)
         if not lexq.positives:
             return []
@@ -331,7 +343,7 @@ class HybridQuery:
     def _keyword(
         self,
         subs: list[_Sub],
-        scope: list[str],
+        scope: Scope,
         stages: list[Stage],
         lists: list[RankedList],
         expansion_lists: list[int],
@@ -363,7 +375,7 @@ class HybridQuery:
     def _vectors(
         self,
         subs: list[_Sub],
-        scope: list[str],
+        scope: Scope,
         opts: QueryOptions,
         clock: _Clock,
         stages: list[Stage],
@@ -380,7 +392,7 @@ class HybridQuery:
         if leg is None:
             stages.append(Stage("vector", "skipped", 0, f"{self.legs.vector_reason}; not run: {not_run}"))
             return
-        per_text = self.costs.estimate("embed", leg.model) + len(scope) * self.costs.estimate("vsearch")
+        per_text = self.costs.estimate("embed", leg.model) + len(scope.collections) * self.costs.estimate("vsearch")
         fit = int(max(clock.remaining() - SHAPE_RESERVE_S, 0) / per_text) if clock.deadline else len(wanted)
         if fit < 1:
             stages.append(
@@ -406,7 +418,7 @@ class HybridQuery:
         self.costs.observe("embed", t_embed, len(run), model=leg.model)
         t2 = time.perf_counter()
         for sub, qvec in zip(run, qvecs):
-            hits = leg.search(qvec, LIST_FETCH)
+            hits = leg.search(qvec, LIST_FETCH, scope)
             for h in hits:
                 if h.doc_id not in vec_hits or h.distance < vec_hits[h.doc_id].distance:
                     vec_hits[h.doc_id] = h
@@ -415,7 +427,7 @@ class HybridQuery:
             )
             if sub.kind != "original":
                 expansion_lists.append(len(lists) - 1)
-        self.costs.observe("vsearch", time.perf_counter() - t2, len(run) * len(scope))
+        self.costs.observe("vsearch", time.perf_counter() - t2, len(run) * len(scope.collections))
         detail = f"{len(run)} queries embedded in {t_embed * 1000:.0f} ms"
         if len(run) < len(wanted):
             detail += f"; budget: {len(wanted) - len(run)} of {len(wanted)} vector queries dropped"

@@ -14,7 +14,8 @@ from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow, fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.search.lexical import LexQuery, parse_lex, search_fts
-from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, resolve_scope
+from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at
+from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
 
 MAX_QUERY_CHARS = 20_000
 ALL_LIMIT = 100_000
@@ -30,11 +31,11 @@ class KeywordHit:
     total: int
 
 
-def lexical_hits(store: Store, query: LexQuery, scope: list[str], fetch: int) -> list[KeywordHit]:
+def lexical_hits(store: Store, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
     with store.read() as conn:
         best: dict[int, tuple[float, int, int]] = {}
-        for name in scope:
-            for h in search_fts(conn, query, name, fetch):
+        for name in scope.collections:
+            for h in search_fts(conn, query, name, fetch, scope.doc_filter):
                 if h.doc_id not in best or h.score > best[h.doc_id][0]:
                     best[h.doc_id] = (h.score, h.matched, h.total)
         ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:fetch]
@@ -47,7 +48,7 @@ def search(store: Store, config: Config, query: str, opts: SearchOptions, index_
         raise InvalidInput(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
     if opts.limit < 1:
         raise InvalidInput("limit must be at least 1")
-    scope = resolve_scope(config, opts.collections)
+    scope = scope_of(config, opts.collections, opts.filter)
     lexq = parse_lex(query)
     out = SearchOutcome(hits=[], terms=lexq.terms)
     if lexq.truncated:
@@ -57,11 +58,13 @@ def search(store: Store, config: Config, query: str, opts: SearchOptions, index_
     if not lexq.positives:
         out.warnings.append("the query has no searchable terms (only negations, punctuation or nothing)")
         return out
-    if not scope:
+    if not scope.collections:
         out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
         return out
     fetch = ALL_LIMIT if opts.all_results else max(50, 2 * opts.limit)
     hits = lexical_hits(store, lexq, scope, fetch)
+    with store.read() as conn:
+        out.filter = filter_report(conn, scope)
     kept = [h for h in hits if h.score >= opts.min_score]
     out.below_min_score = bool(hits) and not kept
     if not opts.all_results:
@@ -79,4 +82,5 @@ def search(store: Store, config: Config, query: str, opts: SearchOptions, index_
         )
         for h in kept
     ]
+    out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit)
     return out

@@ -45,6 +45,8 @@ import unicodedata
 from dataclasses import dataclass
 from itertools import groupby
 
+from qmd.server.index.metadata import DocFilter, ids_sql
+
 __all__ = [
     "LexHit",
     "LexQuery",
@@ -311,7 +313,7 @@ def lex_score(bm25: float, matched: int, total: int) -> float:
 
 
 def _full_matches(
-    conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int
+    conn: sqlite3.Connection, query: LexQuery, scope: tuple[str, list[object]] | None, limit: int
 ) -> list[tuple[int, float, int]]:
     """Best ``limit`` documents containing every positive item, as (doc_id, bm25, matched).
 
@@ -319,17 +321,17 @@ def _full_matches(
     constraint the planner hands it to FTS5 as one lookup per document of the collection, and
     each lookup re-reads the query's doclists (measured: 200 ms instead of 1.5 ms on 5k docs).
     """
-    scope = "" if collection is None else (" AND +rowid IN (SELECT id FROM documents WHERE collection = ?)")
+    within, args = ("", []) if scope is None else (f" AND +rowid IN ({scope[0]})", scope[1])
     rows = conn.execute(
-        f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{scope} ORDER BY s, rowid LIMIT ?",
-        (query.match_all(), *(() if collection is None else (collection,)), limit),
+        f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{within} ORDER BY s, rowid LIMIT ?",
+        (query.match_all(), *args, limit),
     ).fetchall()
     total = len(query.positives)
     return [(doc_id, bm25, total) for doc_id, bm25 in rows]
 
 
 def _ranked_matches(
-    conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int
+    conn: sqlite3.Connection, query: LexQuery, scope: tuple[str, list[object]] | None, limit: int
 ) -> list[tuple[int, float, int]]:
     """Best ``limit`` documents containing any positive item, by (items matched desc, bm25).
 
@@ -345,11 +347,11 @@ def _ranked_matches(
     """
     exclusion = query._exclusion()
     items = json.dumps([item + exclusion for item in query.positives], ensure_ascii=False)
-    scope = "" if collection is None else (" WHERE +id IN (SELECT id FROM documents WHERE collection = ?)")
+    within, args = ("", []) if scope is None else (f" WHERE +id IN ({scope[0]})", scope[1])
     return conn.execute(
         "WITH hits(id) AS (SELECT documents_fts.rowid FROM json_each(?) AS item"
         "  CROSS JOIN documents_fts WHERE documents_fts MATCH item.value),"
-        f" matched(id, k) AS MATERIALIZED (SELECT id, count(*) FROM hits{scope} GROUP BY id),"
+        f" matched(id, k) AS MATERIALIZED (SELECT id, count(*) FROM hits{within} GROUP BY id),"
         " levels(k, n) AS (SELECT k, count(*) FROM matched GROUP BY k),"
         " cutoff(k) AS (SELECT coalesce(max(k), 1) FROM levels AS l"
         "  WHERE (SELECT sum(n) FROM levels WHERE k >= l.k) >= ?)"
@@ -357,11 +359,17 @@ def _ranked_matches(
         " FROM documents_fts CROSS JOIN matched ON matched.id = documents_fts.rowid"
         " WHERE documents_fts MATCH ? AND matched.k >= (SELECT k FROM cutoff)"
         " ORDER BY matched.k DESC, s, documents_fts.rowid LIMIT ?",
-        (items, *(() if collection is None else (collection,)), limit, query.match_any(), limit),
+        (items, *args, limit, query.match_any(), limit),
     ).fetchall()
 
 
-def search_fts(conn: sqlite3.Connection, query: LexQuery, collection: str | None, limit: int) -> list[LexHit]:
+def search_fts(
+    conn: sqlite3.Connection,
+    query: LexQuery,
+    collection: str | None,
+    limit: int,
+    doc_filter: DocFilter | None = None,
+) -> list[LexHit]:
     """Return the best ``limit`` documents for ``query``: most items matched first, then BM25.
 
     Expects ``documents_fts`` (rowid = ``documents.id``, active documents only) and
@@ -374,13 +382,18 @@ def search_fts(conn: sqlite3.Connection, query: LexQuery, collection: str | None
     outrank everything) and it is the cheap case. Otherwise one statement ranks every
     partial match. bm25 depends only on the document and the query's phrase list, which the
     AND and OR expressions share, so values from the two statements are comparable.
+
+    A metadata filter sits inside the same statements as the collection, so a filtered
+    search is as exact as an unfiltered one: the top ``limit`` of the eligible documents,
+    however few of them there are.
     """
     if limit <= 0 or not query.positives:
         return []
     total = len(query.positives)
-    rows = _full_matches(conn, query, collection, limit)
+    scope = None if collection is None and doc_filter is None else ids_sql(collection, doc_filter)
+    rows = _full_matches(conn, query, scope, limit)
     if total > 1 and len(rows) < limit:
-        rows = _ranked_matches(conn, query, collection, limit)
+        rows = _ranked_matches(conn, query, scope, limit)
     hits = [LexHit(doc_id, bm25, matched, total, lex_score(bm25, matched, total)) for doc_id, bm25, matched in rows]
     hits.sort(key=lambda hit: (-hit.score, hit.doc_id))
     return hits

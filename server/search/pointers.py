@@ -14,6 +14,9 @@ from urllib.parse import quote
 
 from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow
+from qmd.server.index.metadata import Metadata
+from qmd.server.search.filters import Filter
+from qmd.server.search.scope import FilterReport
 from qmd.server.search.snippets import best_passage, snippet_header
 
 
@@ -61,6 +64,8 @@ class Pointer:
     """Hybrid query: the reranker's relevance, None when it did not score this one."""
     explain: dict[str, Any] | None = None
     """Why it ranked where it did (`--explain`): a trace, shaped by the stage that made it."""
+    metadata: Metadata = field(default_factory=dict)
+    """The document's indexed metadata (`qmd: metadata:`), empty when it has none."""
 
     @property
     def lines(self) -> str:
@@ -88,6 +93,8 @@ class SearchOptions:
     explain: bool = False
     max_len: int = 500
     """Longest passage, in characters."""
+    filter: Filter | None = None
+    """Only documents whose metadata satisfies it."""
 
 
 @dataclass
@@ -101,15 +108,8 @@ class SearchOutcome:
     terms: tuple[str, ...] = ()
     degraded: bool = False
     """A vector search that could not run answered with keyword results."""
-
-
-def resolve_scope(config: Config, collections: list[str] | None) -> list[str]:
-    """Named collections (each must exist), else the default ones (`includeByDefault`)."""
-    if collections:
-        for name in collections:
-            config.get(name)
-        return list(dict.fromkeys(collections))
-    return config.default_names()
+    filter: FilterReport | None = None
+    """Under a filter: how much of the scope it could see and admitted."""
 
 
 def file_uri(collection: str, path: str, index_name: str | None) -> str:
@@ -158,6 +158,7 @@ def point_at(
         body=doc.body if full else None,
         terms=terms,
         explain=explain,
+        metadata=doc.metadata,
     )
 
 

@@ -15,7 +15,8 @@ from qmd.server.index.config import Config
 from qmd.server.index.documents import fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.search.lexical import parse_lex
-from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, resolve_scope
+from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at
+from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
 
 
 class VectorUnavailable(Unavailable):
@@ -33,13 +34,14 @@ def vector_search(
 ) -> SearchOutcome:
     """Nearest documents by cosine similarity (score = 1 − cosine distance), each
     pointing at the line range of its nearest chunk; per collection, then merged."""
-    scope = resolve_scope(config, opts.collections)
+    scope = scope_of(config, opts.collections, opts.filter)
     terms = parse_lex(query).terms
     out = SearchOutcome(hits=[], terms=terms)
     fetch = vectors.MAX_K if opts.all_results else max(20, 2 * opts.limit)
     ranked = vector_hits(store, space, query_vector, scope, fetch)
     with store.read() as conn:
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
+        out.filter = filter_report(conn, scope)
     scored = [(h, 1.0 - h.distance) for h in ranked if h.doc_id in docs]
     kept = [(h, sc) for h, sc in scored if sc >= opts.min_score]
     out.below_min_score = bool(scored) and not kept
@@ -58,17 +60,18 @@ def vector_search(
         )
         for h, sc in kept
     ]
+    out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit)
     return out
 
 
 def vector_hits(
-    store: Store, space: vectors.Space, query_vector: Sequence[float], scope: list[str], fetch: int
+    store: Store, space: vectors.Space, query_vector: Sequence[float], scope: Scope, fetch: int
 ) -> list[vectors.VecHit]:
     """Each document's nearest chunk over the collections in `scope`, nearest first."""
     best: dict[int, vectors.VecHit] = {}
     with store.read() as conn:
-        for name in scope:
-            for h in vectors.search(conn, space, query_vector, name, fetch):
+        for name in scope.collections:
+            for h in vectors.search(conn, space, query_vector, name, fetch, scope.doc_filter):
                 if h.doc_id not in best or h.distance < best[h.doc_id].distance:
                     best[h.doc_id] = h
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:fetch]

@@ -1,0 +1,84 @@
+"""What a search may return: the collections in scope, narrowed by a metadata filter,
+and what the answer must say about the documents a filter cannot see.
+
+Every search leg (keyword, vector, each list of the hybrid query) takes one `Scope`,
+so a filter narrows every leg the same way, before fusion and reranking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qmd.server.index import metadata
+from qmd.server.index.config import Config
+from qmd.server.index.db import sqlite3
+from qmd.server.index.metadata import DocFilter
+from qmd.server.search.filters import Filter, filter_sql
+
+
+@dataclass(frozen=True)
+class Scope:
+    collections: list[str]
+    filter: Filter | None = None
+    doc_filter: DocFilter | None = None
+    """`filter`, compiled for the store."""
+
+
+def resolve_scope(config: Config, collections: list[str] | None) -> list[str]:
+    """Named collections (each must exist), else the default ones (`includeByDefault`)."""
+    if collections:
+        for name in collections:
+            config.get(name)
+        return list(dict.fromkeys(collections))
+    return config.default_names()
+
+
+def scope_of(config: Config, collections: list[str] | None, f: Filter | None = None) -> Scope:
+    names = resolve_scope(config, collections)
+    if f is None:
+        return Scope(names)
+    sql, params = filter_sql(f, "d")
+    return Scope(names, f, DocFilter(sql, tuple(params)))
+
+
+@dataclass(frozen=True)
+class FilterReport:
+    """How much of the scope a filter could see and admitted."""
+
+    documents: int
+    """Active documents in scope."""
+    eligible: int
+    """Documents the filter admits."""
+    pending: int
+    """Documents whose metadata is not extracted yet (run `qmd update`): no filter sees them."""
+    rejected: int
+    """Documents whose metadata was rejected (`qmd status` says why): no filter sees them."""
+
+
+def filter_report(conn: sqlite3.Connection, scope: Scope) -> FilterReport | None:
+    if scope.doc_filter is None:
+        return None
+    counts = metadata.extraction_counts(conn, scope.collections, examples=0)
+    eligible = metadata.count_eligible(conn, scope.collections, scope.doc_filter)
+    return FilterReport(counts.documents, eligible, counts.pending, counts.rejected)
+
+
+def filter_warnings(report: FilterReport | None, returned: int, limit: int) -> list[str]:
+    """What a filtered answer must say: documents the filter could not see, and why a
+    short list is short."""
+    if report is None:
+        return []
+    out = []
+    if report.pending:
+        out.append(
+            f"{report.pending} documents in scope are pending metadata extraction and cannot match a filter;"
+            " run 'qmd update'"
+        )
+    if report.rejected:
+        out.append(
+            f"{report.rejected} documents in scope have metadata that could not be read and cannot match a filter;"
+            " 'qmd status' says which and why"
+        )
+    if returned < limit and report.eligible < limit:
+        out.append(f"the filter admits {report.eligible} of {report.documents} documents")
+    return out
