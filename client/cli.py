@@ -748,6 +748,7 @@ def status(c: Ctx) -> None:
             lines.append(f"    Files:    {col['files']} (updated {_ago(col['updated_at'])})")
             if col["contexts"]:
                 lines.append(f"    Contexts: {len(col['contexts'])}")
+            lines += _metadata_lines(col.get("metadata"))
             for w in (col.get("last_run") or {}).get("warnings", []):
                 lines.append(f"    ⚠ {w}")
             if col["skipped"]:
@@ -758,6 +759,22 @@ def status(c: Ctx) -> None:
     else:
         lines += ["", "No collections yet. Add one with: qmd collection add <folder> --name <name>"]
     _out("\n".join(lines))
+
+
+def _metadata_lines(meta: dict[str, Any] | None) -> list[str]:
+    """`qmd status`: what a filter can see in a collection, and what it cannot (and why)."""
+    if not meta or not (meta["with_metadata"] or meta["pending"] or meta["rejected"]):
+        return []
+    parts = [f"{meta['with_metadata']} files"]
+    if meta["pending"]:
+        parts.append(f"{meta['pending']} documents pending extraction (run 'qmd update')")
+    if meta["rejected"]:
+        parts.append(f"{meta['rejected']} rejected")
+    lines = [f"    Metadata: {', '.join(parts)}"]
+    lines += [f"      {x['path']}: {x['reason']}" for x in meta["examples"]]
+    if meta["rejected"] > len(meta["examples"]):
+        lines.append(f"      … and {meta['rejected'] - len(meta['examples'])} more")
+    return lines
 
 
 # -- collections -----------------------------------------------------------------

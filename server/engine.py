@@ -17,7 +17,7 @@ from pathlib import Path
 from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
-from qmd.server.index import catalog, vectors
+from qmd.server.index import catalog, metadata, vectors
 from qmd.server.index.config import (
     DEFAULT_PATTERN,
     Collection,
@@ -178,6 +178,7 @@ class Engine:
         cfg = self.config
         with self.store.read() as conn:
             states = catalog.collection_states(conn)
+            extraction = {name: metadata.extraction_counts(conn, [name]) for name in cfg.collections}
         unindexed = catalog.CollectionState()
         return [
             CollectionInfo(
@@ -193,6 +194,7 @@ class Engine:
                 updated_at=st.updated_at,
                 last_run=st.last_run,
                 skipped=list(st.skipped),
+                metadata=extraction[c.name],
             )
             for c, st in ((c, states.get(c.name, unindexed)) for c in cfg.collections.values())
         ]
@@ -599,12 +601,12 @@ class Engine:
 
     def doctor(self) -> dict:
         """Everything worth knowing when something is off; loads no model."""
-        from importlib import metadata
+        from importlib import metadata as packages
 
         def version(pkg: str) -> str | None:
             try:
-                return metadata.version(pkg)
-            except metadata.PackageNotFoundError:
+                return packages.version(pkg)
+            except packages.PackageNotFoundError:
                 return None
 
         models = []

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qmd.server.index.catalog import LastRun, SkippedFile
+from qmd.server.index.metadata import ExtractionCounts
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class CollectionInfo:
     updated_at: str | None
     last_run: LastRun | None
     skipped: list[SkippedFile] = field(default_factory=list)
+    metadata: ExtractionCounts | None = None
+    """What a filter can see here: documents with metadata, pending, rejected (and why)."""
 
 
 @dataclass(frozen=True)

@@ -179,3 +179,10 @@ def test_library_filters_like_every_surface(served: tuple[Env, Daemon, Path], tm
         assert {h.doc.path: h.metadata.get("priority") for h in out.hits} == {"ts-guide.md": 3, "sql.md": "high"}
         with pytest.raises(qmd.InvalidInput, match=r"filter\.operator"):
             index.search("x", filter={"field": "a", "operator": "like", "value": "b"})
+
+
+def test_status_says_what_a_filter_can_and_cannot_see(served: tuple[Env, Daemon, Path]) -> None:
+    env, _, _ = served
+    out = env.ok("status")
+    assert "Metadata: 3 files, 1 rejected" in out
+    assert "broken.md: qmd.metadata.owner: null is not a value" in out

@@ -21,7 +21,7 @@ import pytest
 from conftest import NOTES, Env, write
 
 from qmd.server.errors import IndexTooNew, MigrationFailed
-from qmd.server.index import catalog, schema, vectors
+from qmd.server.index import catalog, metadata, schema, vectors
 from qmd.server.index.config import Collection
 from qmd.server.index.db import sqlite3
 from qmd.server.index.indexer import index_collection
@@ -129,6 +129,7 @@ def test_a_release_index_upgrades_and_keeps_its_documents(tmp_path: Path, with_v
         assert finds(store, "sourdough") == ["cooking/bread.md"]
         with store.read() as conn:
             assert vectors.count_vectors(conn, None).stale_contents == 0
+            assert metadata.extraction_counts(conn).pending == len(NOTES)  # until the next update
     finally:
         store.close()
     assert user_version(db) == LATEST
