@@ -667,6 +667,9 @@ def pull(c: Ctx, refresh: bool) -> None:
                 click.echo(f"  ✓ {how}: {ev['path']} ({_fmt_bytes(ev['size'])})")
             else:
                 click.echo(f"  ✓ {ev.get('note', 'nothing to do')}")
+    missing = c.call("GET", "/v1/status")["inference"].get("models_missing")
+    if missing:
+        click.echo(f"⚠ The models are on disk but cannot run yet: {missing}", err=True)
     if failed:
         sys.exit(1)
 
@@ -685,6 +688,8 @@ def doctor(c: Ctx) -> None:
     lines.append(
         f"{ok} sqlite-vec {d['sqlite_vec']}" if d["sqlite_vec"] else f"{warn} sqlite-vec could not load: no vectors"
     )
+    if inf.get("models_missing"):
+        lines.append(f"{warn} {inf['models_missing']}")
     backend = inf.get("backend") or "not started yet"
     lines.append(
         f"{ok} llama.cpp worker: {backend}; {inf['n_threads']} threads; "
@@ -715,6 +720,8 @@ def doctor(c: Ctx) -> None:
 
 
 def _models_line(inf: dict) -> str:
+    if inf.get("models_missing"):
+        return inf["models_missing"]
     loaded = [Path(m["path"]).name + f" ({m['role']})" for m in inf["models_loaded"]]
     if not loaded:
         return "none loaded (they load on first use)"

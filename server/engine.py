@@ -349,6 +349,7 @@ class Engine:
     def _expander(self, cfg: Config) -> tuple[Expander | None, str]:
         """The query expander, or why there is none (announced as a skipped stage)."""
         try:
+            self.worker.require_models()
             uri, path = local_model("generate", cfg.models, self.paths.config.parent)
             key = f"{uri}|{path}"
             if key not in self._expanders:
@@ -363,6 +364,7 @@ class Engine:
 
     def _reranker(self, cfg: Config) -> tuple[Reranker | None, str]:
         try:
+            self.worker.require_models()
             uri, path = local_model("rerank", cfg.models, self.paths.config.parent)
             key = f"{uri}|{path}"
             if key not in self._rerankers:

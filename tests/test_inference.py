@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import signal
 import struct
 import subprocess
@@ -22,10 +23,13 @@ from pathlib import Path
 import pytest
 from conftest import MODELS_DIR, ROOT, require
 
+from qmd.server.index.config import Config
 from qmd.server.models import worker as inference
+from qmd.server.models.embedders import Embedders, EmbedderUnavailable
 from qmd.server.models.worker import (
     Embeddings,
     InferenceError,
+    ModelsNotInstalled,
     ModelSpec,
     WorkerClient,
     fingerprint,
@@ -368,6 +372,23 @@ def test_force_cpu_reads_false_ish_values_as_off(
         monkeypatch.setenv("QMD_FORCE_CPU", value)
     assert WorkerClient().force_cpu is forced
     assert WorkerClient(force_cpu=not forced).force_cpu is not forced, "an explicit argument wins over the environment"
+
+
+def test_without_llama_cpp_nothing_starts_and_the_message_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, spec: ModelSpec
+) -> None:
+    """qmd installed without its `models` extra: every model call fails at once with the command
+    that installs it, no child is started, and the local embedder is unavailable, not an error."""
+    monkeypatch.setattr(inference, "_llama_cpp_install", lambda: None)
+    w = WorkerClient(n_threads=2)
+    with pytest.raises(ModelsNotInstalled, match="llama-cpp-python is not installed") as caught:
+        w.count_tokens(spec, ["x"])
+    command = f"{shlex.quote(sys.executable)} -m pip install -e {shlex.quote(str(ROOT) + '[models]')}"
+    assert command in caught.value.message, "this checkout's editable install, with the models extra"
+    assert w.status()["pid"] is None and w.status()["models_missing"] == caught.value.message
+    assert WorkerClient().model_info(spec)["arch"] == "bert", "GGUF metadata needs no llama.cpp"
+    with pytest.raises(EmbedderUnavailable, match="model support is not installed"):
+        Embedders(w).get(Config(models={"embed": spec.path}), ROOT)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,5 +71,46 @@ def test_pull_reports_each_failure_and_exits_1(env: Env, hub: str) -> None:
         r = env.qmd("pull")
         assert r.returncode == 1
         assert "missing.gguf" in r.stderr and "Traceback" not in r.stderr
+    finally:
+        d.stop()
+
+
+def test_without_the_models_extra(env: Env, tmp_path: Path) -> None:
+    """qmd installed without `[models]`: keyword search, get, status and MCP answer; every model
+    stage says what to install. The daemon runs where `import llama_cpp` fails (a package
+    on PYTHONPATH that raises ImportError, the way a missing or broken install does)."""
+    model = str(require(MODELS_DIR / MODEL, "the MiniLM test embedder"))
+    shim = write(
+        tmp_path / "no-llama", {"llama_cpp/__init__.py": "raise ImportError(\"No module named 'llama_cpp'\")\n"}
+    )
+    env.vars.update(PYTHONPATH=str(shim), QMD_EMBED_MODEL=model, QMD_GENERATE_MODEL=model, QMD_RERANK_MODEL=model)
+    install = "Keyword search works without it; install it with: "
+    d = Daemon(env)
+    try:
+        env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
+        assert env.json("search", "sourdough", "--json")[0]["file"] == "qmd://notes/cooking/bread.md"
+        assert "Raising a seed round" in env.ok("get", "notes/fundraising.md")
+        r = env.qmd("embed")
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        assert "model support is not installed: No module named 'llama_cpp'" in r.stderr
+        assert install in r.stderr and "[models]" in r.stderr
+        r = env.qmd("vsearch", "sourdough", "--json")
+        assert r.returncode == 0 and "model support is not installed" in r.stderr
+        assert "showing keyword results instead" in r.stderr
+        assert json.loads(r.stdout)[0]["file"] == "qmd://notes/cooking/bread.md"
+        r = env.qmd("query", "bread", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)[0]["file"] == "qmd://notes/cooking/bread.md"
+        assert "reranking unavailable — model support is not installed" in r.stderr
+        assert "model support is not installed" in env.ok("status")
+        assert "⚠ model support is not installed" in env.ok("doctor")
+        call = {"name": "query", "arguments": {"searches": [{"type": "lex", "query": "sourdough"}]}}
+        answer = d.http.post(
+            "/mcp",
+            json={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call},
+            headers={"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"},
+        )
+        assert answer.status_code == 200 and "bread.md" in answer.text, answer.text
+        inference = d.http.get("/v1/status").json()["inference"]
+        assert inference["restarts"] == 0 and inference["last_crash"] is None, "a missing extra is not a crash"
     finally:
         d.stop()

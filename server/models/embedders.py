@@ -25,7 +25,14 @@ from qmd.server.index.config import Config
 from qmd.server.models.refs import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
 from qmd.server.models.remote import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
 from qmd.server.models.remote import Kind, RemoteBackend, RemoteEmbedError
-from qmd.server.models.worker import Embeddings, InferenceError, ModelSpec, WorkerClient, fingerprint
+from qmd.server.models.worker import (
+    Embeddings,
+    InferenceError,
+    ModelsNotInstalled,
+    ModelSpec,
+    WorkerClient,
+    fingerprint,
+)
 
 Progress = Callable[[dict], None]
 BERT_CHUNK_TOKENS = 256
@@ -105,6 +112,13 @@ class Embedders:
         except QmdError as e:
             raise EmbedderUnavailable(f"the embed model setting is invalid: {e.message}") from e
         with self._lock:
+            if not isinstance(ref, RemoteRef):
+                # Checked before the cache (it can be found missing after a resolve) and before any
+                # download: a gigabyte fetched for a model that cannot run helps nobody.
+                try:
+                    self.worker.require_models()
+                except ModelsNotInstalled as e:
+                    raise EmbedderUnavailable(e.message) from e
             if ref.uri in self._cache:
                 return self._cache[ref.uri]
             if isinstance(ref, RemoteRef):

@@ -194,6 +194,10 @@ class DisposeRequest(Request[None]):
 
 # --- replies ---
 
+MODELS_MISSING = "model support is not installed"
+"""How the error of the child's first reply begins when it cannot import llama_cpp: qmd was
+installed without its `models` extra. The child then exits; it has nothing to serve."""
+
 
 class Resident(NamedTuple):
     """One model the child holds, and whether its context is live (the idle timer's business)."""

@@ -21,12 +21,16 @@ weights.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
+import json
 import logging
 import mmap
 import os
 import pickle
 import re
 import selectors
+import shlex
 import signal
 import struct
 import subprocess
@@ -36,11 +40,13 @@ import time
 from array import array
 from collections import deque
 from typing import Any, Literal, NamedTuple, TypeVar
+from urllib.parse import unquote, urlparse
 
 from qmd.server.errors import Unavailable
 from qmd.server.index.chunking import Chunk
 from qmd.server.models.protocol import (
     HEADER,
+    MODELS_MISSING,
     ChunkRequest,
     CompleteRequest,
     Completion,
@@ -76,6 +82,42 @@ START_TIMEOUT = 60.0
 
 class InferenceError(Unavailable):
     """An inference request failed; the message says why and what happens next."""
+
+
+class ModelsNotInstalled(InferenceError):
+    """llama-cpp-python is not installed (qmd without its `models` extra): no local model can
+    run, keyword search still answers, and the message says what to install."""
+
+
+def models_install_command() -> str:
+    """The command that adds model support to this very installation of qmd.
+
+    Read from how qmd itself was installed (its `direct_url.json`, PEP 610): an editable
+    checkout gets `pip install -e '<checkout>[models]'`, a local folder `pip install
+    '<folder>[models]'`, anything else `pip install 'qmd[models]'`; always with the pip of
+    the interpreter the daemon runs on, so the extra lands where qmd is.
+    """
+    target, editable = "qmd[models]", False
+    # Every `qmd` metadata on the path, not just the first: a checkout's own `qmd.egg-info`
+    # (a build leftover, found first from inside it) has no direct_url.json.
+    for dist in importlib.metadata.distributions(name="qmd"):
+        try:
+            direct = json.loads(dist.read_text("direct_url.json") or "null")
+        except ValueError:
+            continue
+        if isinstance(direct, dict) and str(direct.get("url", "")).startswith("file://"):
+            target = unquote(urlparse(direct["url"]).path) + "[models]"
+            editable = bool((direct.get("dir_info") or {}).get("editable"))
+            break
+    return f"{shlex.quote(sys.executable)} -m pip install {'-e ' * editable}{shlex.quote(target)}"
+
+
+def models_missing_message(why: str) -> str:
+    """What every model-needing command says when llama.cpp is not there: why, and the command that fixes it."""
+    return (
+        f"{MODELS_MISSING}: {why}. Keyword search works without it; install it with: {models_install_command()}"
+        " — it compiles llama.cpp, a few minutes"
+    )
 
 
 class ModelSpec(NamedTuple):
@@ -328,6 +370,8 @@ class WorkerClient:
         self._starts = 0
         self._last_crash: dict[str, Any] | None = None
         self._last_used = time.monotonic()
+        self._missing: tuple[tuple[str, int], str] | None = None
+        """(the llama_cpp install it was, why) once a child could not import llama_cpp."""
 
     # -- public API --
 
@@ -465,6 +509,27 @@ class WorkerClient:
         activity = f"ranking {len(documents)} document{'s' * (len(documents) != 1)} with {os.path.basename(spec.path)}"
         return self._call(RankRequest(params, query, documents), timeout, activity)
 
+    def require_models(self) -> None:
+        """`ModelsNotInstalled` unless llama.cpp can run here; cheap, never imports llama_cpp or starts the child.
+
+        No `llama_cpp` on the path is decided here. One that is there but failed to import in
+        a child is remembered until that install changes (the extra installed or repaired
+        while the daemon runs), so one request does not start a doomed child after another.
+        """
+        install = _llama_cpp_install()
+        if install is None:
+            raise ModelsNotInstalled(models_missing_message("llama-cpp-python is not installed"))
+        if self._missing is not None and self._missing[0] == install:
+            raise ModelsNotInstalled(self._missing[1])
+
+    def models_missing(self) -> str | None:
+        """Why no local model can run here, or None when llama.cpp looks installed (for `status` and `doctor`)."""
+        try:
+            self.require_models()
+        except ModelsNotInstalled as e:
+            return e.message
+        return None
+
     def model_info(self, spec: ModelSpec) -> dict[str, Any]:
         """What the file is and what the worker holds of it; never starts the child or loads weights."""
         meta = gguf_metadata(spec.path)
@@ -513,6 +578,7 @@ class WorkerClient:
             "rss_bytes": _rss(proc.pid) if running and proc else None,
             "restarts": max(self._starts - 1, 0),
             "last_crash": self._last_crash,
+            "models_missing": self.models_missing(),
         }
 
     def close(self, grace: float = 10.0) -> None:
@@ -614,6 +680,8 @@ class WorkerClient:
             self._child_died(f"while {activity}", message)
             raise InferenceError(message) from None
         self._resident = reply.resident
+        if reply.error is not None and reply.error.startswith(MODELS_MISSING):
+            raise ModelsNotInstalled(models_missing_message(reply.error.removeprefix(MODELS_MISSING + ": ")))
         if reply.error is not None:
             raise InferenceError(f"{activity} failed: {reply.error}")
         return reply.result
@@ -639,6 +707,7 @@ class WorkerClient:
         # The same interpreter finds `qmd` the way this process did (the install's path entry or
         # editable finder). No PYTHONPATH is added: the `server/` folder on the path would let its
         # `http` package shadow the standard library's in the child.
+        self.require_models()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "qmd.server.models.worker_child", *(["--force-cpu"] if self.force_cpu else [])],
@@ -659,7 +728,19 @@ class WorkerClient:
             target=self._forward_stderr, args=(proc,), name=f"qmd-worker-stderr-{proc.pid}", daemon=True
         )
         self._stderr_thread.start()
-        hello: Hello = self._exchange(None, START_TIMEOUT, "starting")
+        try:
+            hello: Hello = self._exchange(None, START_TIMEOUT, "starting")
+        except ModelsNotInstalled as e:  # the child said so and exits: not a crash, and not worth retrying
+            install = _llama_cpp_install()
+            if install is not None:
+                self._missing = (install, e.message)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            self._release_child()
+            raise
         self._hello = hello
         log.info("inference worker %d started (%s)", proc.pid, hello.backend)
         if self._idle_thread is None:
@@ -747,6 +828,24 @@ class WorkerClient:
                     self._exchange(DisposeRequest(), 30.0, "freeing idle contexts")
                 except InferenceError as e:
                     log.warning("%s", e.message)
+
+
+def _llama_cpp_install() -> tuple[str, int] | None:
+    """Where `llama_cpp` would be imported from, and when that file last changed; None when it is not installed.
+
+    Found the way an import would find it, without importing it (the daemon never does).
+    """
+    try:
+        found = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    origin = found.origin or ""
+    try:
+        return origin, os.stat(origin).st_mtime_ns
+    except OSError:
+        return origin, 0
 
 
 def _rss(pid: int) -> int | None:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from qmd.server.models.protocol import (
+    MODELS_MISSING,
     ChunkRequest,
     ChunkSpan,
     CompleteRequest,
@@ -613,7 +614,12 @@ def main() -> None:
     os.dup2(null, 0)
     os.close(null)
     _mmap_large_buffers()
-    process = WorkerProcess(force_cpu="--force-cpu" in sys.argv[1:])
+    try:
+        process = WorkerProcess(force_cpu="--force-cpu" in sys.argv[1:])
+    except ImportError as e:  # qmd without its `models` extra: say so, rather than die with a traceback
+        replies.write(encode_frame(Reply(result=None, error=f"{MODELS_MISSING}: {e}", resident=())))
+        replies.flush()
+        return
     try:
         replies.write(encode_frame(process.reply(process.hello)))
         replies.flush()
