@@ -1,0 +1,884 @@
+"""Metadata discovery: which keys, types and values the index holds, so a filter can be
+written from what is there instead of guessed.
+
+The answer is one sentence: show metadata matching X for documents filtered by Y.
+`filter` decides which documents count (the same rule as filtered search: active, in
+scope, extracted, passing the filter); `match` decides which of their entries are
+reported (the filter grammar over one entry's `key` and `value`). Decisions on what
+the seed leaves open:
+
+- Counts are documents. A key's `documents` are those holding at least one matching
+  entry of the key; a type's the same per type. A document holds a key under one
+  type (a scalar, or an array of one type), so a key's count is the sum of its
+  types'. With `match` `value eq docs-team`, every key holding that value appears,
+  each counting the documents where it does: "which keys hold this value".
+- `multi_valued` says some counted document declared the key (under that type) as an
+  array, whichever of its entries matched: it describes the key, so `reviewers` stays
+  `string[]` when a match keeps one of its values. A one-element array counts.
+- `distinct_values` counts values held by at least `min_count` documents; the value
+  window and `remaining_values` page through exactly those. `range` ignores
+  `min_count`: it is over every matching entry, one per (document, value), so a
+  document with `[1, 5]` contributes both. Its median is the middle entry, or the
+  mean of the two middle entries when their number is even (`[1, 5]` gives 3).
+- Keys are ordered by documents (descending), then by key (BINARY, which is code
+  point order); types within a key by documents, then name; values by documents then
+  value (`sort="count"`), or by value (`sort="value"`: numbers numerically, strings
+  by code point, false before true).
+- `documents` is every active document in scope (pending and rejected ones too, as
+  they are documents a search covers); with a filter, `filtered_documents` is the
+  denominator instead. Pending and rejected documents are counted apart, and never
+  hold entries.
+
+Every figure of one answer comes from one read transaction, so one snapshot. The work
+is done in SQLite, in a census over `documents` and one statement of CTEs over
+`document_metadata`: values are grouped while walking the (key, type, value, doc_id)
+index in order, and array documents, the only ones that make a key's document count
+differ from its entry count, are grouped while walking the table in (doc_id, ...)
+order. Neither grouping needs a sort over every entry. How the eligible documents are
+joined is chosen from the census (see `_plan`), as the cheapest way depends on how many
+of the index's documents they are; the answer never does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Final, Literal, TypeAlias
+
+from qmd.server.errors import InvalidInput
+from qmd.server.index.db import sqlite3
+from qmd.server.index.metadata import Rejection, Scalar, ValueType
+from qmd.server.search.filters import Bound, Condition, Filter, Not, check_binding_budget, filter_sql, match_sql
+
+Sort: TypeAlias = Literal["count", "value"]
+Number: TypeAlias = int | float
+
+DEFAULT_KEY_LIMIT: Final = 50
+DEFAULT_VALUE_LIMIT: Final = 10
+REJECTED_EXAMPLES: Final = 5
+TYPE_ORDER: Final[tuple[ValueType, ...]] = ("boolean", "number", "string")
+
+
+# -- options --------------------------------------------------------------------------
+
+
+def _option_error(name: str, expected: str, got: object) -> InvalidInput:
+    shown = repr(got) if isinstance(got, str) else str(got)
+    return InvalidInput(f"Invalid {name}: expected {expected}, got {shown}", option=name)
+
+
+def _whole(name: str, value: object, *, least: int, none_means: str | None = None) -> None:
+    """Python's bool is an int, and a float such as 2.0 is not a count: both are
+    refused rather than read as a number."""
+    if value is None and none_means is not None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        what = "a positive integer" if least == 1 else "a non-negative integer"
+        raise _option_error(name, what + (f" or None ({none_means})" if none_means else ""), value)
+
+
+@dataclass(frozen=True)
+class MetadataOptions:
+    """What to report; validated on construction, so a bad option fails before any
+    SQL runs and names itself (`detail["option"]`, for a surface to respell it as
+    `--key-limit` or `keyLimit`)."""
+
+    collections: Sequence[str]
+    """The collections in scope, already resolved by the caller (named ones checked,
+    or the default ones); empty means nothing is in scope."""
+    match: Filter | None = None
+    filter: Filter | None = None
+    key_limit: int | None = DEFAULT_KEY_LIMIT
+    """None: every key (`--all-keys`)."""
+    key_offset: int = 0
+    value_limit: int | None = DEFAULT_VALUE_LIMIT
+    """Values per key and type; None: every value (`--all-values`)."""
+    value_offset: int = 0
+    sort: Sort = "count"
+    min_count: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.collections, str) or not all(isinstance(c, str) for c in self.collections):
+            raise _option_error("collections", "a list of collection names", self.collections)
+        _whole("key_limit", self.key_limit, least=1, none_means="every key")
+        _whole("key_offset", self.key_offset, least=0)
+        _whole("value_limit", self.value_limit, least=1, none_means="every value")
+        _whole("value_offset", self.value_offset, least=0)
+        _whole("min_count", self.min_count, least=1)
+        if self.sort not in ("count", "value"):
+            raise _option_error("sort", "'count' or 'value'", self.sort)
+        object.__setattr__(self, "collections", tuple(dict.fromkeys(self.collections)))
+
+
+# -- the answer -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValueCount:
+    value: Scalar
+    documents: int
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    min: Number
+    median: Number
+    max: Number
+
+
+@dataclass(frozen=True)
+class TypeReport:
+    type: ValueType
+    multi_valued: bool
+    documents: int
+    distinct_values: int
+    values: list[ValueCount]
+    remaining_values: int
+    range: NumberRange | None
+    """Numbers only."""
+    collections: list[str]
+    """The collections in scope with a counted document holding a matching entry of
+    this type, by name."""
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    key: str
+    documents: int
+    types: list[TypeReport]
+
+
+@dataclass(frozen=True)
+class MetadataReport:
+    collections: list[str]
+    """The scope the report covers."""
+    documents: int
+    """Active documents in scope."""
+    filtered_documents: int | None
+    """Documents passing the filter (the coverage denominator); None without one."""
+    total_keys: int
+    """Keys with a matching entry, before the key window."""
+    remaining_keys: int
+    keys: list[KeyReport]
+    with_metadata: int
+    """Active documents in scope that hold metadata (not narrowed by the filter)."""
+    pending: int
+    """Active documents in scope not yet extracted: no filter or discovery sees them."""
+    rejected: int
+    """Active documents in scope whose metadata was refused."""
+    rejected_examples: list[Rejection] = field(default_factory=list)
+    """The first few rejected documents, by collection and path, with the reason."""
+
+
+# -- reading --------------------------------------------------------------------------
+
+
+@contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One read transaction, so every statement inside sees the same index; inside a
+    caller's transaction, that one. Ended at once, as an open reader keeps the WAL
+    from being checkpointed."""
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("COMMIT")
+
+
+def discover(conn: sqlite3.Connection, options: MetadataOptions) -> MetadataReport:
+    """The metadata report for `options`, read from one snapshot of the index on
+    `conn` (a reader: it never writes)."""
+    with snapshot(conn):
+        return _discover(conn, options)
+
+
+@dataclass(frozen=True)
+class _Census:
+    """The documents side of an answer, and what the plan is chosen from."""
+
+    documents: int
+    with_metadata: int
+    pending: int
+    rejected: int
+    eligible: int
+    eligible_with_rows: int
+    """Eligible documents that hold entries (meta_state 1)."""
+    with_rows: int
+    """Documents of the whole index, in scope or not, that hold entries."""
+
+
+def _census(conn: sqlite3.Connection, scope_json: str, flt: Filter | None) -> tuple[_Census, list[Bound]]:
+    in_scope = "d.active = 1 AND d.collection IN (SELECT value FROM json_each(?))"
+    fsql, fparams = filter_sql(flt, "d") if flt is not None else ("1", [])
+    row = conn.execute(
+        f"""SELECT
+          coalesce(sum({in_scope}), 0),
+          coalesce(sum({in_scope} AND d.meta_state = 1), 0),
+          coalesce(sum({in_scope} AND d.meta_state IS NULL), 0),
+          coalesce(sum({in_scope} AND d.meta_state = 2), 0),
+          coalesce(sum(CASE WHEN {in_scope} AND d.meta_state IN (0, 1) THEN ({fsql}) ELSE 0 END), 0),
+          coalesce(sum(CASE WHEN {in_scope} AND d.meta_state = 1 THEN ({fsql}) ELSE 0 END), 0),
+          coalesce(sum(d.meta_state = 1), 0)
+        FROM documents d""",
+        [scope_json] * 4 + [scope_json, *fparams, scope_json, *fparams],
+    ).fetchone()
+    return _Census(*(int(v) for v in row)), fparams
+
+
+def _rejections(conn: sqlite3.Connection, scope_json: str) -> list[Rejection]:
+    rows = conn.execute(
+        "SELECT collection, path, coalesce(meta_error, '') FROM documents"
+        " WHERE active = 1 AND meta_state = 2 AND collection IN (SELECT value FROM json_each(?))"
+        " ORDER BY collection, path LIMIT ?",
+        (scope_json, REJECTED_EXAMPLES),
+    ).fetchall()
+    return [Rejection(c, p, r) for c, p, r in rows]
+
+
+Plan: TypeAlias = Literal["drive", "probe", "exclude"]
+
+
+def _plan(census: _Census) -> Plan:
+    """How the statement joins the eligible documents to their entries; it changes
+    the time an answer takes, never the answer. `f` is the eligible share of the
+    documents holding entries. Walking the whole value index costs about the same
+    whatever `f` is; on top of it, testing an entry's document costs little when a
+    Bloom filter rules it out, and a b-tree probe when it does not.
+
+    - drive (`f` <= 0.1): start from the eligible documents and fetch their entries
+      by primary key, then sort them into groups: about 1 us an entry, but only theirs.
+    - probe (`f` <= 0.5): walk the index, probing the (smaller) eligible set.
+    - exclude: walk the index, probing the (smaller) set of the other documents, so
+      most entries are passed by the Bloom filter alone.
+
+    The thresholds come from timing 100k documents (bench/bench_discovery.py)."""
+    share = census.eligible_with_rows / census.with_rows if census.with_rows else 0.0
+    if share <= 0.1:
+        return "drive"
+    return "probe" if share <= 0.5 else "exclude"
+
+
+def _folds(f: Filter) -> bool:
+    """Whether the match tests an entry's `folded` column (a caseInsensitive value test)."""
+    if isinstance(f, Condition):
+        return f.case_insensitive and f.field == "value"
+    if isinstance(f, Not):
+        return _folds(f.operand)
+    return any(_folds(o) for o in f.operands)
+
+
+class _Statement:
+    """SQL text and its positional parameters, kept in step: a fragment's `?`s are
+    bound in the order the fragments are added."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.params: list[Bound] = []
+
+    def add(self, text: str, params: Sequence[Bound] = ()) -> None:
+        assert text.count("?") == len(params), text
+        self.parts.append(text)
+        self.params.extend(params)
+
+    @property
+    def sql(self) -> str:
+        return "\n".join(self.parts)
+
+
+def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[Bound], plan: Plan) -> _Statement:
+    """The one statement that reads the entries. It returns rows of three kinds, told
+    apart by their first column: one `total` (the number of keys), a `pair` per
+    (key, type) in the key window, a `value` per value in a value window."""
+    s = _Statement()
+    fsql = filter_sql(options.filter, "d")[0] if options.filter is not None else "1"
+    msql, mparams = match_sql(options.match, "m") if options.match is not None else ("1", [])
+    # Each was checked alone when parsed; bound together (the match twice, for the
+    # values and for the arrays), they stay far under SQLite's limit when their sum
+    # is within the budget.
+    check_binding_budget(len(fparams) + len(mparams))
+    matched = options.match is not None
+
+    s.add("WITH")
+    s.add(
+        "elig(id, collection) AS MATERIALIZED (SELECT d.id, d.collection FROM documents d"
+        " WHERE d.active = 1 AND d.meta_state IN (0, 1) AND +d.collection IN (SELECT value FROM json_each(?))"
+        f" AND ({fsql})),",
+        [scope_json, *fparams],
+    )
+    if plan == "exclude":
+        s.add("other(id) AS MATERIALIZED (SELECT d.id FROM documents d WHERE d.id NOT IN (SELECT id FROM elig)),")
+        counted = "NOT EXISTS (SELECT 1 FROM other o WHERE o.id = m.doc_id)"
+    else:
+        counted = "m.doc_id IN (SELECT id FROM elig)"
+
+    # vals: documents per matching (key, type, value) of the counted documents.
+    if plan == "drive":
+        entries = f"FROM elig e CROSS JOIN document_metadata m ON m.doc_id = e.id WHERE ({msql})"
+    else:
+        # The value index holds key, type, value and doc_id, not `folded`: a match
+        # that folds case reads every row it tests, which one walk of the table does
+        # at a fraction of the cost of looking each up from the index. Wrapped in a
+        # CASE, the match offers the planner no index to seek.
+        if options.match is not None and _folds(options.match):
+            entries = f"FROM document_metadata m WHERE {counted} AND CASE WHEN ({msql}) THEN 1 ELSE 0 END"
+        else:
+            entries = f"FROM document_metadata m INDEXED BY idx_metadata_value WHERE {counted} AND ({msql})"
+    s.add(
+        "vals(key, type, value, docs) AS MATERIALIZED ("
+        f" SELECT m.key, m.type, m.value, count(*) {entries} GROUP BY m.key, m.type, m.value),",
+        mparams,
+    )
+
+    # arrays: per (key, type), the counted documents holding it as an array, those of
+    # them with a matching entry, and their matching entries. Only these documents
+    # hold several entries of one key, so they turn entry counts into document counts.
+    n = f"sum({msql})" if matched else "count(*)"
+    # In the table's own (doc_id, key, type, value) order, a document's entries of a
+    # key are adjacent, so grouping them needs no sort. `multi` is not in the value
+    # index, and an index walk would look it up row by row (`+` keeps the planner
+    # off it; NOT INDEXED does not, on a WITHOUT ROWID table).
+    keys_only = " AND +m.key IN (SELECT key FROM vals)" if matched else ""
+    if plan == "drive":
+        arrays = f"FROM elig e CROSS JOIN document_metadata m ON m.doc_id = e.id WHERE m.multi = 1{keys_only}"
+    else:
+        arrays = f"FROM document_metadata m WHERE m.multi = 1 AND {counted}{keys_only}"
+    s.add(
+        "arrays(key, type, docs_all, docs_match, rows_match) AS MATERIALIZED ("
+        " SELECT key, type, count(*), sum(n > 0), sum(n) FROM ("
+        f"  SELECT m.key AS key, m.type AS type, {n} AS n {arrays} GROUP BY m.doc_id, m.key, m.type)"
+        " GROUP BY key, type),",
+        mparams if matched else [],
+    )
+
+    s.add(
+        "pairs(key, type, docs, entries, distinct_values, multi, lowest, highest) AS MATERIALIZED ("
+        " SELECT v.key, v.type, v.entries - coalesce(a.rows_match, 0) + coalesce(a.docs_match, 0), v.entries,"
+        "  v.distinct_values, coalesce(a.docs_all, 0) > 0, v.lowest, v.highest"
+        " FROM (SELECT key, type, sum(docs) AS entries, count(*) FILTER (WHERE docs >= ?) AS distinct_values,"
+        "        min(value) AS lowest, max(value) AS highest FROM vals GROUP BY key, type) v"
+        " LEFT JOIN arrays a ON a.key = v.key AND a.type = v.type),",
+        [options.min_count],
+    )
+    s.add(
+        "keys(key, docs, rank) AS MATERIALIZED ("
+        " SELECT key, sum(docs), row_number() OVER (ORDER BY sum(docs) DESC, key) FROM pairs GROUP BY key),"
+    )
+    key_end = -1 if options.key_limit is None else options.key_offset + options.key_limit
+    s.add(
+        "shown(key, docs, rank) AS MATERIALIZED ("
+        " SELECT key, docs, rank FROM keys WHERE rank > ? AND (? < 0 OR rank <= ?)),",
+        [options.key_offset, key_end, key_end],
+    )
+    order = "v.docs DESC, v.value" if options.sort == "count" else "v.value"
+    s.add(
+        "ranked(key, type, value, docs, pos) AS ("
+        f" SELECT v.key, v.type, v.value, v.docs, row_number() OVER (PARTITION BY v.key, v.type ORDER BY {order})"
+        " FROM vals v JOIN shown k ON k.key = v.key WHERE v.docs >= ?),",
+        [options.min_count],
+    )
+    # The median's one or two middle entries: the least values whose running count of
+    # entries reaches the middle positions, (n + 1) / 2 and n / 2 + 1 (integer halves).
+    s.add(
+        "middle(key, type, lower, upper) AS ("
+        " SELECT c.key, c.type, min(c.value) FILTER (WHERE c.upto >= (p.entries + 1) / 2),"
+        "  min(c.value) FILTER (WHERE c.upto >= p.entries / 2 + 1)"
+        " FROM (SELECT v.key, v.type, v.value,"
+        "        sum(v.docs) OVER (PARTITION BY v.key, v.type ORDER BY v.value ROWS UNBOUNDED PRECEDING) AS upto"
+        "       FROM vals v JOIN shown k ON k.key = v.key WHERE v.type = 'number') c"
+        " JOIN pairs p ON p.key = c.key AND p.type = c.type GROUP BY c.key, c.type)"
+    )
+
+    # Which collections contribute: one flag per collection in scope, read from the
+    # pair's matching values (a match depends on key, type and value alone, so `vals`
+    # says which entries match and the match is not bound again). The eligible
+    # documents of one collection are a set built once per statement.
+    colls = options.collections
+    if len(colls) > 1:
+        flags = " || ".join(
+            "(CASE WHEN EXISTS (SELECT 1 FROM vals w CROSS JOIN document_metadata x"
+            " ON x.key = w.key AND x.type = w.type AND x.value = w.value"
+            " WHERE w.key = p.key AND w.type = p.type"
+            " AND +x.doc_id IN (SELECT id FROM elig WHERE collection = ?)) THEN '1' ELSE '0' END)"
+            for _ in colls
+        )
+        flag_params: list[Bound] = list(colls)
+    else:
+        flags, flag_params = "NULL", []
+    s.add("SELECT 'total', NULL, NULL, NULL, (SELECT count(*) FROM keys), NULL, NULL, NULL, NULL, NULL, NULL")
+    s.add(
+        "UNION ALL SELECT 'pair', p.key, p.type, NULL, p.docs, k.rank, p.distinct_values, p.multi,"
+        f" p.lowest, p.highest, {flags}"
+        " FROM pairs p JOIN shown k ON k.key = p.key",
+        flag_params,
+    )
+    s.add(
+        "UNION ALL SELECT 'middle', m.key, m.type, NULL, NULL, NULL, NULL, NULL, m.lower, m.upper, NULL FROM middle m"
+    )
+    value_end = -1 if options.value_limit is None else options.value_offset + options.value_limit
+    s.add(
+        "UNION ALL SELECT 'value', r.key, r.type, r.value, r.docs, r.pos, NULL, NULL, NULL, NULL, NULL FROM ranked r"
+        " WHERE r.pos > ? AND (? < 0 OR r.pos <= ?)",
+        [options.value_offset, value_end, value_end],
+    )
+    return s
+
+
+def _scalar(type_: ValueType, value: object) -> Scalar:
+    if type_ == "boolean":
+        return bool(value)
+    assert isinstance(value, str | int | float), value
+    return value
+
+
+def _number(value: object) -> Number:
+    assert isinstance(value, int | float) and not isinstance(value, bool), value
+    return value
+
+
+def _median(lower: Number, upper: Number) -> Number:
+    """Exact for integers: the mean of 1 and 5 is the int 3, of 1 and 4 the float 2.5."""
+    if isinstance(lower, int) and isinstance(upper, int):
+        total = lower + upper
+        return total // 2 if total % 2 == 0 else total / 2
+    return (lower + upper) / 2
+
+
+def _type(name: object) -> ValueType:
+    assert name in TYPE_ORDER, name
+    return name
+
+
+@dataclass
+class _Pair:
+    """One (key, type) of the key window as the statement returns it."""
+
+    key: str
+    type: ValueType
+    documents: int
+    rank: int
+    distinct: int
+    multi: bool
+    lowest: object
+    highest: object
+    flags: str | None
+    middle: tuple[Number, Number] | None = None
+    values: list[tuple[int, ValueCount]] = field(default_factory=list)
+
+    def report(self, scope: list[str], value_offset: int) -> TypeReport:
+        window = [vc for _, vc in sorted(self.values, key=lambda pv: pv[0])]
+        remaining = max(0, self.distinct - value_offset - len(window))
+        rng = None
+        if self.type == "number" and self.middle is not None:
+            rng = NumberRange(_number(self.lowest), _median(*self.middle), _number(self.highest))
+        if self.flags is None:
+            contributing = scope[:1]
+        else:
+            contributing = sorted(c for c, flag in zip(scope, self.flags, strict=True) if flag == "1")
+        return TypeReport(self.type, self.multi, self.documents, self.distinct, window, remaining, rng, contributing)
+
+
+def _read_pairs(conn: sqlite3.Connection, stmt: _Statement) -> tuple[int, list[_Pair]]:
+    total = 0
+    pairs: dict[tuple[str, str], _Pair] = {}
+    rows = conn.execute(stmt.sql, stmt.params).fetchall()
+    # Pairs first: SQLite returns UNION ALL branches in order, but nothing promises it.
+    rows.sort(key=lambda row: row[0] != "pair")
+    for kind, key, type_, value, a, b, c, d, lo, hi, flags in rows:
+        if kind == "pair":
+            pairs[(key, type_)] = _Pair(key, _type(type_), int(a), int(b), int(c), bool(d), lo, hi, flags)
+        elif kind == "total":
+            total = int(a)
+        elif kind == "middle":
+            pairs[(key, type_)].middle = (_number(lo), _number(hi))
+        else:
+            pair = pairs[(key, type_)]
+            pair.values.append((int(b), ValueCount(_scalar(pair.type, value), int(a))))
+    return total, list(pairs.values())
+
+
+def _discover(conn: sqlite3.Connection, options: MetadataOptions) -> MetadataReport:
+    scope = list(options.collections)
+    scope_json = json.dumps(scope)
+    census, fparams = _census(conn, scope_json, options.filter)
+    rejected = _rejections(conn, scope_json) if census.rejected else []
+
+    total_keys, pairs = 0, list[_Pair]()
+    if census.eligible_with_rows:
+        stmt = _report_statement(options, scope_json, fparams, _plan(census))
+        total_keys, pairs = _read_pairs(conn, stmt)
+
+    by_key: dict[str, tuple[int, list[TypeReport]]] = {}
+    for pair in pairs:
+        by_key.setdefault(pair.key, (pair.rank, []))[1].append(pair.report(scope, options.value_offset))
+    keys = []
+    for key, (_, types) in sorted(by_key.items(), key=lambda kv: kv[1][0]):
+        types.sort(key=lambda t: (-t.documents, t.type))
+        keys.append(KeyReport(key, sum(t.documents for t in types), types))
+    return MetadataReport(
+        collections=scope,
+        documents=census.documents,
+        filtered_documents=census.eligible if options.filter is not None else None,
+        total_keys=total_keys,
+        remaining_keys=max(0, total_keys - options.key_offset - len(keys)),
+        keys=keys,
+        with_metadata=census.with_metadata,
+        pending=census.pending,
+        rejected=census.rejected,
+        rejected_examples=rejected,
+    )
+
+
+@dataclass(frozen=True)
+class CollectionKeys:
+    """A collection's most covered keys, for `qmd status`, `collection list` and
+    `collection show`, and the MCP status tool: enough for a first look to reveal
+    that metadata exists, and what to drill into."""
+
+    collection: str
+    documents: int
+    with_metadata: int
+    pending: int
+    total_keys: int
+    keys: list[KeyReport]
+    """The top keys by coverage, each type with up to `values` values (none by default)."""
+    remaining_keys: int
+
+
+def top_keys(
+    conn: sqlite3.Connection, collections: Sequence[str], n: int = 5, *, values: int = 0
+) -> list[CollectionKeys]:
+    """Each collection's `n` most covered keys with their document counts (and a
+    preview of `values` values per type, for `collection show`), all from one
+    snapshot. Costs a discovery per collection: linear in the collection's entries."""
+    _whole("n", n, least=1)
+    _whole("values", values, least=0)
+    out = []
+    with snapshot(conn):
+        for name in dict.fromkeys(collections):
+            r = _discover(conn, MetadataOptions([name], key_limit=n, value_limit=max(values, 1)))
+            keys = r.keys
+            if values == 0:
+                keys = [KeyReport(k.key, k.documents, [_without_values(t) for t in k.types]) for k in r.keys]
+            out.append(
+                CollectionKeys(name, r.documents, r.with_metadata, r.pending, r.total_keys, keys, r.remaining_keys)
+            )
+    return out
+
+
+def _without_values(t: TypeReport) -> TypeReport:
+    return TypeReport(t.type, t.multi_valued, t.documents, t.distinct_values, [], 0, t.range, t.collections)
+
+
+# -- text -----------------------------------------------------------------------------
+
+VALUE_HINT: Final = "--value-limit <n>, --value-offset <n>, or --all-values"
+KEY_HINT: Final = "--key-limit <n>, --key-offset <n>, or --all-keys"
+NO_MATCH: Final = (
+    "No metadata matches. Run 'qmd collection metadata' without --match or --filter to see which keys exist."
+)
+
+# Characters that do not print as themselves: C0, DEL, C1, the line and paragraph
+# separators, and the bidirectional controls that reorder what follows them.
+_UNPRINTABLE: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Whitespace other than single spaces between other characters.
+_LOOSE_SPACE: Final = re.compile(r"^\s|\s$|\s\s|[^\S ]")
+# The compact `value (count), ...` list's own marks, and its tails.
+_LIST_MARKS: Final = re.compile(r"[,()]")
+_LIST_TAIL: Final = re.compile(r"^(?:\.\.\.|[\d,]+ more)$")
+
+
+def count_text(n: int) -> str:
+    return f"{n:,}"
+
+
+def _reads_as_other(text: str) -> bool:
+    """Whether `text` printed bare could be taken for a number, a boolean or null: by
+    JSON (`42`, `true`, `null`, `1e3`), or by the looser readings of Python and YAML
+    (`.5`, `1_000`, `0x1F`, `inf`)."""
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        pass
+    try:
+        float(text)
+        return True
+    except ValueError:
+        pass
+    try:
+        int(text, 0)
+        return True
+    except ValueError:
+        return text.lower() in ("true", "false", "null", "nan", ".nan", ".inf", "-.inf", "+.inf")
+
+
+def string_text(text: str) -> str:
+    """A string as it prints: bare when that is exactly the value and nothing else,
+    else as a JSON string, which is how it is written in a filter. Quoted: the
+    empty string, padded or oddly spaced text, quotes and backslashes, what does not
+    print as itself, the list's `,` `(` `)`, and text another type could claim."""
+    if (
+        text
+        and '"' not in text
+        and "\\" not in text
+        and not _UNPRINTABLE.search(text)
+        and not _LOOSE_SPACE.search(text)
+        and not _LIST_MARKS.search(text)
+        and not _LIST_TAIL.match(text)
+        and not _reads_as_other(text)
+    ):
+        return text
+    quoted = json.dumps(text, ensure_ascii=False)
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)
+
+
+def key_text(key: str) -> str:
+    """Keys print bare unless they would not print as themselves, so a header always
+    shows the key (`"42"` is a fine key name and prints as 42)."""
+    if key and not _UNPRINTABLE.search(key) and not _LOOSE_SPACE.search(key) and '"' not in key:
+        return key
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(key, ensure_ascii=False))
+
+
+def number_text(value: Number) -> str:
+    """As JSON writes it, so it can be pasted into a filter; an integral float prints
+    as an integer (a median of 3.0 is 3; `eq 3` matches 3.0)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return json.dumps(value)
+
+
+def value_text(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return string_text(value)
+    return number_text(value)
+
+
+def _docs(n: int) -> str:
+    """Padded so `doc` and `docs` rows keep their columns."""
+    return "doc " if n == 1 else "docs"
+
+
+def _more(n: int, noun: str, hint: str) -> str:
+    return f"{count_text(n)} more {noun if n == 1 else noun + 's'}, use {hint}"
+
+
+def _type_label(t: TypeReport) -> str:
+    return f"{t.type}[]" if t.multi_valued else t.type
+
+
+def _booleans(t: TypeReport) -> str:
+    by_value = {bool(vc.value): vc.documents for vc in t.values}
+    return "  ".join(
+        f"{name} {count_text(by_value[flag])}" for flag, name in ((True, "true"), (False, "false")) if flag in by_value
+    )
+
+
+def _range(t: TypeReport) -> str:
+    if t.range is None:
+        return ""
+    r = t.range
+    return f"min {number_text(r.min)}  median {number_text(r.median)}  max {number_text(r.max)}"
+
+
+def _inline(values: Sequence[ValueCount]) -> list[str]:
+    return [f"{value_text(vc.value)} ({count_text(vc.documents)})" for vc in values]
+
+
+def _numbers(t: TypeReport) -> list[ValueCount]:
+    """Value order when the window holds the whole distribution (it reads as one),
+    else the window's own order, so the most common values stay in view."""
+    if len(t.values) == t.distinct_values:
+        return sorted(t.values, key=lambda vc: vc.value)
+    return t.values
+
+
+def _single(t: TypeReport) -> list[str]:
+    """The body of a key with one type: a line per string, one line of range and one
+    of values for numbers, one line for booleans."""
+    if t.type == "boolean":
+        return [f"  {_booleans(t)}"] if t.values else []
+    if t.type == "number":
+        lines = [f"  {_range(t)}"] if t.range else []
+        if t.values:
+            lines.append("  " + "  ".join(_inline(_numbers(t))))
+        return lines
+    shown = [(value_text(vc.value), count_text(vc.documents)) for vc in t.values]
+    if not shown:
+        return []
+    width = max(len(v) for v, _ in shown)
+    counts = max(len(c) for _, c in shown)
+    return [f"  {v.ljust(width)}  {c.rjust(counts)}" for v, c in shown]
+
+
+def _split(types: Sequence[TypeReport], with_collections: bool) -> list[str]:
+    """A key whose documents disagree on type: a row per type with its own count and
+    a compact summary, and its collections when several are in scope."""
+    type_width = max(len(t.type) for t in types)
+    docs_width = max(len(count_text(t.documents)) for t in types)
+    rows = []
+    for t in types:
+        if t.type == "boolean":
+            summary = _booleans(t)
+        elif t.type == "number":
+            summary = _range(t)
+        else:
+            items = _inline(t.values)
+            if t.remaining_values:
+                items.append(f"{count_text(t.remaining_values)} more")
+            summary = ", ".join(items)
+        rows.append(
+            f"  {t.type.ljust(type_width)}  {count_text(t.documents).rjust(docs_width)} {_docs(t.documents)}  {summary}"
+        )
+    if not with_collections:
+        return [row.rstrip() for row in rows]
+    width = max(len(row) for row in rows)
+    return [f"{row.ljust(width)}  {', '.join(t.collections)}" for row, t in zip(rows, types, strict=True)]
+
+
+def _block(k: KeyReport, denominator: int, with_collections: bool) -> str:
+    label = " | ".join(_type_label(t) for t in k.types)
+    header = [key_text(k.key), label, f"{count_text(k.documents)} of {count_text(denominator)} documents"]
+    if len(k.types) == 1:
+        t = k.types[0]
+        if t.type != "boolean":
+            header.append(f"{count_text(t.distinct_values)} distinct")
+        body = _single(t)
+    else:
+        body = _split(k.types, with_collections)
+    remaining = sum(t.remaining_values for t in k.types)
+    tail = [_more(remaining, "value", VALUE_HINT)] if remaining else []
+    return "\n".join(["  ".join(header), *body, *tail])
+
+
+def render(report: MetadataReport, *, filtered: bool, matched: bool = False, key_offset: int = 0) -> str:
+    """The CLI's text for a report (no trailing newline): the `filter:` line when a
+    filter was given, one block per key in coverage order, and the remainder of each
+    windowed list with the flags that reach it. An empty report says why in one line.
+    `matched`: a match was given (an empty answer then means nothing matched);
+    `key_offset`: the offset asked for, named when it is past the last key."""
+    blocks = []
+    if filtered and report.filtered_documents is not None:
+        blocks.append(f"filter: {count_text(report.filtered_documents)} of {count_text(report.documents)} documents")
+    if report.total_keys == 0:
+        if filtered or matched:
+            blocks.append(NO_MATCH)
+        elif report.documents == 0:
+            blocks.append("No documents in scope.")
+        else:
+            n = report.documents
+            blocks.append(
+                f"No metadata in scope: none of the {count_text(n)} document{'' if n == 1 else 's'}"
+                " declares a 'qmd: metadata:' block in its frontmatter."
+            )
+    elif not report.keys:
+        total = report.total_keys
+        noun = "key" if total == 1 else "keys"
+        blocks.append(f"No keys at --key-offset {count_text(key_offset)}, {count_text(total)} {noun} in total.")
+    denominator = report.filtered_documents if report.filtered_documents is not None else report.documents
+    with_collections = len(report.collections) > 1
+    blocks.extend(_block(k, denominator, with_collections) for k in report.keys)
+    if report.remaining_keys:
+        blocks.append(_more(report.remaining_keys, "key", KEY_HINT))
+    return "\n\n".join(blocks)
+
+
+def warnings(report: MetadataReport) -> list[str]:
+    """What the answer cannot see, for stderr: documents awaiting extraction and
+    documents whose metadata was rejected, with the first few reasons."""
+    lines = []
+    if report.pending:
+        n = report.pending
+        lines.append(
+            f"Warning: {count_text(n)} document{'' if n == 1 else 's'} in scope not yet read for metadata"
+            " (excluded until 'qmd update' runs)"
+        )
+    if report.rejected:
+        n = report.rejected
+        lines.append(
+            f"Warning: {count_text(n)} document{'' if n == 1 else 's'} in scope with rejected metadata (excluded):"
+        )
+        lines.extend(f"  {r.collection}/{r.path}: {r.reason}" for r in report.rejected_examples)
+        if n > len(report.rejected_examples):
+            lines.append(f"  and {count_text(n - len(report.rejected_examples))} more")
+    return lines
+
+
+def _shell_quoted(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def render_key_names(ck: CollectionKeys) -> str:
+    """The `collection list` line: `  Metadata: status, priority, topics, +3 more`
+    (empty when the collection has no metadata)."""
+    if not ck.total_keys:
+        return ""
+    names = ", ".join(key_text(k.key) for k in ck.keys)
+    more = ck.total_keys - len(ck.keys)
+    return f"  Metadata: {names}" + (f", +{count_text(more)} more" if more > 0 else "")
+
+
+def _preview(k: KeyReport, drill_down: str) -> str:
+    """One line of values: strings as `value (count), ...` (nothing when every value is
+    held by one document, as a list of unique values says nothing), numbers as a
+    range, booleans as their two counts, and a type conflict as where to look."""
+    if len(k.types) > 1:
+        match = json.dumps(
+            {"field": "key", "operator": "eq", "value": k.key}, ensure_ascii=False, separators=(",", ":")
+        )
+        return f"types disagree, see: {drill_down} --match {_shell_quoted(match)}"
+    t = k.types[0]
+    if t.type == "boolean":
+        return _booleans(t).replace("  ", ", ")
+    if t.type == "number":
+        r = t.range
+        return "" if r is None else f"{number_text(r.min)} to {number_text(r.max)}, median {number_text(r.median)}"
+    if t.distinct_values == t.documents or not t.values:
+        return ""
+    items = _inline(t.values)
+    if t.remaining_values:
+        items.append("...")
+    return ", ".join(items)
+
+
+def render_overview(ck: CollectionKeys) -> str:
+    """The `collection show` block: a coverage line, a row per top key with a value
+    preview (from `top_keys(..., values=3)`), and where the rest is."""
+    drill_down = f"qmd collection metadata {ck.collection}"
+    pending = f" ({count_text(ck.pending)} pending extraction)" if ck.pending else ""
+    if not ck.total_keys:
+        return f"  Metadata: none{pending}"
+    noun = "key" if ck.total_keys == 1 else "keys"
+    lines = [
+        f"  Metadata: {count_text(ck.total_keys)} {noun}, {count_text(ck.with_metadata)} of"
+        f" {count_text(ck.documents)} documents{pending}"
+    ]
+    labels = [" | ".join(_type_label(t) for t in k.types) for k in ck.keys]
+    distinct = [sum(t.distinct_values for t in k.types) for k in ck.keys]
+    key_w = max(len(key_text(k.key)) for k in ck.keys)
+    label_w = max(len(label) for label in labels)
+    docs_w = max(len(count_text(k.documents)) for k in ck.keys)
+    distinct_w = max(len(count_text(d)) for d in distinct)
+    for k, label, d in zip(ck.keys, labels, distinct, strict=True):
+        cols = [
+            key_text(k.key).ljust(key_w),
+            label.ljust(label_w),
+            f"{count_text(k.documents).rjust(docs_w)} {_docs(k.documents)}",
+            f"{count_text(d).rjust(distinct_w)} distinct",
+        ]
+        preview = _preview(k, drill_down)
+        if preview:
+            cols.append(preview)
+        lines.append("    " + "  ".join(cols))
+    if ck.remaining_keys:
+        n = ck.remaining_keys
+        lines.append(f"    {count_text(n)} more {'key' if n == 1 else 'keys'}, see '{drill_down}'")
+    return "\n".join(lines)
