@@ -755,7 +755,7 @@ def status(c: Ctx) -> None:
             lines.append(f"    Files:    {col['files']} (updated {_ago(col['updated_at'])})")
             if col["contexts"]:
                 lines.append(f"    Contexts: {len(col['contexts'])}")
-            lines += _metadata_lines(col.get("metadata"))
+            lines += _metadata_lines(col)
             for w in (col.get("last_run") or {}).get("warnings", []):
                 lines.append(f"    ⚠ {w}")
             if col["skipped"]:
@@ -768,16 +768,17 @@ def status(c: Ctx) -> None:
     _out("\n".join(lines))
 
 
-def _metadata_lines(meta: dict[str, Any] | None) -> list[str]:
-    """`qmd status`: what a filter can see in a collection, and what it cannot (and why)."""
+def _metadata_lines(col: dict[str, Any]) -> list[str]:
+    """`qmd status`: a collection's top keys, and what a filter cannot see there (and why)."""
+    meta, keys = col.get("metadata"), col.get("metadata_keys") or ""
     if not meta or not (meta["with_metadata"] or meta["pending"] or meta["rejected"]):
         return []
-    parts = [f"{meta['with_metadata']} files"]
+    parts = [f"{meta['with_metadata']} files with metadata"]
     if meta["pending"]:
         parts.append(f"{meta['pending']} documents pending extraction (run 'qmd update')")
     if meta["rejected"]:
         parts.append(f"{meta['rejected']} rejected")
-    lines = [f"    Metadata: {', '.join(parts)}"]
+    lines = ["  " + keys if keys else "    Metadata: no keys", "              " + ", ".join(parts)]
     lines += [f"      {x['path']}: {x['reason']}" for x in meta["examples"]]
     if meta["rejected"] > len(meta["examples"]):
         lines.append(f"      … and {meta['rejected'] - len(meta['examples'])} more")
@@ -830,6 +831,8 @@ def collection_list(c: Ctx, as_json: bool) -> None:
             lines.append(f"  Ignore:   {', '.join(col['ignore'])}")
         lines.append(f"  Files:    {col['files']}")
         lines.append(f"  Updated:  {_ago(col['updated_at'])}")
+        if col.get("metadata_keys"):
+            lines.append(col["metadata_keys"])
         lines.append("")
     _out("\n".join(lines).rstrip())
 
@@ -851,7 +854,69 @@ def collection_show(c: Ctx, name: str) -> None:
         f"  Contexts: {len(col['contexts'])}",
     ]
     lines += [f"    /{k}: {v}" for k, v in col["contexts"].items()]
+    lines.append(col["metadata_overview"])
     _out("\n".join(lines))
+
+
+@collection.command("metadata")
+@click.argument("name", required=False, shell_complete=complete_collections)
+@click.option(
+    "--match", "match", type=JsonTree(), default=None, help="Report only entries matching this (field: key|value)."
+)
+@click.option(
+    "--filter", "metadata_filter", type=JsonTree(), default=None, help="Count only documents matching this filter."
+)
+@click.option("--key-limit", type=click.IntRange(min=1), default=50, show_default=True, help="Keys reported.")
+@click.option("--key-offset", type=click.IntRange(min=0), default=0, help="Keys skipped before the window.")
+@click.option("--all-keys", is_flag=True, help="Remove the key window.")
+@click.option(
+    "--value-limit", type=click.IntRange(min=1), default=10, show_default=True, help="Values per key and type."
+)
+@click.option("--value-offset", type=click.IntRange(min=0), default=0, help="Values skipped per key and type.")
+@click.option("--all-values", is_flag=True, help="Remove the value window.")
+@click.option("--sort", type=click.Choice(["count", "value"]), default="count", show_default=True)
+@click.option("--min-count", type=click.IntRange(min=1), default=1, help="Drop values held by fewer documents.")
+@pass_ctx
+def collection_metadata(
+    c: Ctx,
+    name: str | None,
+    match: dict[str, Any] | None,
+    metadata_filter: dict[str, Any] | None,
+    key_limit: int,
+    key_offset: int,
+    all_keys: bool,
+    value_limit: int,
+    value_offset: int,
+    all_values: bool,
+    sort: str,
+    min_count: int,
+) -> None:
+    """Which metadata keys, types and values the documents hold: what to filter on.
+
+    \b
+    Without NAME: the default collections, as an unscoped search.
+      qmd collection metadata notes
+      qmd collection metadata notes --match '{"field":"key","operator":"eq","value":"topics"}'
+      qmd collection metadata notes --match '{"field":"value","operator":"eq","value":"docs-team"}'
+      qmd collection metadata notes --filter '{"field":"status","operator":"eq","value":"published"}'
+    """
+    res = c.call(
+        "POST",
+        "/v1/metadata",
+        {
+            "collections": [name] if name else None,
+            "match": match,
+            "filter": metadata_filter,
+            "key_limit": None if all_keys else key_limit,
+            "key_offset": key_offset,
+            "value_limit": None if all_values else value_limit,
+            "value_offset": value_offset,
+            "sort": sort,
+            "min_count": min_count,
+        },
+    )
+    _warn(res["warnings"])
+    _out(res["text"])
 
 
 def _seg(name: str) -> str:

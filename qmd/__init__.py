@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from qmd.server.index.embed_job import EmbedReport
     from qmd.server.index.indexer import Summary
     from qmd.server.library import Index, open
+    from qmd.server.search.discovery import KeyReport, MetadataReport, TypeReport
     from qmd.server.search.hybrid import HybridOutcome, Stage
     from qmd.server.search.pointers import DocumentRef, DocumentText, Pointer, Retrieved, SearchOutcome
     from qmd.server.status import CollectionInfo, IndexStatus, VectorState
@@ -46,6 +47,9 @@ _EXPORTS = {
     "DocumentText": "qmd.server.search.pointers",
     "Retrieved": "qmd.server.search.pointers",
     "SearchOutcome": "qmd.server.search.pointers",
+    "MetadataReport": "qmd.server.search.discovery",
+    "KeyReport": "qmd.server.search.discovery",
+    "TypeReport": "qmd.server.search.discovery",
     "HybridOutcome": "qmd.server.search.hybrid",
     "Stage": "qmd.server.search.hybrid",
     "Summary": "qmd.server.index.indexer",
@@ -71,6 +75,9 @@ __all__ = [
     "DocumentText",
     "Retrieved",
     "SearchOutcome",
+    "MetadataReport",
+    "KeyReport",
+    "TypeReport",
     "HybridOutcome",
     "Stage",
     "Summary",

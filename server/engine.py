@@ -51,6 +51,7 @@ from qmd.server.models.refs import (
     resolve_models,
 )
 from qmd.server.models.worker import ModelSpec, WorkerClient
+from qmd.server.search.discovery import CollectionKeys, MetadataOptions, MetadataReport, discover, top_keys
 from qmd.server.search.expansion import Expander, worker_generate
 from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
 from qmd.server.search.keyword import search
@@ -372,6 +373,22 @@ class Engine:
             return self._rerankers[key], ""
         except QmdError as e:
             return None, f"reranking unavailable — {e.message}"
+
+    # -- metadata -----------------------------------------------------------
+
+    def scope(self, collections: list[str] | None) -> list[str]:
+        """The collections a request covers: those named (each must exist), else the default ones."""
+        return resolve_scope(self.config, collections)
+
+    def metadata(self, opts: MetadataOptions) -> MetadataReport:
+        """Discovery: the keys, types and values filters can be written from, in one snapshot."""
+        with self.store.read() as conn:
+            return discover(conn, opts)
+
+    def collection_keys(self, names: list[str], n: int = 5, *, values: int = 0) -> dict[str, CollectionKeys]:
+        """Each collection's most covered keys, for status and listings (a discovery each)."""
+        with self.store.read() as conn:
+            return {ck.collection: ck for ck in top_keys(conn, names, n, values=values)}
 
     # -- vectors ------------------------------------------------------------
 

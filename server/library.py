@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from qmd.paths import DEFAULT_INDEX, IndexPaths, cache_root
 from qmd.server.engine import Engine
@@ -32,7 +32,8 @@ from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConf
 from qmd.server.index.embed_job import EmbedReport
 from qmd.server.index.indexer import Summary
 from qmd.server.index.store import Store
-from qmd.server.search.filters import Filter, parse_filter
+from qmd.server.search.discovery import MetadataOptions, MetadataReport
+from qmd.server.search.filters import Filter, parse_filter, parse_match
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
 from qmd.server.search.pointers import DocumentText, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import SubQueryType, parse_query, typed_query
@@ -213,6 +214,35 @@ class Index:
             filter=_filter(filter),
         )
         return self.engine.query(doc, opts)
+
+    def metadata(
+        self,
+        *,
+        collections: Sequence[str] | None = None,
+        match: Mapping[str, Any] | None = None,
+        filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
+        key_limit: int | None = 50,
+        key_offset: int = 0,
+        value_limit: int | None = 10,
+        value_offset: int = 0,
+        sort: Literal["count", "value"] = "count",
+        min_count: int = 1,
+    ) -> MetadataReport:
+        """Discovery: which keys, types and values the documents in scope hold, so a
+        filter can be written from what is indexed. `match` narrows the entries reported,
+        `filter` the documents counted; `None` limits mean every key / value."""
+        opts = MetadataOptions(
+            self.engine.scope(list(collections) if collections else None),
+            match=None if match is None else parse_match(dict(match)),
+            filter=_filter(filter),
+            key_limit=key_limit,
+            key_offset=key_offset,
+            value_limit=value_limit,
+            value_offset=value_offset,
+            sort=sort,
+            min_count=min_count,
+        )
+        return self.engine.metadata(opts)
 
     # -- retrieval ----------------------------------------------------------------------
 

@@ -142,8 +142,14 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
             return (await client.list_tools()).tools
 
     tools = run(body)
-    assert [t.name for t in tools] == ["query", "get", "multi_get", "status"]
-    assert [t.title for t in tools] == ["Query", "Get Document", "Multi-Get Documents", "Index Status"]
+    assert [t.name for t in tools] == ["query", "get", "multi_get", "metadata", "status"]
+    assert [t.title for t in tools] == [
+        "Query",
+        "Get Document",
+        "Multi-Get Documents",
+        "Metadata Discovery",
+        "Index Status",
+    ]
     for t in tools:
         assert t.annotations is not None
         assert (t.annotations.read_only_hint, t.annotations.open_world_hint) == (True, False), t.name

@@ -184,5 +184,117 @@ def test_library_filters_like_every_surface(served: tuple[Env, Daemon, Path], tm
 def test_status_says_what_a_filter_can_and_cannot_see(served: tuple[Env, Daemon, Path]) -> None:
     env, _, _ = served
     out = env.ok("status")
-    assert "Metadata: 3 files, 1 rejected" in out
+    assert "3 files with metadata, 1 rejected" in out
     assert "broken.md: qmd.metadata.owner: null is not a value" in out
+
+
+# -- discovery ---------------------------------------------------------------------------
+
+PRIORITY = {"field": "key", "operator": "eq", "value": "priority"}
+
+
+def test_cli_discovery_prints_the_seeds_report(served: tuple[Env, Daemon, Path]) -> None:
+    env, _, _ = served
+    r = env.qmd("collection", "metadata", "notes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(
+        "priority  number | string  3 of 5 documents\n"
+        "  number  2 docs  min 3  median 4  max 5\n"
+        "  string  1 doc   high (1)\n"
+        "\n"
+        "status  string  3 of 5 documents  2 distinct\n"
+        "  published  2\n"
+        "  draft      1\n"
+    )
+    assert "topics  string[]  3 of 5 documents  4 distinct" in r.stdout
+    assert "reviewed  boolean  1 of 5 documents\n  true 1" in r.stdout
+    assert "notes/broken.md: qmd.metadata.owner: null" in r.stderr  # what discovery cannot see, on stderr
+    filtered = env.ok(
+        "collection",
+        "metadata",
+        "--match",
+        json.dumps({"field": "key", "operator": "eq", "value": "topics"}),
+        "--filter",
+        json.dumps(PUBLISHED),
+        "--value-limit",
+        "2",
+    )
+    assert filtered.startswith("filter: 2 of 5 documents\n\ntopics  string[]  2 of 2 documents  4 distinct\n")
+    assert "2 more values, use --value-limit <n>, --value-offset <n>, or --all-values" in filtered
+    paged = env.ok("collection", "metadata", "notes", "--key-limit", "1")
+    assert "3 more keys, use --key-limit <n>, --key-offset <n>, or --all-keys" in paged
+    r = env.qmd("collection", "metadata", "notes", "--json")
+    assert r.returncode == 2 and "No such option" in r.stderr  # text only, as the seed says
+    r = env.qmd("collection", "metadata", "--match", json.dumps({"field": "key", "operator": "all", "value": ["a"]}))
+    assert r.returncode != 0 and "match.operator: 'all' has no meaning for a single entry" in r.stderr
+    r = env.qmd("collection", "metadata", "nope")
+    assert r.returncode != 0 and "nope" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_listings_name_the_top_keys(served: tuple[Env, Daemon, Path]) -> None:
+    env, _, _ = served
+    assert "  Metadata: priority, status, topics, reviewed" in env.ok("collection", "list")
+    shown = env.ok("collection", "show", "notes")
+    assert "  Metadata: 4 keys, 3 of 5 documents" in shown and "published (2), draft (1)" in shown
+    assert "    Metadata: priority, status, topics, reviewed" in env.ok("status")
+
+
+def test_http_metadata_returns_the_structured_report(served: tuple[Env, Daemon, Path]) -> None:
+    _, d, _ = served
+    r = d.http.post("/metadata", json={"match": PRIORITY, "filter": PUBLISHED})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["documents"], body["filteredDocuments"], body["totalKeys"], body["remainingKeys"]) == (5, 2, 1, 0)
+    (key,) = body["keys"]
+    assert key["key"] == "priority" and key["documents"] == 2
+    number, string = key["types"]
+    assert number == {
+        "type": "number",
+        "multiValued": False,
+        "documents": 1,
+        "distinctValues": 1,
+        "values": [{"value": 3, "documents": 1}],
+        "remainingValues": 0,
+        "range": {"min": 3, "median": 3, "max": 3},
+        "collections": ["notes"],
+    }
+    assert string["values"] == [{"value": "high", "documents": 1}] and string["range"] is None
+    assert body["rejected"] == 1 and body["rejectedExamples"][0]["path"] == "broken.md"
+    for bad, message in (
+        ({"keyLimit": 0}, "keyLimit"),
+        ({"sort": "random"}, "sort"),
+        ({"match": {"field": "title", "operator": "eq", "value": "x"}}, "match.field"),
+        ({"match": {"field": "key", "operator": "exists", "value": True}}, "match.operator"),
+        ({"filter": {"field": "a", "operator": "eq"}}, "filter.value"),
+        ({"collections": ["nope"]}, "nope"),
+        ({"keyLimt": 5}, "keyLimt"),
+    ):
+        r = d.http.post("/metadata", json=bad)
+        assert r.status_code in (400, 404), (bad, r.text)
+        assert message in r.json()["error"], (bad, r.json())
+
+
+def test_mcp_metadata_tool_and_status_reveal_the_keys(served: tuple[Env, Daemon, Path]) -> None:
+    _, d, _ = served
+    res = tool(d, "metadata", {"match": PRIORITY})
+    assert not res.is_error
+    assert res.content[0].text.startswith("priority  number | string  3 of 5 documents")  # type: ignore[union-attr]
+    assert res.structured_content is not None and res.structured_content["keys"][0]["key"] == "priority"
+    assert "valueLimit" in error_of(tool(d, "metadata", {"valueLimit": -1}))
+    status = tool(d, "status", {})
+    assert status.structured_content is not None
+    (notes,) = status.structured_content["collections"]
+    assert [k["key"] for k in notes["metadataKeys"]] == ["priority", "status", "topics", "reviewed"]
+    assert {"key": "topics", "documents": 3, "types": ["string[]"]} in notes["metadataKeys"]
+    assert "metadata keys to filter on: priority (number|string, 3 docs)" in status.content[0].text  # type: ignore[union-attr]
+
+
+def test_library_discovery(served: tuple[Env, Daemon, Path], tmp_path: Path) -> None:
+    _, _, root = served
+    with qmd.open(tmp_path / "lib.sqlite", collections={"notes": {"path": str(root)}}) as index:
+        index.update()
+        report = index.metadata(match=PRIORITY)
+        assert isinstance(report, qmd.MetadataReport)
+        assert [(t.type, t.documents) for t in report.keys[0].types] == [("number", 2), ("string", 1)]
+        with pytest.raises(qmd.InvalidInput, match="key_limit"):
+            index.metadata(key_limit=0)

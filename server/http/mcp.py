@@ -46,8 +46,11 @@ from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.http.wire import (
     GetRequest,
     McpCollection,
+    McpKey,
     McpQueryArgs,
     McpStatus,
+    MetadataRequest,
+    MetadataResponse,
     MultiGetRequest,
     QueryResponse,
     ResultOut,
@@ -55,11 +58,14 @@ from qmd.server.http.wire import (
     SubSearch,
     form_error,
     mcp_result,
+    metadata_response,
+    metadata_text,
     query_plan,
     query_response,
 )
 from qmd.server.index.documents import split_range
 from qmd.server.index.store import utcnow
+from qmd.server.search.discovery import TypeReport
 from qmd.server.search.hybrid import primary_text
 
 log = logging.getLogger("qmd.mcp")
@@ -179,6 +185,16 @@ At most 8 results unless `limit` says otherwise. The answer comes within `budget
 (default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
 could not run are reported under `skipped` with the reason, never dropped silently."""
 
+_METADATA_DESCRIPTION = """\
+Discover the metadata (frontmatter `qmd: metadata:`) the documents hold, to write a \
+`filter` for `query` from what is indexed instead of guessing. One block per key in \
+coverage order, split by type, with document counts and the top values (numbers: min, \
+median, max). `match` narrows which entries are reported (`field` is "key" or "value"): \
+{"field":"key","operator":"eq","value":"topics"} for one key, \
+{"field":"value","operator":"eq","value":"docs-team"} for which keys hold a value. `filter` \
+narrows which documents are counted, to see what a filtered query would see. Every value \
+reported is one an `eq` filter matches exactly."""
+
 # -- shaping -------------------------------------------------------------------------
 
 
@@ -291,17 +307,41 @@ def run_multi_get(engine: Engine, args: MultiGetRequest) -> types.CallToolResult
     return types.CallToolResult(content=content)
 
 
+def run_metadata(engine: Engine, args: MetadataRequest) -> types.CallToolResult:
+    """Discovery: the text the CLI prints, and the report as structured content."""
+    report = engine.metadata(args.options(engine.scope(args.collections)))
+    answer = metadata_response(report)
+    text = metadata_text(report, args)
+    if answer.warnings:
+        text += "\n\n" + "\n".join(answer.warnings)
+    return types.CallToolResult(content=[_text(text)], structured_content=answer.model_dump(mode="json", by_alias=True))
+
+
+def _type_names(t: TypeReport) -> str:
+    return t.type + ("[]" if t.multi_valued else "")
+
+
 def run_status(engine: Engine, _args: StatusRequest) -> types.CallToolResult:
-    """Index size, embedding backlog and collections, most recently updated first."""
+    """Index size, embedding backlog and collections (with their most covered metadata
+    keys, so a first call reveals what `filter` can use), most recently updated first."""
     st = engine.status()
     now = utcnow()
+    indexed = [c for c in st.collections if c.files > 0]
+    keys = engine.collection_keys([c.name for c in indexed])
     collections = sorted(
         (
             McpCollection(
-                name=c.name, path=c.path, pattern=c.pattern, documents=c.files, last_updated=c.updated_at or now
+                name=c.name,
+                path=c.path,
+                pattern=c.pattern,
+                documents=c.files,
+                last_updated=c.updated_at or now,
+                metadata_keys=[
+                    McpKey(key=k.key, documents=k.documents, types=[_type_names(t) for t in k.types])
+                    for k in keys[c.name].keys
+                ],
             )
-            for c in st.collections
-            if c.files > 0
+            for c in indexed
         ),
         key=lambda c: c.last_updated,
         reverse=True,
@@ -314,7 +354,7 @@ def run_status(engine: Engine, _args: StatusRequest) -> types.CallToolResult:
         f"  Vector index: {'yes' if vector.available else 'no'}",
         *([] if vector.available else [f"    {vector.message}"]),
         f"  Collections: {len(collections)}",
-        *(f"    - {c.name}: {c.path} ({c.documents} docs)" for c in collections),
+        *(f"    - {c.name}: {c.path} ({c.documents} docs){_key_summary(c)}" for c in collections),
     ]
     answer = McpStatus(
         total_documents=st.documents,
@@ -325,6 +365,13 @@ def run_status(engine: Engine, _args: StatusRequest) -> types.CallToolResult:
     return types.CallToolResult(
         content=[_text("\n".join(lines))], structured_content=answer.model_dump(mode="json", by_alias=True)
     )
+
+
+def _key_summary(c: McpCollection) -> str:
+    if not c.metadata_keys:
+        return ""
+    keys = ", ".join(f"{k.key} ({'|'.join(k.types)}, {k.documents} docs)" for k in c.metadata_keys)
+    return f"; metadata keys to filter on: {keys}"
 
 
 @dataclass(frozen=True)
@@ -374,6 +421,18 @@ TOOLS: dict[str, ToolSpec] = {
             ),
             MultiGetRequest,
             run_multi_get,
+        ),
+        ToolSpec(
+            types.Tool(
+                name="metadata",
+                title="Metadata Discovery",
+                description=_METADATA_DESCRIPTION,
+                input_schema=tool_schema(MetadataRequest),
+                output_schema=tool_schema(MetadataResponse, output=True),
+                annotations=_READ_ONLY,
+            ),
+            MetadataRequest,
+            run_metadata,
         ),
         ToolSpec(
             types.Tool(

@@ -25,6 +25,7 @@ from qmd.server.errors import InvalidInput, QmdError
 from qmd.server.http.wire import (
     CLI_SNIPPET_CHARS,
     CliGetRequest,
+    CliMetadataResponse,
     CliMultiGetRequest,
     CliQueryRequest,
     CliQueryResponse,
@@ -35,6 +36,8 @@ from qmd.server.http.wire import (
     EmbedRequest,
     Health,
     HitOut,
+    MetadataRequest,
+    MetadataResponse,
     PullRequest,
     QueryRequest,
     QueryResponse,
@@ -46,6 +49,8 @@ from qmd.server.http.wire import (
     document_out,
     hit_out,
     http_status,
+    metadata_response,
+    metadata_text,
     public_result,
     query_plan,
     query_response,
@@ -53,6 +58,7 @@ from qmd.server.http.wire import (
     retrieved_out,
     search_response,
 )
+from qmd.server.search.discovery import render_key_names, render_overview
 
 router = APIRouter()
 
@@ -77,6 +83,14 @@ def query(body: QueryRequest, request: Request) -> QueryResponse[ResultOut]:
     return query_response(engine_of(request).query(*query_plan(body)), public_result)
 
 
+@router.post("/metadata", response_model=MetadataResponse, tags=["public"])
+def metadata(body: MetadataRequest, request: Request) -> MetadataResponse:
+    """Metadata discovery: which keys, types and values the documents in scope hold,
+    so a filter can be written from what is indexed instead of guessed."""
+    e = engine_of(request)
+    return metadata_response(e.metadata(body.options(e.scope(body.collections))))
+
+
 # The CLI's routes answer in snake_case and leave out what a result does not have
 # (a keyword hit has no fusion score): `qmd --json` prints them as they come.
 CLI_ANSWER: dict = {"response_model_by_alias": False, "response_model_exclude_unset": True, "tags": ["cli"]}
@@ -95,16 +109,35 @@ def cli_search(body: SearchRequest, request: Request) -> SearchResponse:
     return search_response(e.search(body.query, body.options()), e.config.editor_uri)
 
 
+@router.post("/v1/metadata", response_model=CliMetadataResponse, **CLI_ANSWER)
+def cli_metadata(body: MetadataRequest, request: Request) -> MetadataResponse:
+    e = engine_of(request)
+    report = e.metadata(body.options(e.scope(body.collections)))
+    return metadata_response(report, CliMetadataResponse, text=metadata_text(report, body))
+
+
 @router.get("/v1/status", tags=["cli"])
 def status(request: Request) -> dict:
     e = engine_of(request)
     daemon = {"pid": os.getpid(), "uptime": int(time.time() - e.started), "url": str(request.base_url).rstrip("/")}
-    return {**report_out(e.status()), "daemon": daemon}
+    st = report_out(e.status())
+    _with_key_names(e, st["collections"])
+    return {**st, "daemon": daemon}
+
+
+def _with_key_names(e: Engine, collections: list[dict]) -> None:
+    """Each collection's top keys as one line (`  Metadata: status, topics, +3 more`)."""
+    keys = e.collection_keys([c["name"] for c in collections])
+    for c in collections:
+        c["metadata_keys"] = render_key_names(keys[c["name"]])
 
 
 @router.get("/v1/collections", tags=["cli"])
 def list_collections(request: Request) -> dict:
-    return {"collections": [report_out(c) for c in engine_of(request).describe_collections()]}
+    e = engine_of(request)
+    collections = [report_out(c) for c in e.describe_collections()]
+    _with_key_names(e, collections)
+    return {"collections": collections}
 
 
 @router.post("/v1/collections", status_code=201, tags=["cli"])
@@ -117,7 +150,9 @@ def create_collection(body: CollectionCreate, request: Request) -> dict:
 def show_collection(name: str, request: Request) -> dict:
     e = engine_of(request)
     e.config.get(name)
-    return next(report_out(c) for c in e.describe_collections() if c.name == name)
+    shown = next(report_out(c) for c in e.describe_collections() if c.name == name)
+    shown["metadata_overview"] = render_overview(e.collection_keys([name], values=3)[name])
+    return shown
 
 
 @router.patch("/v1/collections/{name}", tags=["cli"])

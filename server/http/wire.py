@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
-from qmd.server.search.filters import Filter, parse_filter
+from qmd.server.search import discovery
+from qmd.server.search.discovery import MetadataOptions, MetadataReport
+from qmd.server.search.filters import Filter, parse_filter, parse_match
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions, Stage
 from qmd.server.search.pointers import DocumentText, Pointer, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
@@ -200,6 +202,54 @@ class SearchRequest(Request):
             self.full,
             self.explain,
             filter=filter_of(self.filter),
+        )
+
+
+class MetadataRequest(Request):
+    """`POST /metadata`, the MCP `metadata` tool, `qmd collection metadata`: show the
+    metadata matching `match`, for the documents passing `filter`."""
+
+    collections: list[str] | None = Field(
+        None, description="Restrict discovery to these collections (default: the collections `query` searches)."
+    )
+    match: dict[str, Any] | None = Field(
+        None,
+        description="Report only metadata entries matching this condition: the filter grammar with `field` "
+        '"key" (the entry\'s key name) or "value" (its value), e.g. {"field":"key","operator":"eq","value":"topics"} '
+        'or {"field":"value","operator":"prefix","value":"2025-"}. `exists` and `all` are refused.',
+    )
+    filter: dict[str, Any] | None = Field(
+        None, description="Count only documents matching this filter (the same filter as `query` takes)."
+    )
+    key_limit: int | None = Field(
+        discovery.DEFAULT_KEY_LIMIT,
+        ge=1,
+        le=100_000,
+        description="Keys reported, in coverage order (null: every key). `totalKeys` and `remainingKeys` "
+        "describe the rest.",
+    )
+    key_offset: int = Field(0, ge=0, description="Keys skipped before the window, in report order.")
+    value_limit: int | None = Field(
+        discovery.DEFAULT_VALUE_LIMIT,
+        ge=1,
+        le=100_000,
+        description="Values reported per key and type (null: every value). `remainingValues` reports the rest.",
+    )
+    value_offset: int = Field(0, ge=0, description="Values skipped per key and type, in `sort` order.")
+    sort: Literal["count", "value"] = Field("count", description="Order values by document count or by value.")
+    min_count: int = Field(1, ge=1, description="Hide values held by fewer documents.")
+
+    def options(self, scope: list[str]) -> MetadataOptions:
+        return MetadataOptions(
+            scope,
+            match=None if self.match is None else parse_match(self.match),
+            filter=filter_of(self.filter),
+            key_limit=self.key_limit,
+            key_offset=self.key_offset,
+            value_limit=self.value_limit,
+            value_offset=self.value_offset,
+            sort=self.sort,
+            min_count=self.min_count,
         )
 
 
@@ -423,12 +473,79 @@ class CliQueryResponse(QueryResponse[HitOut]):
     editor_uri: str | None = None
 
 
+class ValueOut(Response):
+    value: str | bool | int | float
+    documents: int
+
+
+class RangeOut(Response):
+    min: int | float
+    median: int | float
+    max: int | float
+
+
+class TypeOut(Response):
+    type: Literal["string", "number", "boolean"]
+    multi_valued: bool
+    documents: int
+    distinct_values: int
+    values: list[ValueOut]
+    remaining_values: int
+    range: RangeOut | None = None
+    collections: list[str]
+
+
+class KeyOut(Response):
+    key: str
+    documents: int
+    types: list[TypeOut]
+
+
+class RejectionOut(Response):
+    collection: str
+    path: str
+    reason: str
+
+
+class MetadataResponse(Response):
+    """Discovery's answer (seed: "Metadata Discovery"): keys in coverage order, each split
+    by type. Counts are documents; with a filter, `filteredDocuments` is the denominator."""
+
+    collections: list[str]
+    documents: int
+    filtered_documents: int | None
+    total_keys: int
+    remaining_keys: int
+    keys: list[KeyOut]
+    with_metadata: int
+    pending: int
+    rejected: int
+    rejected_examples: list[RejectionOut]
+    warnings: list[str]
+    """What the answer cannot see: documents pending extraction, rejected metadata."""
+
+
+class CliMetadataResponse(MetadataResponse):
+    """`qmd collection metadata`: the answer and its text, drawn where MCP draws it."""
+
+    text: str
+
+
+class McpKey(Response):
+    key: str
+    documents: int
+    types: list[str]
+    """`string`, `string[]` (an array), `number`, `boolean`; more than one when documents disagree."""
+
+
 class McpCollection(Response):
     name: str
     path: str
     pattern: str
     documents: int
     last_updated: str
+    metadata_keys: list[McpKey]
+    """The most covered metadata keys: what `filter` can use here (`metadata` tells more)."""
 
 
 class McpStatus(Response):
@@ -528,6 +645,19 @@ def retrieved_out(r: Retrieved) -> dict[str, Any]:
     if r.doc is None:
         return {"file": r.name, "skipped": True, "reason": r.reason, "error": True}
     return {**asdict(r.doc), "bytes": r.bytes, "skipped": r.skipped, "reason": r.reason, "body": r.body}
+
+
+def metadata_response(
+    report: MetadataReport, cls: type[MetadataResponse] = MetadataResponse, **extra: Any
+) -> MetadataResponse:
+    return cls.model_validate({**asdict(report), "warnings": discovery.warnings(report), **extra})
+
+
+def metadata_text(report: MetadataReport, req: MetadataRequest) -> str:
+    """The seed's text for a report, as the CLI prints it and MCP returns it."""
+    return discovery.render(
+        report, filtered=req.filter is not None, matched=req.match is not None, key_offset=req.key_offset
+    )
 
 
 def search_response(out: SearchOutcome, editor_uri: str | None) -> SearchResponse:
