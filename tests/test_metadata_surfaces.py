@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, Env, write
+from conftest import MODELS_DIR, Daemon, Env, require, write
 from test_mcp import error_of, tool
 
 import qmd
@@ -298,3 +298,32 @@ def test_library_discovery(served: tuple[Env, Daemon, Path], tmp_path: Path) -> 
         assert [(t.type, t.documents) for t in report.keys[0].types] == [("number", 2), ("string", 1)]
         with pytest.raises(qmd.InvalidInput, match="key_limit"):
             index.metadata(key_limit=0)
+
+
+def test_vector_and_hybrid_search_filter_with_a_real_embedder(tmp_path: Path) -> None:
+    """The paths a user takes with vectors: `qmd embed`, then `vsearch` and `query`
+    with a filter, through the real MiniLM embedder."""
+    model = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM test embedder (../shared/models)")
+    env = Env(tmp_path)
+    env.vars["QMD_EMBED_MODEL"] = str(model)
+    d = Daemon(env)
+    try:
+        env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
+        env.ok("embed")
+        hits = env.json(
+            "vsearch", "injecting dependencies", "--json", "--min-score", "0", "--filter", json.dumps(PUBLISHED)
+        )
+        assert files(hits) == {"ts-guide.md", "sql.md"}
+        r = env.qmd("vsearch", "injecting dependencies", "--json", "--min-score", "0")
+        assert len(json.loads(r.stdout)) == 5 and "keyword results instead" not in r.stderr  # vectors ran, unfiltered
+        body = d.http.post(
+            "/query",
+            json={
+                "query": "injecting dependencies",
+                "filter": {"field": "topics", "operator": "in", "value": ["typescript"]},
+            },
+        ).json()
+        assert files(body["results"]) == {"ts-guide.md", "ts-draft.md"}
+        assert next(s for s in body["stages"] if s["stage"] == "vector")["status"] == "ran"
+    finally:
+        d.stop()
