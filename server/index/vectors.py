@@ -9,7 +9,8 @@ one. `content_vectors` keeps each chunk's embedding too: it is the source the ve
 rows are made from (a chunk shared by two collections is embedded once).
 
 vec0 is never joined with other tables in one statement (it hangs; spec §4.2): every
-search is a KNN statement first, then plain lookups.
+search is a KNN statement first, then plain lookups (or, under a selective metadata
+filter, no KNN at all: `vec_distance_cosine` over the eligible chunks' stored vectors).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from qmd.server.index.store import utcnow
 MAX_K = 4096
 DENSE = 0.1
 """A filter admitting at least this share of a collection is searched by widening an
-unfiltered KNN; a sparser one by a KNN restricted to the eligible rows."""
+unfiltered KNN; a sparser one by measuring the distance to each eligible chunk."""
 
 
 def pack(vector: Sequence[float]) -> bytes:
@@ -252,7 +253,9 @@ def search(
     documents, however selective the filter. A dense filter widens the unfiltered KNN
     until enough eligible documents turn up (a few of them are skipped, nothing is
     approximated); a sparse one, or a dense one whose eligible documents lie beyond
-    the largest KNN, restricts the KNN to the eligible documents' rows."""
+    the largest KNN, measures the distance to every chunk of the eligible documents
+    (vec0 restricted to a rowid list still reads the whole partition: measured, 100 ms
+    for 150 eligible rows of 150k, where the direct scan takes 1 ms)."""
     cid = collection_id(conn, collection, create=False)
     if cid is None:
         return []
@@ -261,15 +264,17 @@ def search(
     eligible: set[int] | None = None
     if doc_filter is not None:
         sql, params = ids_sql(collection, doc_filter)
-        eligible = {r[0] for r in conn.execute(sql, params)}
+        # one aggregate row, not one Python row per document: 50k ids in 28 ms, not 41
+        ids = conn.execute(f"SELECT json_group_array(id) FROM ({sql})", params).fetchone()[0]
+        eligible = set(json.loads(ids))
+        if not eligible:
+            return []
         total = conn.execute(
             "SELECT count(*) FROM documents WHERE collection = ? AND active = 1", (collection,)
         ).fetchone()[0]
-        if not eligible:
-            return []
         share = len(eligible) / max(total, 1)
         if share < DENSE:
-            return _search_eligible(conn, space, qblob, cid, collection, limit, eligible, doc_filter)
+            return _search_eligible(conn, space, qblob, cid, limit, ids)
         k = min(MAX_K, math.ceil(k / share))
     while True:
         knn = _knn(conn, space, qblob, k, cid)
@@ -277,55 +282,42 @@ def search(
         if len(best) >= limit or len(knn) < k:
             break
         if k >= MAX_K:
-            if eligible is not None and doc_filter is not None:
-                return _search_eligible(conn, space, qblob, cid, collection, limit, eligible, doc_filter)
+            if eligible is not None:
+                return _search_eligible(conn, space, qblob, cid, limit, json.dumps(sorted(eligible)))
             break
         k = min(MAX_K, k * 4)
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
 
 
-def _knn(
-    conn: sqlite3.Connection, space: Space, qblob: bytes, k: int, cid: int, rowids: list[int] | None = None
-) -> list[tuple[int, float]]:
-    within = "" if rowids is None else " AND rowid IN (SELECT value FROM json_each(?))"
+def _knn(conn: sqlite3.Connection, space: Space, qblob: bytes, k: int, cid: int) -> list[tuple[int, float]]:
     return conn.execute(
-        f"SELECT rowid, distance FROM {_vec_table(space.id)} WHERE embedding MATCH ? AND k = ? AND collection_id = ?"
-        + within,
-        (qblob, k, cid, *(() if rowids is None else (json.dumps(rowids),))),
+        f"SELECT rowid, distance FROM {_vec_table(space.id)} WHERE embedding MATCH ? AND k = ? AND collection_id = ?",
+        (qblob, k, cid),
     ).fetchall()
 
 
 def _search_eligible(
-    conn: sqlite3.Connection,
-    space: Space,
-    qblob: bytes,
-    cid: int,
-    collection: str,
-    limit: int,
-    eligible: set[int],
-    doc_filter: DocFilter,
+    conn: sqlite3.Connection, space: Space, qblob: bytes, cid: int, limit: int, eligible_json: str
 ) -> list[VecHit]:
-    """KNN over the eligible documents' rows only: exact whatever their share."""
-    sql, params = ids_sql(collection, doc_filter)
-    rowids = [
-        r[0]
-        for r in conn.execute(
-            "SELECT vr.id FROM vector_rows vr JOIN content_vectors cv ON cv.id = vr.chunk_id"
-            f" WHERE vr.space_id = ? AND vr.collection_id = ? AND cv.hash IN (SELECT hash FROM documents"
-            f" WHERE id IN ({sql}))",
-            (space.id, cid, *params),
-        )
-    ]
-    if not rowids:
-        return []
-    k = min(MAX_K, max(limit * 3, 10), len(rowids))
-    while True:
-        knn = _knn(conn, space, qblob, k, cid, rowids)
-        best = _documents_for(conn, knn, collection, eligible)
-        if len(best) >= limit or len(knn) < k or k >= min(MAX_K, len(rowids)):
-            break
-        k = min(MAX_K, k * 4, len(rowids))
-    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
+    """The eligible documents (a JSON array of ids) ranked by the distance to each one's
+    nearest chunk, measured on every chunk of theirs that is in the collection's
+    partition: exact whatever their share. `vec_distance_cosine` is the function the
+    vec0 table's `distance_metric=cosine` computes (bit for bit), so these distances
+    merge with KNN ones."""
+    rows = conn.execute(
+        "SELECT d.id, vec_distance_cosine(cv.embedding, ?), cv.pos, cv.end_pos, cv.start_line, cv.end_line"
+        " FROM documents d CROSS JOIN content_vectors cv CROSS JOIN vector_rows vr"
+        " WHERE d.id IN (SELECT value FROM json_each(?)) AND cv.space_id = ? AND cv.hash = d.hash"
+        " AND vr.chunk_id = cv.id AND vr.collection_id = ?",
+        (qblob, eligible_json, space.id, cid),
+    ).fetchall()
+    nearest: dict[int, tuple[float, int, int, int, int]] = {}
+    for doc_id, dist, pos, end, sl, el in rows:
+        t = (dist, pos, end, sl, el)
+        if doc_id not in nearest or t < nearest[doc_id]:
+            nearest[doc_id] = t
+    ranked = sorted(nearest.items(), key=lambda kv: (kv[1][0], kv[0]))[:limit]
+    return [VecHit(doc_id, *chunk) for doc_id, chunk in ranked]
 
 
 def _documents_for(
