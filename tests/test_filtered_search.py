@@ -15,6 +15,7 @@ from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.index import vectors
 from qmd.server.index.metadata import Metadata
+from qmd.server.search import lexical
 from qmd.server.search.filters import Filter, matches, parse_filter
 from qmd.server.search.hybrid import CostModel, HybridQuery, Legs, QueryOptions
 from qmd.server.search.keyword import lexical_hits
@@ -147,7 +148,12 @@ def filters(n: int, seed: int) -> list[tuple[dict, Filter]]:
     return out
 
 
-def test_keyword_search_under_a_filter_is_the_filtered_ranking(corpus: Corpus) -> None:
+@pytest.mark.parametrize("per_row", [0, 10**9], ids=["listed-scope", "per-row-scope"])
+def test_keyword_search_under_a_filter_is_the_filtered_ranking(
+    corpus: Corpus, per_row: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both forms of the scope test, each forced on every statement."""
+    monkeypatch.setattr(lexical, "PER_ROW_SCOPE", per_row)
     engine = corpus.engine
     rng = random.Random(3)
     full_scope = scope_of(engine.config, None)

@@ -250,11 +250,14 @@ def extract(path: str, text: str) -> Extracted:
 
 @dataclass(frozen=True)
 class DocFilter:
-    """A metadata filter compiled for this store: a boolean SQL expression over
-    `documents d`, and its parameters."""
+    """A metadata filter compiled for this store, in its two forms (see
+    `search.filters.filter_sql`): boolean SQL expressions over `documents d`, with
+    their parameters."""
 
     sql: str
     params: tuple[object, ...]
+    per_document_sql: str
+    per_document_params: tuple[object, ...]
 
 
 def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
@@ -271,6 +274,22 @@ def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, 
         where.append(f"d.active = 1 AND d.meta_state IN (0, 1) AND ({doc_filter.sql})")
         params.extend(doc_filter.params)
     return "SELECT d.id FROM documents d" + (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+def hit_check_sql(rowid: str, collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
+    """The test `ids_sql` makes, as a per-row check of `rowid` (a column of the
+    statement's table): one primary-key probe per row instead of a list of every
+    document in scope, for statements that look at few rows."""
+    where: list[str] = []
+    params: list[object] = []
+    if collection is not None:
+        where.append("d.collection = ?")
+        params.append(collection)
+    if doc_filter is not None:
+        where.append(f"d.active = 1 AND d.meta_state IN (0, 1) AND ({doc_filter.per_document_sql})")
+        params.extend(doc_filter.per_document_params)
+    cond = " AND ".join(where) or "1"
+    return f"EXISTS (SELECT 1 FROM documents d WHERE d.id = {rowid} AND {cond})", params
 
 
 # -- storage ------------------------------------------------------------------------

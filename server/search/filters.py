@@ -381,17 +381,25 @@ _TYPE_SQL: Final = {t: f"'{t}'" for t in TYPES}
 """Type names are SQL literals taken only from this table, never from the AST."""
 
 
-def filter_sql(f: Filter, doc: str = "d") -> tuple[str, list[Bound]]:
+def filter_sql(f: Filter, doc: str = "d", *, per_document: bool = False) -> tuple[str, list[Bound]]:
     """A boolean SQL expression true for the documents (alias `doc` of `documents`) the
     filter keeps. It sees only `document_metadata`: the caller adds
     `{doc}.active = 1 AND {doc}.meta_state IN (0, 1)` itself, which is what keeps
     pending (NULL) and rejected (2) documents out, since to this expression they look
-    like documents without metadata (and `not`/`exists false` would admit them)."""
+    like documents without metadata (and `not`/`exists false` would admit them).
+
+    Two forms, one meaning. By default each condition is `{doc}.id IN (…)`, a list of
+    the documents holding a matching value, built once per statement from the
+    (key, type, value) index: the cheap form when many documents are to be tested.
+    `per_document` makes each an `EXISTS` probe of the document's own rows (the
+    primary key): the cheap form when few are, such as the hits of a rare word."""
 
     def has(c: Condition, pred: _Sql) -> _Sql:
         if pred == _FALSE:
             return _FALSE
         where = "key = ?" if pred == _TRUE else f"key = ? AND {pred[0]}"
+        if per_document:
+            return f"EXISTS (SELECT 1 FROM document_metadata WHERE doc_id = {doc}.id AND {where})", [c.field, *pred[1]]
         return f"{doc}.id IN (SELECT doc_id FROM document_metadata WHERE {where})", [c.field, *pred[1]]
 
     return _tree(f, lambda c: _condition_sql(c, _DOC_ROW, lambda p: has(c, p)), _join, _negate)

@@ -38,7 +38,8 @@ def scope_of(config: Config, collections: list[str] | None, f: Filter | None = N
     if f is None:
         return Scope(names)
     sql, params = filter_sql(f, "d")
-    return Scope(names, f, DocFilter(sql, tuple(params)))
+    per_doc, per_doc_params = filter_sql(f, "d", per_document=True)
+    return Scope(names, f, DocFilter(sql, tuple(params), per_doc, tuple(per_doc_params)))
 
 
 @dataclass(frozen=True)
