@@ -741,10 +741,58 @@ def test_the_sql_agrees_with_the_reference_under_every_plan(
                 min_count=rnd.choice([1, 1, 2, 5]),
             )
             expected = reference(docs, opts)
+            with s.read() as conn:
+                assert discover(conn, opts) == expected, ("planned", f, m)
             for plan in ("drive", "probe", "exclude"):
                 monkeypatch.setattr(discovery, "_plan", lambda _census, plan=plan: plan)
                 with s.read() as conn:
                     assert discover(conn, opts) == expected, (plan, f, m)
-                render(expected, filtered=f is not None, matched=m is not None)
+            monkeypatch.undo()
+            render(expected, filtered=f is not None, matched=m is not None)
+    finally:
+        s.close()
+
+
+def test_a_filter_and_match_over_the_binding_budget_are_refused_together() -> None:
+    """Each fits alone; together they would not fit in one statement."""
+    f = parse_filter({"field": "k", "operator": "all", "value": [f"v{i}" for i in range(4000)]})  # 8,000 parameters
+    m = parse_match({"field": "value", "operator": "in", "value": [f"w{i}" for i in range(400)]})
+    with pytest.raises(InvalidInput, match="binding budget"):
+        MetadataOptions(["notes"], filter=f, match=m)
+    MetadataOptions(["notes"], filter=f)
+
+
+def test_a_clean_index_is_read_without_testing_each_entry(tmp_path: Path) -> None:
+    """Every document holding entries counts (whole scope, no filter, no deleted
+    file's entries): the `all` plan, and the same answer as the reference."""
+    docs = [
+        d
+        for d in random_corpus(random.Random(11), 400)
+        if d.active and d.collection != "other" or (d.state in (None, 2, 0) and d.meta is None)
+    ]
+    s = Store(tmp_path / "clean.sqlite")
+    try:
+        add(s, docs)
+        for opts in (
+            MetadataOptions(["notes", "work"]),
+            MetadataOptions(
+                ["notes", "work"],
+                match=parse_match({"field": "key", "operator": "eq", "value": "k0"}),
+                sort="value",
+                min_count=2,
+            ),
+            MetadataOptions(
+                ["notes", "work"], match=parse_match({"field": "value", "operator": "type", "value": "number"})
+            ),
+        ):
+            with s.read() as conn:
+                census, _ = discovery._census(conn, '["notes", "work"]', None)
+                assert discovery._plan(census) == "all"
+                assert discover(conn, opts) == reference(docs, opts)
+            with s.read() as conn:
+                narrower = replace(opts, collections=("notes",))
+                census, _ = discovery._census(conn, '["notes"]', None)
+                assert discovery._plan(census) != "all"
+                assert discover(conn, narrower) == reference(docs, narrower)
     finally:
         s.close()

@@ -36,7 +36,15 @@ index in order, and array documents, the only ones that make a key's document co
 differ from its entry count, are grouped while walking the table in (doc_id, ...)
 order. Neither grouping needs a sort over every entry. How the eligible documents are
 joined is chosen from the census (see `_plan`), as the cheapest way depends on how many
-of the index's documents they are; the answer never does.
+of the index's documents they are; the answer never does. The plans and the collection
+flags rely on what `index.metadata.store` guarantees: a document holds entries only
+while its `meta_state` is 1 (it replaces both in one transaction).
+
+The cost is two walks of 860k entries for 100k documents (~4.5 walks of the value
+index in all, bench/bench_discovery.py). The second exists only because the value
+index cannot tell a document's first entry of a key from its others: were `multi` 1
+for an array's first element and 2 for the rest, and in the index, one walk would
+count documents directly (`count(*) FILTER (WHERE multi < 2)`).
 """
 
 from __future__ import annotations
@@ -110,6 +118,12 @@ class MetadataOptions:
         _whole("min_count", self.min_count, least=1)
         if self.sort not in ("count", "value"):
             raise _option_error("sort", "'count' or 'value'", self.sort)
+        # Each was checked alone when parsed. The statement binds the filter twice at
+        # most and the match twice (for the values and for the arrays), which stays
+        # far under SQLite's limit while their sum is within the budget.
+        fparams = filter_sql(self.filter)[1] if self.filter is not None else []
+        mparams = match_sql(self.match)[1] if self.match is not None else []
+        check_binding_budget(len(fparams) + len(mparams))
         object.__setattr__(self, "collections", tuple(dict.fromkeys(self.collections)))
 
 
@@ -214,21 +228,35 @@ class _Census:
 
 
 def _census(conn: sqlite3.Connection, scope_json: str, flt: Filter | None) -> tuple[_Census, list[Bound]]:
-    in_scope = "d.active = 1 AND d.collection IN (SELECT value FROM json_each(?))"
-    fsql, fparams = filter_sql(flt, "d") if flt is not None else ("1", [])
+    """One pass over the scope's active documents (each sum costs a few ms over 100k).
+    `+` keeps the planner off the collection index, whose seeks would each cost a row
+    lookup: a scan of the table is cheaper unless the scope is a small part of the
+    index. Without a filter, the counted documents are the extracted ones (states 0
+    and 1), so they follow from the other counts."""
+    scope = "FROM documents d WHERE d.active = 1 AND +d.collection IN (SELECT value FROM json_each(?))"
+    with_rows = "(SELECT count(*) FROM documents WHERE meta_state = 1)"
+    if flt is None:
+        row = conn.execute(
+            "SELECT count(*), coalesce(sum(d.meta_state = 1), 0), coalesce(sum(d.meta_state IS NULL), 0),"
+            f" coalesce(sum(d.meta_state = 2), 0), {with_rows} {scope}",
+            [scope_json],
+        ).fetchone()
+        documents, with_metadata, pending, rejected, rows = (int(v) for v in row)
+        return _Census(
+            documents, with_metadata, pending, rejected, documents - pending - rejected, with_metadata, rows
+        ), []
+    # The subquery's `LIMIT -1` keeps SQLite from flattening it, which would copy the
+    # filter into both sums that read `ok` and so evaluate it twice a document.
+    fsql, fparams = filter_sql(flt, "d")
     row = conn.execute(
-        f"""SELECT
-          coalesce(sum({in_scope}), 0),
-          coalesce(sum({in_scope} AND d.meta_state = 1), 0),
-          coalesce(sum({in_scope} AND d.meta_state IS NULL), 0),
-          coalesce(sum({in_scope} AND d.meta_state = 2), 0),
-          coalesce(sum(CASE WHEN {in_scope} AND d.meta_state IN (0, 1) THEN ({fsql}) ELSE 0 END), 0),
-          coalesce(sum(CASE WHEN {in_scope} AND d.meta_state = 1 THEN ({fsql}) ELSE 0 END), 0),
-          coalesce(sum(d.meta_state = 1), 0)
-        FROM documents d""",
-        [scope_json] * 4 + [scope_json, *fparams, scope_json, *fparams],
+        "SELECT count(*), coalesce(sum(s = 1), 0), coalesce(sum(s IS NULL), 0), coalesce(sum(s = 2), 0),"
+        f" coalesce(sum(ok), 0), coalesce(sum(ok AND s = 1), 0), {with_rows}"
+        f" FROM (SELECT d.meta_state AS s, CASE WHEN d.meta_state IN (0, 1) THEN ({fsql}) ELSE 0 END AS ok {scope}"
+        " LIMIT -1)",
+        [*fparams, scope_json],
     ).fetchone()
-    return _Census(*(int(v) for v in row)), fparams
+    documents, with_metadata, pending, rejected, eligible, eligible_with_rows, rows = (int(v) for v in row)
+    return _Census(documents, with_metadata, pending, rejected, eligible, eligible_with_rows, rows), fparams
 
 
 def _rejections(conn: sqlite3.Connection, scope_json: str) -> list[Rejection]:
@@ -241,27 +269,32 @@ def _rejections(conn: sqlite3.Connection, scope_json: str) -> list[Rejection]:
     return [Rejection(c, p, r) for c, p, r in rows]
 
 
-Plan: TypeAlias = Literal["drive", "probe", "exclude"]
+Plan: TypeAlias = Literal["all", "drive", "probe", "exclude"]
 
 
 def _plan(census: _Census) -> Plan:
     """How the statement joins the eligible documents to their entries; it changes
-    the time an answer takes, never the answer. `f` is the eligible share of the
-    documents holding entries. Walking the whole value index costs about the same
-    whatever `f` is; on top of it, testing an entry's document costs little when a
-    Bloom filter rules it out, and a b-tree probe when it does not.
+    the time an answer takes, never the answer. The choice is by the eligible share
+    of the documents holding entries: walking the whole value index costs about the
+    same whatever the share, and testing an entry's document on top of it costs
+    little when a Bloom filter rules the document out, a b-tree probe when not.
 
-    - drive (`f` <= 0.1): start from the eligible documents and fetch their entries
-      by primary key, then sort them into groups: about 1 us an entry, but only theirs.
-    - probe (`f` <= 0.5): walk the index, probing the (smaller) eligible set.
+    - drive (share <= 7%): start from the eligible documents, fetch their entries by
+      primary key and sort them into groups, about 1 us an entry, but only theirs.
+    - probe (<= 65%): walk the index, probing the set of eligible documents.
     - exclude: walk the index, probing the (smaller) set of the other documents, so
-      most entries are passed by the Bloom filter alone.
+      the Bloom filter alone passes most entries.
+    - all: every document holding entries counts (the whole index in scope, no
+      filter, no deleted file's entries left): walk the index testing nothing.
 
-    The thresholds come from timing 100k documents (bench/bench_discovery.py)."""
+    The crossovers are where the plans' times met on 100k documents with 860k
+    entries (bench/bench_discovery.py), at shares from 2% to 99%."""
+    if census.eligible_with_rows == census.with_rows:
+        return "all"
     share = census.eligible_with_rows / census.with_rows if census.with_rows else 0.0
-    if share <= 0.1:
+    if share <= 0.07:
         return "drive"
-    return "probe" if share <= 0.5 else "exclude"
+    return "probe" if share <= 0.65 else "exclude"
 
 
 def _folds(f: Filter) -> bool:
@@ -292,16 +325,13 @@ class _Statement:
 
 
 def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[Bound], plan: Plan) -> _Statement:
-    """The one statement that reads the entries. It returns rows of three kinds, told
+    """The one statement that reads the entries. It returns rows of four kinds, told
     apart by their first column: one `total` (the number of keys), a `pair` per
-    (key, type) in the key window, a `value` per value in a value window."""
+    (key, type) in the key window, a `middle` per number pair (its median's two
+    middle entries), a `value` per value in a value window."""
     s = _Statement()
     fsql = filter_sql(options.filter, "d")[0] if options.filter is not None else "1"
     msql, mparams = match_sql(options.match, "m") if options.match is not None else ("1", [])
-    # Each was checked alone when parsed; bound together (the match twice, for the
-    # values and for the arrays), they stay far under SQLite's limit when their sum
-    # is within the budget.
-    check_binding_budget(len(fparams) + len(mparams))
     matched = options.match is not None
 
     s.add("WITH")
@@ -312,37 +342,52 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
         [scope_json, *fparams],
     )
     if plan == "exclude":
-        s.add("other(id) AS MATERIALIZED (SELECT d.id FROM documents d WHERE d.id NOT IN (SELECT id FROM elig)),")
+        # Every document the answer does not count, by the same test as `elig`
+        # negated (the CASE makes it 0 or 1, never NULL, for a pending document).
+        s.add(
+            "other(id) AS MATERIALIZED (SELECT d.id FROM documents d WHERE NOT CASE WHEN d.active = 1"
+            " AND d.meta_state IN (0, 1) AND d.collection IN (SELECT value FROM json_each(?))"
+            f" THEN ({fsql}) ELSE 0 END),",
+            [scope_json, *fparams],
+        )
         counted = "NOT EXISTS (SELECT 1 FROM other o WHERE o.id = m.doc_id)"
+    elif plan == "all":
+        counted = "1"
     else:
         counted = "m.doc_id IN (SELECT id FROM elig)"
 
-    # vals: documents per matching (key, type, value) of the counted documents.
+    # vals: per matching (key, type, value) of the counted documents, its documents,
+    # and in value order the running count of entries and of values held by at least
+    # min_count documents, the pair's entries and its least value. Grouped while
+    # walking the (key, type, value, doc_id) index, the rows come out in that order,
+    # which the windows reuse without sorting again.
     if plan == "drive":
         entries = f"FROM elig e CROSS JOIN document_metadata m ON m.doc_id = e.id WHERE ({msql})"
-    else:
+    elif options.match is not None and _folds(options.match):
         # The value index holds key, type, value and doc_id, not `folded`: a match
         # that folds case reads every row it tests, which one walk of the table does
         # at a fraction of the cost of looking each up from the index. Wrapped in a
         # CASE, the match offers the planner no index to seek.
-        if options.match is not None and _folds(options.match):
-            entries = f"FROM document_metadata m WHERE {counted} AND CASE WHEN ({msql}) THEN 1 ELSE 0 END"
-        else:
-            entries = f"FROM document_metadata m INDEXED BY idx_metadata_value WHERE {counted} AND ({msql})"
+        entries = f"FROM document_metadata m WHERE {counted} AND CASE WHEN ({msql}) THEN 1 ELSE 0 END"
+    else:
+        entries = f"FROM document_metadata m INDEXED BY idx_metadata_value WHERE {counted} AND ({msql})"
     s.add(
-        "vals(key, type, value, docs) AS MATERIALIZED ("
-        f" SELECT m.key, m.type, m.value, count(*) {entries} GROUP BY m.key, m.type, m.value),",
-        mparams,
+        "vals(key, type, value, docs, upto, kept, entries, lowest) AS MATERIALIZED ("
+        " SELECT m.key, m.type, m.value, count(*), sum(count(*)) OVER w, sum(count(*) >= ?) OVER w,"
+        "  sum(count(*)) OVER (PARTITION BY m.key, m.type), first_value(m.value) OVER w"
+        f" {entries} GROUP BY m.key, m.type, m.value"
+        " WINDOW w AS (PARTITION BY m.key, m.type ORDER BY m.value ROWS UNBOUNDED PRECEDING)),",
+        [options.min_count, *mparams],
     )
 
     # arrays: per (key, type), the counted documents holding it as an array, those of
     # them with a matching entry, and their matching entries. Only these documents
     # hold several entries of one key, so they turn entry counts into document counts.
-    n = f"sum({msql})" if matched else "count(*)"
     # In the table's own (doc_id, key, type, value) order, a document's entries of a
     # key are adjacent, so grouping them needs no sort. `multi` is not in the value
     # index, and an index walk would look it up row by row (`+` keeps the planner
     # off it; NOT INDEXED does not, on a WITHOUT ROWID table).
+    n = f"sum({msql})" if matched else "count(*)"
     keys_only = " AND +m.key IN (SELECT key FROM vals)" if matched else ""
     if plan == "drive":
         arrays = f"FROM elig e CROSS JOIN document_metadata m ON m.doc_id = e.id WHERE m.multi = 1{keys_only}"
@@ -356,14 +401,12 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
         mparams if matched else [],
     )
 
+    # pairs: a pair's last value (in value order) carries its totals.
     s.add(
         "pairs(key, type, docs, entries, distinct_values, multi, lowest, highest) AS MATERIALIZED ("
         " SELECT v.key, v.type, v.entries - coalesce(a.rows_match, 0) + coalesce(a.docs_match, 0), v.entries,"
-        "  v.distinct_values, coalesce(a.docs_all, 0) > 0, v.lowest, v.highest"
-        " FROM (SELECT key, type, sum(docs) AS entries, count(*) FILTER (WHERE docs >= ?) AS distinct_values,"
-        "        min(value) AS lowest, max(value) AS highest FROM vals GROUP BY key, type) v"
-        " LEFT JOIN arrays a ON a.key = v.key AND a.type = v.type),",
-        [options.min_count],
+        "  v.kept, coalesce(a.docs_all, 0) > 0, v.lowest, v.value"
+        " FROM vals v LEFT JOIN arrays a ON a.key = v.key AND a.type = v.type WHERE v.upto = v.entries),"
     )
     s.add(
         "keys(key, docs, rank) AS MATERIALIZED ("
@@ -372,53 +415,72 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
     key_end = -1 if options.key_limit is None else options.key_offset + options.key_limit
     s.add(
         "shown(key, docs, rank) AS MATERIALIZED ("
-        " SELECT key, docs, rank FROM keys WHERE rank > ? AND (? < 0 OR rank <= ?)),",
+        " SELECT key, docs, rank FROM keys WHERE rank > ? AND (? < 0 OR rank <= ?))",
         [options.key_offset, key_end, key_end],
     )
-    order = "v.docs DESC, v.value" if options.sort == "count" else "v.value"
-    s.add(
-        "ranked(key, type, value, docs, pos) AS ("
-        f" SELECT v.key, v.type, v.value, v.docs, row_number() OVER (PARTITION BY v.key, v.type ORDER BY {order})"
-        " FROM vals v JOIN shown k ON k.key = v.key WHERE v.docs >= ?),",
-        [options.min_count],
-    )
-    # The median's one or two middle entries: the least values whose running count of
-    # entries reaches the middle positions, (n + 1) / 2 and n / 2 + 1 (integer halves).
-    s.add(
-        "middle(key, type, lower, upper) AS ("
-        " SELECT c.key, c.type, min(c.value) FILTER (WHERE c.upto >= (p.entries + 1) / 2),"
-        "  min(c.value) FILTER (WHERE c.upto >= p.entries / 2 + 1)"
-        " FROM (SELECT v.key, v.type, v.value,"
-        "        sum(v.docs) OVER (PARTITION BY v.key, v.type ORDER BY v.value ROWS UNBOUNDED PRECEDING) AS upto"
-        "       FROM vals v JOIN shown k ON k.key = v.key WHERE v.type = 'number') c"
-        " JOIN pairs p ON p.key = c.key AND p.type = c.type GROUP BY c.key, c.type)"
-    )
+    if options.sort == "count":
+        s.add(
+            ", ranked(key, type, value, docs, pos) AS ("
+            " SELECT v.key, v.type, v.value, v.docs,"
+            "  row_number() OVER (PARTITION BY v.key, v.type ORDER BY v.docs DESC, v.value)"
+            " FROM vals v WHERE v.key IN (SELECT key FROM shown) AND v.docs >= ?)",
+            [options.min_count],
+        )
+    else:
+        s.add(
+            ", ranked(key, type, value, docs, pos) AS ("
+            " SELECT v.key, v.type, v.value, v.docs, v.kept FROM vals v WHERE v.key IN (SELECT key FROM shown)"
+            " AND v.docs >= ?)",
+            [options.min_count],
+        )
 
     # Which collections contribute: one flag per collection in scope, read from the
     # pair's matching values (a match depends on key, type and value alone, so `vals`
-    # says which entries match and the match is not bound again). The eligible
-    # documents of one collection are a set built once per statement.
+    # says which entries match and the match is not bound again). Most pairs are found
+    # in a collection among their first entries, so those are looked up first, one
+    # document each; only a pair not found there reads all its entries, against the
+    # set of the collection's documents, built on first use (once a statement).
+    # Without a filter, a collection's counted documents are its active ones (only
+    # extracted documents hold entries).
     colls = options.collections
-    if len(colls) > 1:
+    entries_of = (
+        "SELECT x.doc_id AS id FROM vals w CROSS JOIN document_metadata x"
+        " ON x.key = w.key AND x.type = w.type AND x.value = w.value WHERE w.key = p.key AND w.type = p.type"
+    )
+    flag_params: list[Bound] = []
+    if len(colls) <= 1:
+        flags = "NULL"
+    elif options.filter is None:
         flags = " || ".join(
-            "(CASE WHEN EXISTS (SELECT 1 FROM vals w CROSS JOIN document_metadata x"
-            " ON x.key = w.key AND x.type = w.type AND x.value = w.value"
-            " WHERE w.key = p.key AND w.type = p.type"
-            " AND +x.doc_id IN (SELECT id FROM elig WHERE collection = ?)) THEN '1' ELSE '0' END)"
+            f"(CASE WHEN EXISTS (SELECT 1 FROM ({entries_of} LIMIT 64) y CROSS JOIN documents d ON d.id = y.id"
+            " WHERE d.collection = ? AND d.active = 1) THEN '1'"
+            f" WHEN EXISTS ({entries_of} AND +x.doc_id IN"
+            " (SELECT id FROM documents WHERE collection = ? AND active = 1)) THEN '1' ELSE '0' END)"
             for _ in colls
         )
-        flag_params: list[Bound] = list(colls)
+        flag_params = [c for c in colls for _ in (0, 1)]
     else:
-        flags, flag_params = "NULL", []
+        flags = " || ".join(
+            f"(CASE WHEN EXISTS ({entries_of} AND +x.doc_id IN (SELECT id FROM elig WHERE collection = ?))"
+            " THEN '1' ELSE '0' END)"
+            for _ in colls
+        )
+        flag_params = list(colls)
     s.add("SELECT 'total', NULL, NULL, NULL, (SELECT count(*) FROM keys), NULL, NULL, NULL, NULL, NULL, NULL")
     s.add(
         "UNION ALL SELECT 'pair', p.key, p.type, NULL, p.docs, k.rank, p.distinct_values, p.multi,"
-        f" p.lowest, p.highest, {flags}"
-        " FROM pairs p JOIN shown k ON k.key = p.key",
+        f" p.lowest, p.highest, {flags} FROM pairs p JOIN shown k ON k.key = p.key",
         flag_params,
     )
+    # The median's one or two middle entries: the values whose running count of
+    # entries first reaches the middle positions, (n + 1) / 2 and n / 2 + 1 (integer
+    # halves): one row of `vals` each.
     s.add(
-        "UNION ALL SELECT 'middle', m.key, m.type, NULL, NULL, NULL, NULL, NULL, m.lower, m.upper, NULL FROM middle m"
+        "UNION ALL SELECT 'middle', v.key, v.type, NULL, NULL, NULL, NULL, NULL,"
+        " max(v.value) FILTER (WHERE v.upto - v.docs < (v.entries + 1) / 2),"
+        " max(v.value) FILTER (WHERE v.upto - v.docs < v.entries / 2 + 1), NULL"
+        " FROM vals v WHERE v.type = 'number' AND v.key IN (SELECT key FROM shown)"
+        " AND v.upto >= (v.entries + 1) / 2 AND v.upto - v.docs < v.entries / 2 + 1 GROUP BY v.key, v.type"
     )
     value_end = -1 if options.value_limit is None else options.value_offset + options.value_limit
     s.add(

@@ -1,0 +1,225 @@
+"""Metadata discovery latency (`qmd collection metadata`) on a large index, in process.
+
+    .venv/bin/python bench/bench_discovery.py [--docs 100000] [--seed 1] [--rounds 15] [--keep]
+
+Builds a temporary `qmd.server.index.store.Store` holding --docs documents in two
+collections (`notes` two thirds, `work` one third; ~1% inactive with their metadata
+left behind, ~1% pending extraction, ~0.5% rejected) with generated metadata written
+straight through SQL: about 8 keys a document, mixed types and arrays —
+
+    status    string, 5 values           owner     string, 50 values
+    created   string, ~340 dates         reviewed  boolean
+    priority  number 1-5 (60%), or the string high/low (5%): a type conflict
+    topics    string[], 1-4 of 2,000 words drawn Zipf-like (90%)
+    tags      string[], 1-3 of 300 (60%)  score    number 0-100, 2 decimals (50%)
+    mem-N     one of 40 rare keys (30%)
+
+— about 10 entries a document. Then `discovery.discover` runs on the store's own
+query_only reader, over both collections, --rounds times per case, the cases
+interleaved: no filter; a filter admitting ~5% of the documents (`score gte 90`); a
+key match (`key eq topics`, the largest key); a value match (`value eq team-7`, a
+reverse lookup over every key); one collection. Each answer is one read transaction
+(a census of the documents, then one statement for the entries).
+
+Baselines from the same run: `SELECT count(*)` of the scope's active documents (what
+any answer pays to say how many documents there are), and one walk of the whole
+(key, type, value, doc_id) index grouping entries by value with no scope or filter
+(the floor of any exact per-value count). Figures only, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import CpuWindow, code_line, machine, summary_ms, table, write_json  # noqa: E402
+
+from qmd.server.index.db import sqlite3  # noqa: E402
+from qmd.server.index.store import Store  # noqa: E402
+from qmd.server.search import discovery  # noqa: E402
+from qmd.server.search.filters import parse_filter, parse_match  # noqa: E402
+
+SCOPE = ["notes", "work"]
+
+
+def build(store: Store, docs: int, seed: int) -> dict[str, int]:
+    """Documents and their metadata rows, as the indexer would leave them (a string's
+    `folded` is its ASCII lowercase, a boolean is 0/1, array values have `multi` 1)."""
+    rnd = random.Random(seed)
+    vocab = [f"topic-{i}" for i in range(2000)]
+    weights = [1 / (i + 1) for i in range(len(vocab))]
+    tags = [f"tag{i}" for i in range(300)]
+    owners = [f"team-{i}" for i in range(50)]
+    statuses = ["draft", "published", "archived", "review", "42"]
+
+    def fn(conn: sqlite3.Connection) -> dict[str, int]:
+        conn.executemany(
+            "INSERT INTO content(hash, doc, created_at) VALUES (?, 'x', 'now')", [(f"h{i}",) for i in range(docs)]
+        )
+        documents, rows = [], []
+        for i in range(1, docs + 1):
+            collection = "work" if i % 3 == 0 else "notes"
+            r = rnd.random()
+            state = None if r < 0.01 else 2 if r < 0.015 else 0 if r < 0.03 else 1
+            active = int(rnd.random() >= 0.01)
+            documents.append(
+                (i, collection, f"d/{i}.md", f"h{i - 1}", active, state, "bad value" if state == 2 else None)
+            )
+            if state != 1:
+                continue
+
+            def put(key: str, value: str | int | float, multi: int = 0, *, doc: int = i) -> None:
+                t = "boolean" if isinstance(value, bool) else "string" if isinstance(value, str) else "number"
+                folded = value.lower() if isinstance(value, str) else None
+                rows.append((doc, key, t, int(value) if isinstance(value, bool) else value, folded, multi))
+
+            put("status", rnd.choice(statuses))
+            put("owner", rnd.choice(owners))
+            put("created", f"2025-{rnd.randint(1, 12):02d}-{rnd.randint(1, 28):02d}")
+            put("reviewed", rnd.random() < 0.2)
+            r = rnd.random()
+            if r < 0.6:
+                put("priority", rnd.randint(1, 5))
+            elif r < 0.65:
+                put("priority", rnd.choice(["high", "low"]))
+            if rnd.random() < 0.9:
+                for t in set(rnd.choices(vocab, weights, k=rnd.randint(1, 4))):
+                    put("topics", t, 1)
+            if rnd.random() < 0.6:
+                for t in set(rnd.choices(tags, k=rnd.randint(1, 3))):
+                    put("tags", t, 1)
+            if rnd.random() < 0.5:
+                put("score", round(rnd.random() * 100, 2))
+            if rnd.random() < 0.3:
+                put(f"mem-{rnd.randint(0, 39)}", rnd.choice(["x", "y", "z"]))
+        conn.executemany(
+            "INSERT INTO documents(id, collection, path, title, hash, created_at, modified_at, active, meta_state,"
+            " meta_error) VALUES (?, ?, ?, 't', ?, 'now', 'now', ?, ?, ?)",
+            documents,
+        )
+        conn.executemany(
+            "INSERT INTO document_metadata(doc_id, key, type, value, folded, multi) VALUES (?, ?, ?, ?, ?, ?)", rows
+        )
+        return {"documents": docs, "entries": len(rows)}
+
+    return store.write(fn)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--keep", action="store_true", help="leave the temporary index behind")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="qmd-bench-discovery-"))
+    store = Store(tmp / "index.sqlite")
+    try:
+        t0 = time.perf_counter()
+        sizes = build(store, args.docs, args.seed)
+        build_s = time.perf_counter() - t0
+        print(code_line())
+        print(
+            f"index: {sizes['documents']:,} documents, {sizes['entries']:,} entries, built in {build_s:.1f} s ({tmp})"
+        )
+
+        five_percent = parse_filter({"field": "score", "operator": "gte", "value": 90})
+        cases: dict[str, discovery.MetadataOptions] = {
+            "no filter": discovery.MetadataOptions(SCOPE),
+            "filter ~5%": discovery.MetadataOptions(SCOPE, filter=five_percent),
+            "key match": discovery.MetadataOptions(
+                SCOPE, match=parse_match({"field": "key", "operator": "eq", "value": "topics"})
+            ),
+            "value match": discovery.MetadataOptions(
+                SCOPE, match=parse_match({"field": "value", "operator": "eq", "value": "team-7"})
+            ),
+            "one collection": discovery.MetadataOptions(["work"]),
+        }
+        with store.read() as conn:
+            scope_json = json.dumps(SCOPE)
+            baselines: dict[str, Callable[[], object]] = {
+                "count(*) of the scope": lambda: conn.execute(
+                    "SELECT count(*) FROM documents"
+                    " WHERE active = 1 AND collection IN (SELECT value FROM json_each(?))",
+                    (scope_json,),
+                ).fetchone(),
+                "one walk of the value index": lambda: conn.execute(
+                    "SELECT key, type, value, count(*) FROM document_metadata INDEXED BY idx_metadata_value"
+                    " GROUP BY key, type, value"
+                ).fetchall(),
+            }
+            runs: dict[str, Callable[[], object]] = {
+                **baselines,
+                **{name: (lambda o=o: discovery.discover(conn, o)) for name, o in cases.items()},
+            }
+            answers = {name: discovery.discover(conn, o) for name, o in cases.items()}  # warm-up, and what is shown
+            plans = {}
+            for name, o in cases.items():
+                census, _ = discovery._census(conn, json.dumps(list(o.collections)), o.filter)
+                plans[name] = discovery._plan(census)
+            samples: dict[str, list[float]] = {name: [] for name in runs}
+            window = CpuWindow()
+            for _ in range(args.rounds):
+                for name, fn in runs.items():
+                    samples[name].append(timed(fn))
+            window.stop()
+            ours = sum(sum(v) for v in samples.values())
+        floor = summary_ms(samples["one walk of the value index"])["p50_ms"]
+        rows: list[list[Any]] = []
+        figures: dict[str, Any] = {}
+        for name, values in samples.items():
+            s = summary_ms(values)
+            a = answers.get(name)
+            what = (
+                f"{a.total_keys} keys, {sum(len(t.values) for k in a.keys for t in k.types)} values"
+                + (f", {a.filtered_documents:,} docs pass" if a.filtered_documents is not None else "")
+                if a
+                else "baseline"
+            )
+            rows.append([name, plans.get(name, "-"), s["p50_ms"], s["p95_ms"], s["p50_ms"] / floor, what])
+            figures[name] = {**s, "plan": plans.get(name), "answer": what}
+        print()
+        print(
+            table(
+                ["case", "plan", "p50 ms", "p95 ms", "x index walk", "answer"],
+                rows,
+                title=f"discovery over {', '.join(SCOPE)}: {args.rounds} rounds, cases interleaved",
+                formats=[None, None, ",.1f", ",.1f", ".2f", None],
+            )
+        )
+        noise = window.others(ours)
+        print(
+            f"\nother processes used {noise['others_share']} of the machine during the runs"
+            f" (steal {noise['steal_s']} s)"
+        )
+        out = write_json(
+            "discovery",
+            {"machine": machine(), "index": {**sizes, "build_s": round(build_s, 1)}, "rounds": args.rounds,
+             "figures": figures, "noise": noise},
+        )  # fmt: skip
+        print(f"figures: {out}")
+    finally:
+        store.close()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
