@@ -56,7 +56,7 @@ HOSTILE = [
     "日本語",
     "東京 tokyo",
     "한국어 검색",
-    "a\x00b",
+    # "a\x00b": a NUL is refused with a 400 like in every body (test_hostile_input.py)
     "\t\n",
     "   ",
     "a.b.c.",

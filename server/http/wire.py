@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import asdict, fields
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
+from qmd.server.index.config import unstorable
 from qmd.server.search import discovery
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
@@ -56,6 +57,15 @@ def http_status(err: QmdError) -> int:
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_name=True, validate_by_alias=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text_is_storable(cls, value: Any) -> Any:
+        """No NUL or lone surrogate in any string of any body (JSON can spell them as
+        escapes): refused here, before anything could store one."""
+        if (problem := unstorable(value)) is not None:
+            raise ValueError(problem)
+        return value
 
 
 FILTER_DESCRIPTION = (

@@ -21,11 +21,33 @@ from qmd.paths import home
 from qmd.server.errors import InvalidInput, NotFound
 
 DEFAULT_PATTERN = "**/*.md"
-_NAME_RE = re.compile(r"^[\w][\w.\-]{0,99}$")
+_NAME_RE = re.compile(r"[\w][\w.\-]{0,99}")
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: Any) -> str | None:
+    """What in `value` (a string, or lists and dicts of them) UTF-8, SQLite and a shell
+    command cannot hold — a NUL or a lone surrogate, which JSON and YAML can both
+    spell as escapes — or None. Such text saved once would break every later read."""
+    if isinstance(value, str):
+        bad = _UNSTORABLE.search(value)
+        if bad is None:
+            return None
+        what = "a NUL character" if bad.group() == "\x00" else f"a lone surrogate (U+{ord(bad.group()):04X})"
+        return f"contains {what} at position {bad.start()}; send valid UTF-8 text"
+    if isinstance(value, dict):
+        parts = [part for pair in value.items() for part in pair]
+    elif isinstance(value, list):
+        parts = value
+    else:
+        return None
+    return next((problem for problem in map(unstorable, parts) if problem is not None), None)
 
 
 def validate_collection_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise InvalidInput(
             f"invalid collection name {name!r}: use letters, digits, '_', '-' or '.' "
             "(no '/', no spaces, at most 100 characters, not starting with '.' or '-')"
@@ -205,13 +227,28 @@ class ConfigFile:
         return Config.from_yaml(raw, self.path)
 
     def save(self, config: Config) -> None:
+        """Write `config` atomically, and only if reading the file back gives `config`:
+        a value YAML or UTF-8 cannot hold must be refused here, not found unreadable by
+        the next start."""
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            text = yaml.safe_dump(config.to_yaml(), sort_keys=False, allow_unicode=True, width=10**6, indent=2)
+            raw = config.to_yaml()
+            if (problem := unstorable(raw)) is not None:
+                raise InvalidInput(
+                    f"this change cannot be saved to {self.path}: a value {problem}; nothing was changed"
+                )
+            text = yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=10**6, indent=2)
+            try:
+                data = text.encode("utf-8")
+                back = Config.from_yaml(yaml.safe_load(data.decode("utf-8")), self.path)
+            except (UnicodeError, yaml.YAMLError, InvalidInput) as e:
+                raise InvalidInput(f"this change cannot be saved to {self.path}: {e}; nothing was changed") from e
+            if back != config:
+                raise InvalidInput(f"this change cannot be saved to {self.path} as written; nothing was changed")
             fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".yml", dir=self.path.parent)
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(text)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
                     fh.flush()
                     os.fsync(fh.fileno())
                 os.replace(tmp, self.path)
