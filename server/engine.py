@@ -266,13 +266,17 @@ class Engine:
     # -- indexing -----------------------------------------------------------
 
     def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> list[Summary]:
-        """Run each collection's hook, then re-index it. A failing hook aborts the run."""
-        cfg = self.config
-        self._mirror(cfg)
-        names = collections or list(cfg.collections)
-        colls = [cfg.get(n) for n in names]
+        """Run each collection's hook, then re-index it. A failing hook aborts the run.
+
+        The config is read under the update lock, which removing or renaming a
+        collection also takes: an update queued behind one sees the collection gone,
+        instead of re-indexing it from the config it read while waiting."""
         out: list[Summary] = []
         with self._update:
+            cfg = self.config
+            self._mirror(cfg)
+            names = collections or list(cfg.collections)
+            colls = [cfg.get(n) for n in names]
             for i, coll in enumerate(colls, 1):
                 if progress:
                     progress(
