@@ -34,6 +34,26 @@ def config_root(environ: dict[str, str] | os._Environ = os.environ) -> Path:
     return Path(base) / "qmd"
 
 
+def private_dir(path: Path) -> Path:
+    """A folder of qmd's own (cache, config) that only its user can enter: the index,
+    the log and the config hold the user's notes, queries and commands."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create `path` empty as 0600 if missing, or take group and other access away from
+    it: files qmd creates are its user's alone, whatever the umask."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(path.stat().st_mode & 0o700)
+    return path
+
+
 def connect_host(host: str) -> str:
     """The address to connect to for a daemon bound to `host` (a wildcard or
     `localhost` means loopback; brackets come off IPv6 literals)."""

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from qmd.paths import IndexPaths
+from qmd.paths import IndexPaths, private_dir
 
 STOP_TIMEOUT_S = 20.0
 """SIGTERM lets in-flight requests finish (uvicorn's graceful shutdown is 10 s)."""
@@ -114,7 +114,7 @@ def stop_daemon(paths: IndexPaths, timeout: float = STOP_TIMEOUT_S) -> tuple[int
 
 
 def write_pidfile(paths: IndexPaths, host: str, port: int, version: str) -> None:
-    paths.cache_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(paths.cache_dir)
     tmp = paths.pidfile.with_suffix(".tmp")
     tmp.write_text(
         json.dumps(

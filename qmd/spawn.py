@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from qmd.paths import IndexPaths, connect_host
+from qmd.paths import IndexPaths, connect_host, private_dir, private_file
 
 START_TIMEOUT_S = 30.0
 DAEMON_MODULE = "qmd.server.daemon"
@@ -51,8 +51,8 @@ def probe_health(host: str, port: int, timeout: float = 2.0) -> dict | None:
 @contextmanager
 def daemon_lock(paths: IndexPaths) -> Iterator[None]:
     """The per-index start-up lock (an flock on the cache dir's lockfile)."""
-    paths.cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(paths.lockfile, "a+") as lock:
+    private_dir(paths.cache_dir)
+    with open(private_file(paths.lockfile), "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -70,7 +70,7 @@ def spawn_daemon(
     `SpawnError` carrying the end of its log.
     """
     cmd = [sys.executable, "-m", DAEMON_MODULE, "--host", host, "--port", str(port), *args]
-    with open(paths.logfile, "ab") as log:
+    with open(private_file(paths.logfile), "ab") as log:
         log.write(f"\n--- {' '.join(['qmdd', *cmd[3:]])} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
         log.flush()
         proc = subprocess.Popen(

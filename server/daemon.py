@@ -18,7 +18,7 @@ import sys
 import click
 
 from qmd import __version__
-from qmd.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths
+from qmd.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths, private_dir
 from qmd.pidfile import remove_pidfile, running_daemon, write_pidfile
 from qmd.token import TokenError, load_token
 
@@ -124,6 +124,8 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
     guard, warnings = GuardSettings.from_env(host)
     for w in warnings:
         click.echo(w, err=True)
+    private_dir(paths.cache_dir)  # the index, its log and pidfile
+    private_dir(paths.config.parent)  # index.yml: collections and their commands
     try:
         engine = Engine(paths)
     except QmdError as e:

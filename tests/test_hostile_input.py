@@ -7,6 +7,8 @@ name cannot end in a newline."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,3 +79,37 @@ def test_unstorable_text_is_a_400_naming_the_field(
     # The daemon and the index are as they were: every route still answers.
     assert d.http.get("/v1/status").status_code == 200
     assert d.http.post("/v1/keyword", json={"query": "bread"}).json()["results"]
+
+
+@pytest.mark.slow
+def test_the_index_and_its_folders_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Under umask 022 SQLite would make index.sqlite, -wal and -shm 0644 in a 0755
+    folder: readable by every local user (issue 13, item 6)."""
+    env = Env(tmp_path)
+    old = os.umask(0o022)
+    try:
+        d = Daemon(env)
+        try:
+            env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
+            files = [env.db, Path(f"{env.db}-wal"), Path(f"{env.db}-shm"), env.config / "qmd" / "index.yml"]
+            for f in files:
+                assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+            for folder in (env.cache / "qmd", env.config / "qmd"):
+                assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+        finally:
+            d.stop()
+        env.ok("status")  # an autostarted daemon's log
+        assert stat.S_IMODE(env.log.stat().st_mode) == 0o600
+        env.ok("daemon", "stop")
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_index_is_made_private_on_open(tmp_path: Path) -> None:
+    from qmd.server.index.store import Store
+
+    db = tmp_path / "i.sqlite"
+    Store(db).close()
+    db.chmod(0o644)
+    Store(db).close()
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600

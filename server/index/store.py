@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
+from qmd.paths import private_file
 from qmd.server.index.db import sqlite3
 from qmd.server.index.schema import migrate
 from qmd.server.search.lexical import norm_cjk
@@ -76,6 +77,10 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        private_file(path)  # SQLite gives the -wal and -shm files the database's own mode
+        for side in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if side.exists():
+                private_file(side)
         self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future, bool] | None] = queue.Queue()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
