@@ -25,18 +25,77 @@ FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several 
 
 
 class Ctx:
-    def __init__(self, index: str | None) -> None:
+    def __init__(self, index: str | None, *, no_gpu: bool = False, verbose: bool = False) -> None:
         self.index = index
+        self.no_gpu = no_gpu
+        self.verbose = verbose
+        self.began = time.time()
         self._daemon: Daemon | None = None
 
     @property
     def daemon(self) -> Daemon:
         if self._daemon is None:
             self._daemon = Daemon(self.index)
+            if self.no_gpu:
+                self._check_no_gpu(self._daemon)
         return self._daemon
 
     def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
-        return self.daemon.call(method, path, body, params)
+        t0 = time.perf_counter()
+        out = self.daemon.call(method, path, body, params)
+        self.note_started()
+        self.note(f"{method} {path}: {(time.perf_counter() - t0) * 1000:.0f} ms (round trip)")
+        return out
+
+    def note(self, line: str) -> None:
+        """A `-v` line on stderr."""
+        if self.verbose:
+            click.echo(line, err=True)
+
+    def note_started(self) -> None:
+        """Say (once, with -v) that this command started the daemon, and how long that took."""
+        d = self._daemon
+        if d is not None and d.spawned is not None:
+            self.note(f"started qmdd (PID {d.spawned['pid']}) in {d.spawned['seconds']:.2f} s")
+            d.spawned = None
+
+    def _check_no_gpu(self, d: Daemon) -> None:
+        """`--no-gpu` reaches a daemon this command starts (QMD_FORCE_CPU=1 in its environment); a daemon
+        already running keeps the settings it started with, shared by every client, so say so."""
+        if d.health() is None:
+            return
+        status = d.call("GET", "/v1/status")
+        inf, pid = status["inference"], status["daemon"]["pid"]
+        if inf["force_cpu"]:
+            return
+        no_gpu = inf["gpu_offload_supported"] is False
+        anyway = " (its llama.cpp build has no GPU backend: it runs on the CPU anyway)" if no_gpu else ""
+        click.echo(
+            f"--no-gpu: the running daemon (PID {pid}) was started without it and keeps its setting{anyway}. "
+            "Run 'qmd daemon stop', then this command again, to apply it.",
+            err=True,
+        )
+
+    def summary(self) -> None:
+        """With -v, after the command: the inference backend, the models loaded (and how long
+        the loads this command caused took), and any setting the daemon could not honour."""
+        if not self.verbose or self._daemon is None:
+            return
+        self.note_started()
+        try:
+            inf = self._daemon.call("GET", "/v1/status")["inference"]
+        except (ClientError, OSError):
+            return
+        for m in inf["models_loaded"]:
+            name = Path(m["path"]).name
+            contexts = f", {m['parallelism']} contexts embedding in parallel" if m.get("parallelism", 1) > 1 else ""
+            when = f"in {m['load_seconds']:.2f} s" if m.get("loaded_at", 0) >= self.began else "(already loaded)"
+            self.note(f"model {name} ({m['role']}) loaded {when}{contexts}")
+        if inf.get("pid"):
+            where = f"GPU ({inf['offload']})" if inf.get("offload") else "CPU"
+            self.note(f"inference worker PID {inf['pid']}: {where}, {inf['n_threads']} threads")
+        for warning in inf.get("warnings") or []:
+            self.note(f"⚠ {warning}")
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -115,9 +174,16 @@ def _style(editor_uri: str | None = None) -> formats.Style:
     shell_complete=complete_indexes,
     help="Use a named index (own config and database).",
 )
+@click.option(
+    "--no-gpu",
+    is_flag=True,
+    help="Run models on the CPU (QMD_FORCE_CPU=1) in the daemon this command starts; "
+    "a running daemon keeps its setting, and says so.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Timings, the daemon's start and model loading on stderr.")
 @click.version_option(package_name="qmd", prog_name="qmd")
 @click.pass_context
-def cli(ctx: click.Context, index: str | None) -> None:
+def cli(ctx: click.Context, index: str | None, no_gpu: bool, verbose: bool) -> None:
     """qmd: on-device search for your markdown notes, docs and transcripts.
 
     The first command starts the qmd daemon (qmdd) if none is running.
@@ -128,7 +194,10 @@ def cli(ctx: click.Context, index: str | None) -> None:
       qmd search "how do I raise money for a startup"
       qmd get notes/fundraising.md:40:20
     """
-    ctx.obj = Ctx(index)
+    if no_gpu:
+        os.environ["QMD_FORCE_CPU"] = "1"  # the environment a daemon started from here inherits
+    ctx.obj = Ctx(index, no_gpu=no_gpu, verbose=verbose)
+    ctx.call_on_close(ctx.obj.summary)
 
 
 # -- search ----------------------------------------------------------------------
@@ -406,7 +475,7 @@ def query(
         rerank=not no_rerank,
         budget_ms=budget_ms,
     )
-    _warn(formats.stage_lines(res, verbose=explain))
+    _warn(formats.stage_lines(res, verbose=explain or c.verbose))
 
 
 cli.add_command(query, "deep-search")
@@ -691,11 +760,22 @@ def doctor(c: Ctx) -> None:
     if inf.get("models_missing"):
         lines.append(f"{warn} {inf['models_missing']}")
     backend = inf.get("backend") or "not started yet"
+    choice = inf.get("gpu_choice") or "auto"
+    if inf["force_cpu"]:
+        gpu = "GPU refused (QMD_FORCE_CPU / --no-gpu)"
+    elif choice == "cpu":
+        gpu = "GPU refused (QMD_LLAMA_GPU)"
+    else:
+        gpu = "GPU if the build has one" if choice == "auto" else f"GPU backend {choice} (QMD_LLAMA_GPU)"
     lines.append(
-        f"{ok} llama.cpp worker: {backend}; {inf['n_threads']} threads; "
-        f"{'GPU refused (QMD_FORCE_CPU)' if inf['force_cpu'] else 'GPU if the build has one'}; "
-        f"restarts {inf['restarts']}"
+        f"{ok} llama.cpp worker: {backend}; {inf['n_threads']} threads; {gpu}; "
+        f"embed parallelism {inf.get('embed_parallelism', 'auto')}; restarts {inf['restarts']}"
     )
+    if inf.get("offload"):
+        lines.append(f"    offload to: {inf['offload']}")
+    if inf.get("devices"):
+        lines.append(f"    devices: {', '.join(inf['devices'])}")
+    lines += [f"{warn} {w}" for w in inf.get("warnings") or []]
     if inf.get("last_crash"):
         lines.append(f"{warn} last worker crash: {inf['last_crash']}")
     for m in d["models"]:
@@ -722,7 +802,10 @@ def doctor(c: Ctx) -> None:
 def _models_line(inf: dict) -> str:
     if inf.get("models_missing"):
         return inf["models_missing"]
-    loaded = [Path(m["path"]).name + f" ({m['role']})" for m in inf["models_loaded"]]
+    loaded = [
+        f"{Path(m['path']).name} ({m['role']}" + (f", {m['parallelism']} contexts)" if m["parallelism"] > 1 else ")")
+        for m in inf["models_loaded"]
+    ]
     if not loaded:
         return "none loaded (they load on first use)"
     return f"{', '.join(loaded)}; {inf['contexts_live']} context(s) live; worker PID {inf['pid']}"
@@ -1082,6 +1165,9 @@ def mcp(ctx: click.Context, over_http: bool, detach: bool, port: int | None, hos
         if detach or port is not None or host is not None:
             raise click.UsageError("--daemon, --port and --host go with --http")
         from qmd.mcp_bridge.bridge import main as bridge_main
+
+        if ctx.obj.no_gpu:
+            ctx.obj.daemon  # noqa: B018 - says whether a running daemon ignores --no-gpu; the bridge starts one otherwise
 
         sys.exit(bridge_main(ctx.obj.index))
     args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]

@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode
@@ -132,6 +133,8 @@ class Daemon:
         if token is not None:
             self.headers["Authorization"] = f"Bearer {token}"
         self.http = self.connect()
+        self.spawned: dict | None = None
+        """The `/health` of the daemon this client started (with `seconds`, how long that took), if it did."""
 
     def connect(self, read_timeout: float = READ_TIMEOUT_S) -> Http:
         """A new connection of its own (with the token): one per thread, since an
@@ -193,12 +196,15 @@ class Daemon:
             info = self.health()
             if info is not None:
                 return info
+            started = time.monotonic()
             try:
-                return spawn_daemon(
+                health = spawn_daemon(
                     self.paths, self.bind_host, self.port, ["--index", self.paths.name] if self.index_arg else []
                 )
             except SpawnError as e:
                 raise ClientError(e.message) from None
+            self.spawned = {**health, "seconds": time.monotonic() - started}
+            return health
 
     # -- requests -------------------------------------------------------------
 

@@ -114,3 +114,40 @@ def test_without_the_models_extra(env: Env, tmp_path: Path) -> None:
         assert inference["restarts"] == 0 and inference["last_crash"] is None, "a missing extra is not a crash"
     finally:
         d.stop()
+
+
+def test_no_gpu_and_verbose(env: Env, tmp_path: Path) -> None:
+    """`--no-gpu` reaches the daemon a command starts (QMD_FORCE_CPU=1); a daemon already running
+    keeps its own setting and the CLI says so. `-v` says the daemon's start, round trips, every
+    stage of a query and which models loaded, and how long that took."""
+    env.vars.update(
+        QMD_EMBED_MODEL=str(require(MODELS_DIR / MODEL, "the MiniLM test embedder")), QMD_EMBED_PARALLELISM="2"
+    )
+    notes = write(tmp_path / "notes", NOTES)
+    try:
+        r = env.qmd("--no-gpu", "-v", "collection", "add", str(notes), "--name", "notes")
+        assert r.returncode == 0, r.stderr
+        assert "started qmdd (PID" in r.stderr and "POST /v1/collections:" in r.stderr
+        assert "--no-gpu:" not in r.stderr, "the daemon it started has the setting"
+        doctor = env.ok("doctor")
+        assert "GPU refused (QMD_FORCE_CPU / --no-gpu)" in doctor and "embed parallelism 2" in doctor
+        r = env.qmd("-v", "embed")
+        assert r.returncode == 0, r.stderr
+        assert f"model {MODEL} (embed) loaded in " in r.stderr and "2 contexts embedding in parallel" in r.stderr
+        assert "inference worker PID" in r.stderr and ": CPU, 2 threads" in r.stderr
+        r = env.qmd("-v", "vsearch", "sourdough")
+        assert r.returncode == 0 and "POST /v1/vector:" in r.stderr and "(already loaded)" in r.stderr
+        assert "started qmdd" not in r.stderr
+        r = env.qmd("-v", "query", "sourdough bread", "--no-rerank")
+        assert r.returncode == 0 and "vector: ran (" in r.stderr and "total: " in r.stderr, r.stderr
+        assert env.qmd("search", "bread").stderr == "", "without -v, nothing extra"
+    finally:
+        env.qmd("daemon", "stop")
+    d = Daemon(env)  # started without --no-gpu (no QMD_FORCE_CPU)
+    try:
+        r = env.qmd("--no-gpu", "search", "sourdough")
+        assert r.returncode == 0 and "qmd://notes/cooking/bread.md" in r.stdout
+        assert f"--no-gpu: the running daemon (PID {d.pid}) was started without it and keeps its setting" in r.stderr
+        assert "qmd daemon stop" in r.stderr
+    finally:
+        d.stop()

@@ -14,16 +14,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 from qmd.server.index import vectors
+from qmd.server.index.chunking import Chunk
 from qmd.server.index.db import sqlite3
 from qmd.server.index.store import Store
 from qmd.server.models.embedders import Embedder
 
 Progress = Callable[[dict], None]
 EMBED_SUB_BATCH = 32
-"""Texts per embed request to the backend."""
+"""Texts per embed request to the backend: chunks of as many documents as fill it, so an embedder
+with parallel contexts (QMD_EMBED_PARALLELISM) embeds several small documents at once."""
 
 
 @dataclass
@@ -76,6 +77,27 @@ def embed_pending(
         pending = sorted(vectors.pending_hashes(conn, space, collections))
     report.pending_before = len(pending)
     done_docs = 0
+
+    def document_done() -> None:
+        nonlocal done_docs
+        done_docs += 1
+        report.documents += 1
+        if progress:
+            elapsed = max(time.monotonic() - t0, 1e-6)
+            rate = report.chunks / elapsed
+            left = len(pending) - done_docs
+            eta = left * (elapsed / done_docs)
+            progress(
+                {
+                    "event": "progress",
+                    "done": done_docs,
+                    "total": len(pending),
+                    "chunks": report.chunks,
+                    "chunks_per_s": round(rate, 1),
+                    "eta_s": round(eta, 1),
+                }
+            )
+
     i = 0
     while i < len(pending):
         if cancel is not None and cancel.is_set():
@@ -94,29 +116,9 @@ def embed_pending(
                     batch.append((pending[i], row[0], row[1], f"{row[2]}/{row[3]}"))
                     size += len(row[0])
                 i += 1
-        for content_hash, body, title, name in batch:
-            written = _embed_document(store, embedder, space, content_hash, body, title, name, report, cancel)
-            if not written:
-                report.cancelled = True
-                break
-            done_docs += 1
-            report.documents += 1
-            if progress:
-                elapsed = max(time.monotonic() - t0, 1e-6)
-                rate = report.chunks / elapsed
-                left = len(pending) - done_docs
-                eta = left * (elapsed / done_docs)
-                progress(
-                    {
-                        "event": "progress",
-                        "done": done_docs,
-                        "total": len(pending),
-                        "chunks": report.chunks,
-                        "chunks_per_s": round(rate, 1),
-                        "eta_s": round(eta, 1),
-                    }
-                )
-        if report.cancelled:
+
+        if not _embed_documents(store, embedder, space, batch, report, cancel, document_done):
+            report.cancelled = True
             break
     added, removed = store.write(lambda conn: vectors.sync_partitions(conn, space))
     report.partitions_added, report.partitions_removed = added, removed
@@ -126,44 +128,59 @@ def embed_pending(
     return report
 
 
-def _embed_document(
+def _embed_documents(
     store: Store,
     embedder: Embedder,
     space: vectors.Space,
-    content_hash: str,
-    body: str,
-    title: str,
-    name: str,
+    docs: list[tuple[str, str, str, str]],
     report: EmbedReport,
     cancel: threading.Event | None,
+    document_done: Callable[[], None],
 ) -> bool:
-    """Chunk and embed one content body; commits after each sub-batch. False if cancelled."""
-    chunks = embedder.backend.chunk(body, embedder.chunk_tokens)
-    with store.read() as conn:
-        have = {
-            r[0]
-            for r in conn.execute(
-                "SELECT seq FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, content_hash)
-            )
-        }
-    todo = [(seq, c) for seq, c in enumerate(chunks) if seq not in have]
-    for j in range(0, len(todo), EMBED_SUB_BATCH):
+    """Chunk each (content hash, body, title, name), then embed the chunks without a vector
+    `EMBED_SUB_BATCH` at a time across documents; each request's rows are committed together.
+    `document_done` is called as each document's last chunk is written. False if cancelled."""
+    queue: list[tuple[int, int, Chunk]] = []  # (document, seq, chunk)
+    totals: list[int] = []
+    left: list[int] = []
+    for d, (content_hash, body, _title, _name) in enumerate(docs):
+        chunks = embedder.backend.chunk(body, embedder.chunk_tokens)
+        with store.read() as conn:
+            have = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT seq FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, content_hash)
+                )
+            }
+        todo = [(d, seq, c) for seq, c in enumerate(chunks) if seq not in have]
+        queue += todo
+        totals.append(len(chunks))
+        left.append(len(todo))
+        if not todo:
+            document_done()
+    for j in range(0, len(queue), EMBED_SUB_BATCH):
         if cancel is not None and cancel.is_set():
             return False
-        part = todo[j : j + EMBED_SUB_BATCH]
-        texts = [body[c.start : c.end] for _, c in part]
-        embs = embedder.backend.embed(texts, "document", [title] * len(texts))
-        rows = [
-            vectors.ChunkVector(
+        part = queue[j : j + EMBED_SUB_BATCH]
+        texts = [docs[d][1][c.start : c.end] for d, _, c in part]
+        embs = embedder.backend.embed(texts, "document", [docs[d][2] for d, _, _ in part])
+        rows: dict[int, list[vectors.ChunkVector]] = {}
+        for k, (d, seq, c) in enumerate(part):
+            row = vectors.ChunkVector(
                 seq, c.start, c.end, c.start_line, c.end_line, embs.n_tokens[k], c.clipped or k in embs.clipped, embs[k]
             )
-            for k, (seq, c) in enumerate(part)
-        ]
-        for row in rows:
             if row.clipped:
-                report.clipped.append({"file": name, "chunk": row.seq, "tokens": row.tokens, "limit": embs.limit})
-        store.write(
-            partial(vectors.write_document, space=space, content_hash=content_hash, chunks=rows, total=len(chunks))
-        )
-        report.chunks += len(rows)
+                report.clipped.append({"file": docs[d][3], "chunk": seq, "tokens": row.tokens, "limit": embs.limit})
+            rows.setdefault(d, []).append(row)
+
+        def write(conn: sqlite3.Connection, rows: dict[int, list[vectors.ChunkVector]] = rows) -> None:
+            for d, chunk_rows in rows.items():
+                vectors.write_document(conn, space=space, content_hash=docs[d][0], chunks=chunk_rows, total=totals[d])
+
+        store.write(write)
+        report.chunks += len(part)
+        for d, chunk_rows in rows.items():
+            left[d] -= len(chunk_rows)
+            if left[d] == 0:
+                document_done()
     return True

@@ -205,6 +205,12 @@ class Resident(NamedTuple):
     path: str
     role: Role
     context_live: bool
+    parallelism: int = 1
+    """Contexts that embed in parallel (`QMD_EMBED_PARALLELISM`); 1 for everything but embed models."""
+    load_seconds: float = 0.0
+    """How long loading the weights took."""
+    loaded_at: float = 0.0
+    """When it was loaded (`time.time()`), so a client can tell the loads its request caused."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +221,12 @@ class Hello:
     gpu_offload_supported: bool
     llama_cpp_version: str
     system_info: str
+    devices: tuple[str, ...] = ()
+    """Every device this llama.cpp build sees: `name (description, kind, backend)`."""
+    offload: str | None = None
+    """Where layers go: the chosen devices (`QMD_LLAMA_GPU`), llama.cpp's own choice, or None on the CPU."""
+    warnings: tuple[str, ...] = ()
+    """Settings the child could not honour (a GPU backend this build lacks), said once."""
 
 
 @dataclass(frozen=True)

@@ -334,6 +334,43 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in FALSE_WORDS
 
 
+GPU_OFF_WORDS = FALSE_WORDS | {"none", "disable", "disabled", "cpu"}
+MAX_EMBED_PARALLELISM = 8
+
+
+def gpu_choice(raw: str | None) -> tuple[str, str | None]:
+    """QMD_LLAMA_GPU read: (`auto`, `cpu` or a lower-case backend name, a warning or None).
+
+    Blank and `auto` are llama.cpp's own choice; false-ish words (`false off none disable
+    disabled 0`) the CPU; a backend name (`cuda`, `vulkan`, `metal`, …) is checked by the
+    worker against the backends its build has. Anything that is not a word is warned about
+    and read as `auto` (spec §1.2).
+    """
+    value = (raw or "").strip().lower()
+    if value in ("", "auto"):
+        return "auto", None
+    if value in GPU_OFF_WORDS:
+        return "cpu", None
+    if re.fullmatch(r"[a-z][a-z0-9_-]*", value):
+        return value, None
+    return "auto", f"QMD_LLAMA_GPU={raw!r} is not a backend name (auto, false, cuda, vulkan, metal, …); using auto"
+
+
+def embed_parallelism(raw: str | None) -> tuple[int, str | None]:
+    """QMD_EMBED_PARALLELISM read: (contexts that embed side by side, 0 = sized to the hardware; a warning or None).
+
+    An integer of at least 1, clamped to 8; anything else is warned about and read as automatic.
+    """
+    value = (raw or "").strip()
+    if not value or value.lower() == "auto":
+        return 0, None
+    if not value.isdigit() or int(value) < 1:
+        return 0, f"QMD_EMBED_PARALLELISM={raw!r} is not a whole number of at least 1; sizing it to the hardware"
+    if int(value) > MAX_EMBED_PARALLELISM:
+        return MAX_EMBED_PARALLELISM, f"QMD_EMBED_PARALLELISM={value} is over {MAX_EMBED_PARALLELISM}; using 8"
+    return int(value), None
+
+
 def usable_cores() -> int:
     """Cores this process may run on (a container's CPU set, not the host's count)."""
     if hasattr(os, "sched_getaffinity"):
@@ -349,14 +386,34 @@ class WorkerClient:
     """The daemon's handle on the inference child: lazy start, one request at a time, restart after a crash."""
 
     def __init__(
-        self, *, idle_seconds: float | None = None, n_threads: int | None = None, force_cpu: bool | None = None
+        self,
+        *,
+        idle_seconds: float | None = None,
+        n_threads: int | None = None,
+        force_cpu: bool | None = None,
+        gpu: str | None = None,
+        parallelism: int | None = None,
     ) -> None:
-        """Arguments left as None come from QMD_IDLE_SECONDS (300), QMD_THREADS (usable cores), QMD_FORCE_CPU."""
+        """Arguments left as None come from QMD_IDLE_SECONDS (300), QMD_THREADS (usable cores),
+        QMD_FORCE_CPU, QMD_LLAMA_GPU (`gpu_choice`) and QMD_EMBED_PARALLELISM (`embed_parallelism`)."""
         self.idle_seconds = (
             idle_seconds if idle_seconds is not None else _env_number("QMD_IDLE_SECONDS", DEFAULT_IDLE_SECONDS, float)
         )
         self.n_threads = n_threads or int(_env_number("QMD_THREADS", usable_cores(), int))
         self.force_cpu = force_cpu if force_cpu is not None else _env_flag("QMD_FORCE_CPU")
+        self.warnings: list[str] = []
+        """Settings read but not honoured as written; said in the log once and in every `status`."""
+        if gpu is None:
+            gpu, warning = gpu_choice(os.environ.get("QMD_LLAMA_GPU"))
+            self.warnings += [warning] if warning else []
+        self.gpu = gpu
+        if parallelism is None:
+            parallelism, warning = embed_parallelism(os.environ.get("QMD_EMBED_PARALLELISM"))
+            self.warnings += [warning] if warning else []
+        self.parallelism = parallelism
+        """Contexts that embed side by side; 0 = the worker sizes it to the hardware."""
+        for warning in self.warnings:
+            log.warning("%s", warning)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -569,11 +626,25 @@ class WorkerClient:
             "backend": hello.backend if hello else None,
             "gpu_offload_supported": hello.gpu_offload_supported if hello else None,
             "force_cpu": self.force_cpu,
+            "gpu_choice": self.gpu,
+            "offload": hello.offload if hello else None,
+            "devices": list(hello.devices) if hello else None,
+            "embed_parallelism": self.parallelism or "auto",
+            "warnings": [*self.warnings, *(hello.warnings if hello else ())],
             "n_threads": self.n_threads,
             "idle_seconds": self.idle_seconds,
             "llama_cpp_version": hello.llama_cpp_version if hello else None,
             "system_info": hello.system_info if hello else None,
-            "models_loaded": [{"path": m.path, "role": m.role} for m in models],
+            "models_loaded": [
+                {
+                    "path": m.path,
+                    "role": m.role,
+                    "parallelism": m.parallelism,
+                    "load_seconds": round(m.load_seconds, 3),
+                    "loaded_at": m.loaded_at,
+                }
+                for m in models
+            ],
             "contexts_live": sum(m.context_live for m in models),
             "rss_bytes": _rss(proc.pid) if running and proc else None,
             "restarts": max(self._starts - 1, 0),
@@ -708,9 +779,14 @@ class WorkerClient:
         # editable finder). No PYTHONPATH is added: the `server/` folder on the path would let its
         # `http` package shadow the standard library's in the child.
         self.require_models()
+        args = [
+            *(["--force-cpu"] if self.force_cpu else []),
+            f"--gpu={self.gpu}",
+            f"--embed-parallelism={self.parallelism}",
+        ]
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "qmd.server.models.worker_child", *(["--force-cpu"] if self.force_cpu else [])],
+                [sys.executable, "-m", "qmd.server.models.worker_child", *args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -742,7 +818,9 @@ class WorkerClient:
             self._release_child()
             raise
         self._hello = hello
-        log.info("inference worker %d started (%s)", proc.pid, hello.backend)
+        log.info("inference worker %d started (%s)", proc.pid, hello.offload or hello.backend)
+        for warning in hello.warnings:
+            log.warning("inference worker %d: %s", proc.pid, warning)
         if self._idle_thread is None:
             self._idle_thread = threading.Thread(target=self._idle_loop, name="qmd-inference-idle", daemon=True)
             self._idle_thread.start()

@@ -29,9 +29,11 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 from qmd.server.models.protocol import (
     MODELS_MISSING,
@@ -59,6 +61,7 @@ from qmd.server.models.protocol import (
 
 if TYPE_CHECKING:
     import numpy as np
+    from llama_cpp import _internals
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 # ggml_log_level as this llama.cpp build numbers it (llama_cpp/_logger.py's table is stale:
@@ -92,6 +95,156 @@ def _mmap_large_buffers() -> None:
         libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
 
 
+# --- devices: which GPU (QMD_LLAMA_GPU), and how many embedding contexts (QMD_EMBED_PARALLELISM) ---
+
+DeviceKind = Literal["cpu", "gpu", "igpu", "accel", "meta"]
+_DEVICE_KINDS: tuple[DeviceKind, ...] = ("cpu", "gpu", "igpu", "accel", "meta")
+"""ggml's `enum ggml_backend_dev_type`, in order."""
+GPU_BACKENDS = ("metal", "vulkan", "cuda", "rocm", "sycl", "musa", "opencl", "cann")
+"""ggml's GPU backend registries (lower-cased): a QMD_LLAMA_GPU naming one this build lacks means
+the CPU, not a typo."""
+BACKEND_ALIASES = {"hip": "rocm"}
+"""ggml's CUDA code built for AMD (HIP) registers as ROCm."""
+MAX_PARALLELISM = 8
+
+
+class Device(NamedTuple):
+    """One device of this llama.cpp build, as ggml's backend registry lists it."""
+
+    name: str
+    """`CPU`, `CUDA0`, `Vulkan1`, …"""
+    description: str
+    kind: DeviceKind
+    backend: str
+    """The registry it belongs to: `CPU`, `CUDA`, `Vulkan`, `Metal`, …"""
+    free_bytes: int
+    handle: int
+    """The `ggml_backend_dev_t`, for `llama_model_params.devices`."""
+
+    def label(self) -> str:
+        return f"{self.name} ({self.description}, {self.kind}, {self.backend})"
+
+
+def list_devices() -> list[Device]:
+    """Every device ggml registered, through libggml itself: llama-cpp-python 0.3.36 binds none of
+    ggml's device API (its `llama_model_params.devices` is a bare pointer it never sets)."""
+    from llama_cpp._ggml import libggml as g
+
+    ptr, text = ctypes.c_void_p, ctypes.c_char_p
+    for name, args, result in (
+        ("ggml_backend_dev_count", [], ctypes.c_size_t),
+        ("ggml_backend_dev_get", [ctypes.c_size_t], ptr),
+        ("ggml_backend_dev_name", [ptr], text),
+        ("ggml_backend_dev_description", [ptr], text),
+        ("ggml_backend_dev_type", [ptr], ctypes.c_int),
+        ("ggml_backend_dev_backend_reg", [ptr], ptr),
+        ("ggml_backend_reg_name", [ptr], text),
+        ("ggml_backend_dev_memory", [ptr, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)], None),
+    ):
+        fn = getattr(g, name)
+        fn.argtypes, fn.restype = args, result
+    out = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = g.ggml_backend_dev_type(dev)
+        out.append(
+            Device(
+                name=g.ggml_backend_dev_name(dev).decode("utf-8", "replace"),
+                description=g.ggml_backend_dev_description(dev).decode("utf-8", "replace"),
+                kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else "accel",
+                backend=g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(dev)).decode("utf-8", "replace"),
+                free_bytes=free.value,
+                handle=dev,
+            )
+        )
+    return out
+
+
+class GpuPlan(NamedTuple):
+    """Where model layers go, decided once per worker."""
+
+    n_gpu_layers: int
+    """-1 = all, 0 = none (the CPU)."""
+    devices: tuple[Device, ...] | None
+    """The devices to offload to; None leaves the choice to llama.cpp (every GPU it finds)."""
+    offload: str | None
+    """What `status` says about it; None on the CPU."""
+    warnings: tuple[str, ...] = ()
+
+
+def plan_gpu(choice: str, *, force_cpu: bool, gpu_supported: bool, devices: Sequence[Device]) -> GpuPlan:
+    """QMD_FORCE_CPU, then QMD_LLAMA_GPU (`auto`, `cpu`, or a backend name such as `cuda`, `vulkan`,
+    `metal`), against the devices this build has.
+
+    A backend the build lacks falls back to the CPU, with a warning; a word that names no
+    backend at all is a typo, warned about, and treated as `auto` (spec §1.2).
+    """
+    if force_cpu or choice == "cpu":
+        return GpuPlan(0, None, None)
+    choice = BACKEND_ALIASES.get(choice, choice)
+    gpus = [d for d in devices if d.kind in ("gpu", "igpu") and d.backend.lower() != "rpc"]
+    warnings: tuple[str, ...] = ()
+    if choice != "auto" and choice not in GPU_BACKENDS and all(d.backend.lower() != choice for d in devices):
+        known = ", ".join(GPU_BACKENDS)
+        warnings = (f"QMD_LLAMA_GPU={choice} names no llama.cpp backend (auto, false, or one of {known}); using auto",)
+        choice = "auto"
+    if not gpu_supported:
+        if choice != "auto":
+            warnings = (f"QMD_LLAMA_GPU={choice}: this llama.cpp build has no GPU backend; running on the CPU",)
+        return GpuPlan(0, None, None, warnings)
+    if choice == "auto":
+        return GpuPlan(-1, None, ", ".join(d.label() for d in gpus) or "llama.cpp's choice", warnings)
+    chosen = tuple(d for d in gpus if d.backend.lower() == choice)
+    if any(d.kind == "gpu" for d in chosen):  # as llama.cpp does: integrated GPUs only when there is no other
+        chosen = tuple(d for d in chosen if d.kind == "gpu")
+    if chosen:
+        return GpuPlan(-1, chosen, ", ".join(d.label() for d in chosen))
+    present = ", ".join(sorted({d.backend for d in gpus})) or "none"
+    why = f"QMD_LLAMA_GPU={choice}: this llama.cpp build has no {choice} device (GPU backends: {present}); on the CPU"
+    return GpuPlan(0, None, None, (why,))
+
+
+def auto_parallelism(*, cores: int, gpu_free_bytes: int | None, file_bytes: int, n_ctx: int) -> int:
+    """Embedding contexts run side by side, as the original sizes them (spec §9.2).
+
+    CPU: floor(cores / 4), 1 to 4, each with cores / n threads (1 on 2 cores: llama.cpp's
+    own threads already use them). GPU: a quarter of the free VRAM above 1 GB over what one
+    context takes (150 MB for a model file up to 350 MB, else 1.85 × the file, scaled by
+    the context size over 2048), 1 to 8.
+    """
+    if gpu_free_bytes is None:
+        return max(1, min(cores // 4, 4))
+    file_mb = file_bytes / 2**20
+    per_context_mb = (150.0 if file_mb <= 350 else round(file_mb * 1.85)) * n_ctx / 2048
+    return max(1, min(int(0.25 * (gpu_free_bytes / 2**20 - 1000) / per_context_mb), MAX_PARALLELISM))
+
+
+@contextlib.contextmanager
+def _offload_to(devices: tuple[Device, ...] | None) -> Iterator[None]:
+    """While a `Llama` is built, give its model params these devices (NULL-terminated), as llama.cpp's
+    `--device` does; `Llama()` takes no such argument, so its defaults are patched for the load."""
+    if devices is None:
+        yield
+        return
+    import llama_cpp.llama_cpp as lib
+
+    handles = (ctypes.c_void_p * (len(devices) + 1))(*(d.handle for d in devices), None)
+    default = lib.llama_model_default_params
+
+    def with_devices() -> Any:
+        params = default()
+        params.devices = ctypes.addressof(handles)
+        return params
+
+    lib.llama_model_default_params = with_devices
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
+
+
 def _logsumexp(values: np.ndarray) -> float:
     """log(sum(exp(values))) without overflow, in float64 for a 262k-entry vocabulary."""
     import numpy as np
@@ -118,28 +271,37 @@ class LoadedModel:
     context gives identical vectors.
     """
 
-    def __init__(self, params: LoadParams, n_gpu_layers: int) -> None:
+    def __init__(self, params: LoadParams, gpu: GpuPlan, parallelism: int = 1) -> None:
+        """`parallelism` contexts embed side by side (embed models only), sharing the threads on a CPU."""
         from llama_cpp import Llama
 
         self.params = params
+        self.parallelism = parallelism if params.role == "embed" else 1
+        threads = params.n_threads if gpu.n_gpu_layers else max(1, params.n_threads // self.parallelism)
+        started = time.perf_counter()
         # verbose=True keeps llama-cpp-python from pointing fd 2 at /dev/null during the load,
         # so the native log (filtered to warnings and errors by `WorkerProcess`) says why a load
         # failed; its own Python-level prints (system info, the metadata dict) are dropped.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            self.llm = Llama(
-                model_path=params.path,
-                embedding=params.embedding,
-                n_ctx=params.n_ctx,
-                n_batch=params.n_batch,
-                n_ubatch=params.n_ubatch,
-                n_threads=params.n_threads,
-                n_threads_batch=params.n_threads,
-                n_gpu_layers=n_gpu_layers,
-                flash_attn=True,
-                verbose=True,
-            )
+            with _offload_to(gpu.devices):
+                self.llm = Llama(
+                    model_path=params.path,
+                    embedding=params.embedding,
+                    n_ctx=params.n_ctx,
+                    n_batch=params.n_batch,
+                    n_ubatch=params.n_ubatch,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_gpu_layers=gpu.n_gpu_layers,
+                    flash_attn=True,
+                    verbose=True,
+                )
+        self.load_seconds = time.perf_counter() - started
+        self.loaded_at = time.time()
         self.llm.verbose = False
         self.context_live = True
+        self._side: list[tuple[_internals.LlamaContext, _internals.LlamaBatch]] = []
+        """The contexts beyond the first that embed in parallel: made on first use, freed with it."""
         self.tail = self._special_tail()
         self._chat: Jinja2ChatFormatter | None = None
         self._yes_no: tuple[list[int], list[int]] | None = None
@@ -177,10 +339,25 @@ class LoadedModel:
         self.context_live = True
 
     def free_context(self) -> None:
-        """Free the compute buffers and KV cache; the weights and tokenizer stay loaded."""
+        """Free the compute buffers and KV cache (every parallel context's); the weights and tokenizer stay loaded."""
+        for ctx, batch in self._side:
+            ctx.close()
+            batch.close()
+        self._side = []
         if self.context_live:
             self.llm._ctx.close()
             self.context_live = False
+
+    def _contexts(self, n: int) -> list[tuple[_internals.LlamaContext, _internals.LlamaBatch]]:
+        """`n` contexts with a batch each: the model's own and `n - 1` more on the same weights."""
+        from llama_cpp import _internals
+
+        llm = self.llm
+        while len(self._side) < n - 1:
+            params = type(llm.context_params).from_buffer_copy(llm.context_params)
+            batch = _internals.LlamaBatch(n_tokens=llm.n_batch, embd=0, n_seq_max=1, verbose=False)
+            self._side.append((_internals.LlamaContext(model=llm._model, params=params, verbose=False), batch))
+        return [(llm._ctx, llm._batch), *self._side[: n - 1]]
 
     def embed(self, texts: list[str]) -> EmbedResult:
         """L2-normalised vectors as float32 bytes, plus token counts and the indices that were clipped.
@@ -206,6 +383,7 @@ class LoadedModel:
         out = np.empty((len(texts), n_embd), dtype=np.float32)
         n_tokens: list[int] = []
         clipped: list[int] = []
+        inputs: list[list[int]] = []
         for i, text in enumerate(texts):
             tokens = self.tokenize(text)
             n_tokens.append(len(tokens))
@@ -214,15 +392,33 @@ class LoadedModel:
             if len(tokens) > limit:
                 tokens = tokens[: limit - self.tail] + tokens[len(tokens) - self.tail :]
                 clipped.append(i)
-            llm._batch.reset()
-            llm._batch.add_sequence(tokens, 0, True)
-            llm._ctx.kv_cache_clear()
-            llm._ctx.decode(llm._batch)
-            pointer = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
-            out[i] = np.ctypeslib.as_array(pointer, shape=(n_embd,))
+            inputs.append(tokens)
+        order = iter(range(len(texts)))
+        taking = threading.Lock()
+
+        def drain(ctx: _internals.LlamaContext, batch: _internals.LlamaBatch) -> None:
+            """Embed the next input not yet taken, until none is left (ctypes lets the decodes run in parallel)."""
+            while True:
+                with taking:
+                    i = next(order, None)
+                if i is None:
+                    break
+                batch.reset()
+                batch.add_sequence(inputs[i], 0, True)
+                ctx.kv_cache_clear()
+                ctx.decode(batch)
+                out[i] = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(ctx.ctx, 0), shape=(n_embd,))
+            ctx.kv_cache_clear()
+
+        contexts = self._contexts(min(self.parallelism, len(texts)))
+        if len(contexts) == 1:
+            drain(*contexts[0])
+        else:
+            with ThreadPoolExecutor(len(contexts), thread_name_prefix="embed") as pool:
+                for done in [pool.submit(drain, ctx, batch) for ctx, batch in contexts]:
+                    done.result()
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms > 0, norms, 1)
-        llm._ctx.kv_cache_clear()
         return EmbedResult(dims=n_embd, vectors=out.tobytes(), n_tokens=n_tokens, clipped=clipped, limit=limit)
 
     # -- generative models: completion, likelihoods, yes/no, and rank pooling --
@@ -505,7 +701,9 @@ class LoadedModel:
 class WorkerProcess:
     """The child's request loop state: models by load parameters, and the GPU decision made once."""
 
-    def __init__(self, force_cpu: bool) -> None:
+    def __init__(self, force_cpu: bool, gpu: str = "auto", embed_parallelism: int = 0) -> None:
+        """`gpu`: QMD_LLAMA_GPU as the parent read it (`auto`, `cpu` or a backend name);
+        `embed_parallelism`: QMD_EMBED_PARALLELISM (0 = `auto_parallelism`)."""
         import llama_cpp
 
         self.native_error: str | None = None
@@ -524,19 +722,36 @@ class WorkerProcess:
         self._log_callback = forward_native_log  # ctypes must keep it alive as long as llama.cpp may call it
         llama_cpp.llama_log_set(forward_native_log, ctypes.c_void_p(0))
         gpu_supported = bool(llama_cpp.llama_supports_gpu_offload())
-        self.n_gpu_layers = -1 if gpu_supported and not force_cpu else 0
+        self.devices = list_devices()
+        self.gpu = plan_gpu(gpu, force_cpu=force_cpu, gpu_supported=gpu_supported, devices=self.devices)
+        self.n_gpu_layers = self.gpu.n_gpu_layers
+        self.embed_parallelism = embed_parallelism
         self.models: dict[LoadParams, LoadedModel] = {}
         self.hello = Hello(
             backend="GPU" if self.n_gpu_layers else "CPU",
             gpu_offload_supported=gpu_supported,
             llama_cpp_version=llama_cpp.__version__,
             system_info=llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
+            devices=tuple(d.label() for d in self.devices),
+            offload=self.gpu.offload,
+            warnings=self.gpu.warnings,
         )
+
+    def parallelism(self, params: LoadParams) -> int:
+        """How many contexts embed side by side for this model: QMD_EMBED_PARALLELISM, else sized to the hardware."""
+        if params.role != "embed":
+            return 1
+        if self.embed_parallelism:
+            return self.embed_parallelism
+        gpus = self.gpu.devices or tuple(d for d in self.devices if d.kind in ("gpu", "igpu"))
+        free = min(d.free_bytes for d in gpus) if self.n_gpu_layers and gpus else None
+        size = os.path.getsize(params.path)
+        return auto_parallelism(cores=params.n_threads, gpu_free_bytes=free, file_bytes=size, n_ctx=params.n_ctx)
 
     def model(self, params: LoadParams) -> LoadedModel:
         """The loaded model for these parameters, loading it on first use."""
         if params not in self.models:
-            self.models[params] = LoadedModel(params, self.n_gpu_layers)
+            self.models[params] = LoadedModel(params, self.gpu, self.parallelism(params))
         return self.models[params]
 
     def dispose(self) -> None:
@@ -546,7 +761,10 @@ class WorkerProcess:
 
     def reply(self, result: object = None, error: str | None = None) -> Reply:
         """A reply with what is resident now attached."""
-        resident = tuple(Resident(m.params.path, m.params.role, m.context_live) for m in self.models.values())
+        resident = tuple(
+            Resident(m.params.path, m.params.role, m.context_live, m.parallelism, m.load_seconds, m.loaded_at)
+            for m in self.models.values()
+        )
         return Reply(result=result, error=error, resident=resident)
 
     def handle(self, request: Request[Any]) -> Reply:
@@ -614,8 +832,13 @@ def main() -> None:
     os.dup2(null, 0)
     os.close(null)
     _mmap_large_buffers()
+    options = dict(arg.removeprefix("--").partition("=")[::2] for arg in sys.argv[1:])
     try:
-        process = WorkerProcess(force_cpu="--force-cpu" in sys.argv[1:])
+        process = WorkerProcess(
+            force_cpu="force-cpu" in options,
+            gpu=options.get("gpu") or "auto",
+            embed_parallelism=int(options.get("embed-parallelism") or 0),
+        )
     except ImportError as e:  # qmd without its `models` extra: say so, rather than die with a traceback
         replies.write(encode_frame(Reply(result=None, error=f"{MODELS_MISSING}: {e}", resident=())))
         replies.flush()
