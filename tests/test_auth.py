@@ -124,7 +124,7 @@ def test_bridge_sends_the_token(env: Env, locked: Daemon) -> None:
     assert denied.returncode == 0 and "HTTP 401" in answer["error"]["message"]
     allowed = subprocess.run(bridge, input=lines, env={**env.vars, "QMD_TOKEN": TOKEN}, capture_output=True, timeout=60)
     (answer,) = [json.loads(x) for x in allowed.stdout.splitlines()]
-    assert [t["name"] for t in answer["result"]["tools"]] == ["query", "get", "multi_get", "status"]
+    assert [t["name"] for t in answer["result"]["tools"]] == ["query", "get", "multi_get", "metadata", "status"]
 
 
 @pytest.mark.slow

@@ -269,7 +269,7 @@ def test_sdk_client_over_the_bridge(corpus: Env, name: str, mode: str) -> None:
         async with client(corpus, BRIDGES[name], mode) as c:
             assert c.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
             tools = (await c.list_tools()).tools
-            assert [t.name for t in tools] == ["query", "get", "multi_get", "status"]
+            assert [t.name for t in tools] == ["query", "get", "multi_get", "metadata", "status"]
             # No tool asks for Mcp-Param-* headers, which the bridge does not derive.
             assert "x-mcp-header" not in json.dumps([t.input_schema for t in tools])
             status = await c.call_tool("status", {})

@@ -378,7 +378,7 @@ def test_unknown_tool_is_a_protocol_error(shared: Daemon) -> None:
 
     error = run(body)
     assert error.code == types.INVALID_PARAMS
-    assert error.message == "Unknown tool: search (tools: query, get, multi_get, status)"
+    assert error.message == "Unknown tool: search (tools: query, get, multi_get, metadata, status)"
 
 
 # -- get -----------------------------------------------------------------------------
@@ -498,7 +498,8 @@ def test_status_structured_content(shared: Daemon) -> None:
     assert (data["totalDocuments"], data["needsEmbedding"], data["hasVectorIndex"]) == (5 + MANY, 5 + MANY, False)
     assert sorted((c["name"], c["documents"]) for c in data["collections"]) == [("many", MANY), ("notes", 5)]
     for c in data["collections"]:
-        assert set(c) == {"name", "path", "pattern", "documents", "lastUpdated"}
+        assert set(c) == {"name", "path", "pattern", "documents", "lastUpdated", "metadataKeys"}
+        assert c["metadataKeys"] == []  # no metadata in these notes
         assert Path(c["path"]).is_dir() and c["pattern"] == "**/*.md"
         assert re.match(r"\d{4}-\d\d-\d\dT", c["lastUpdated"])
     stamps = [c["lastUpdated"] for c in data["collections"]]
@@ -659,4 +660,4 @@ def test_inspector_cli_lists_tools(shared: Daemon, tmp_path: Path) -> None:
         env=home,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert [t["name"] for t in json.loads(r.stdout)["tools"]] == ["query", "get", "multi_get", "status"]
+    assert [t["name"] for t in json.loads(r.stdout)["tools"]] == ["query", "get", "multi_get", "metadata", "status"]

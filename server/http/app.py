@@ -14,9 +14,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from qmd import __version__
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
-from qmd.server.http.auth import require_token
+from qmd.server.http.auth import BearerAuth
 from qmd.server.http.guard import GuardSettings, OriginHostGuard
 from qmd.server.http.mcp import McpEndpoint
+from qmd.server.http.peer import SameUser
 from qmd.server.http.routes import router
 from qmd.server.http.wire import http_status
 
@@ -162,6 +163,10 @@ def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -
         log.exception("unhandled error")
         return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
-    # The token check sits inside the guard (a foreign page is refused before it can probe
-    # for a token) and inside IndexHeader (a 401 still names the index, as the CLI expects).
-    return OriginHostGuard(IndexHeader(require_token(BodyLimit(app), token), engine.paths.name), guard)
+    # The token and peer checks sit inside the guard (a foreign page is refused before it
+    # can probe for a token) and inside IndexHeader (a 401 still names the index, as the
+    # CLI expects).
+    # Without a token, only the daemon's own user may use it (peer uid of loopback
+    # connections); a token is how it is shared on purpose, and replaces that check.
+    inner = BearerAuth(BodyLimit(app), token) if token is not None else SameUser(BodyLimit(app))
+    return OriginHostGuard(IndexHeader(inner, engine.paths.name), guard)

@@ -35,14 +35,16 @@ class BearerAuth:
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = [v for k, v in scope.get("headers", ()) if k.lower() == b"authorization"]
-        if len(given) == 1 and hmac.compare_digest(given[0].strip(), self.expected):
+        scheme, _, credentials = given[0].strip().partition(b" ") if len(given) == 1 else (b"", b"", b"")
+        # The scheme is case-insensitive (RFC 9110 §11.1): `bearer` is `Bearer`.
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.expected):
             await self.app(scope, receive, send)
             return
         reason = "missing bearer token" if not given else "wrong bearer token"
@@ -64,8 +66,3 @@ class BearerAuth:
             }
         )
         await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def require_token(app: ASGIApp, token: str | None) -> ASGIApp:
-    """`app` behind `BearerAuth` when a token is configured, else `app` itself."""
-    return app if token is None else BearerAuth(app, token)
