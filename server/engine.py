@@ -60,6 +60,7 @@ from qmd.server.search.pointers import (
     Retrieved,
     SearchOptions,
     SearchOutcome,
+    answer_bytes,
     document_ref,
     file_uri,
 )
@@ -543,11 +544,20 @@ class Engine:
                 docs = glob_documents(conn, cfg, pattern)
                 if not docs:
                     raise NotFound(f"No files matched pattern: {pattern}")
+        cap, sent = answer_bytes(), 0
         for doc in docs:
             ref = document_ref(doc, cfg, self.index_label)
             size = len(doc.body.encode("utf-8"))
             if size > max_bytes:
                 reason = f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)"
+                items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason))
+                continue
+            sent += size
+            if sent > cap:
+                reason = (
+                    f"answer size cap reached ({cap // (1024 * 1024)} MiB, QMD_MAX_ANSWER_BYTES): "
+                    "narrow the pattern, or read this one with get"
+                )
                 items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason))
                 continue
             body = doc.body

@@ -113,3 +113,26 @@ def test_an_existing_index_is_made_private_on_open(tmp_path: Path) -> None:
     db.chmod(0o644)
     Store(db).close()
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
+
+
+@pytest.mark.slow
+def test_an_answer_has_a_byte_cap_and_says_where_it_was_cut(tmp_path: Path) -> None:
+    """`{"query":"the","limit":100000,"full":true,"all":true}` returned 164 MB and left
+    the daemon at 379 MB RSS (issue 13, item 7): answers stop at QMD_MAX_ANSWER_BYTES."""
+    env = Env(tmp_path)
+    d = Daemon(env, extra_env={"QMD_MAX_ANSWER_BYTES": "20000"})
+    try:
+        docs = {f"d{i:02}.md": f"# Doc {i}\n\n" + "common words here. " * 300 for i in range(12)}
+        env.ok("collection", "add", str(write(tmp_path / "docs", docs)), "--name", "docs")
+        body = {"query": "common", "limit": 100, "all": True, "full": True}
+        for route in ("/v1/keyword", "/v1/vector", "/v1/query"):
+            answer = d.http.post(route, json=body).json()
+            assert 1 <= len(answer["results"]) < 12, route
+            assert any("answer cut at" in w and "QMD_MAX_ANSWER_BYTES" in w for w in answer["warnings"]), route
+        items = d.http.post("/v1/multi-get", json={"pattern": "docs/*.md", "max_bytes": 10**6}).json()["items"]
+        capped = [i for i in items if i.get("skipped") and "answer size cap" in (i.get("reason") or "")]
+        assert 0 < len(capped) < 12 and len(items) == 12
+        r = env.qmd("search", "common", "--all", "--full")
+        assert r.returncode == 0 and "answer cut at" in r.stderr
+    finally:
+        d.stop()

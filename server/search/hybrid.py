@@ -36,7 +36,7 @@ from qmd.server.search.filters import Filter
 from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
 from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
-from qmd.server.search.pointers import Pointer, point_at
+from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
 from qmd.server.search.rerank import Reranker
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
@@ -541,7 +541,8 @@ class HybridQuery:
         out.below_min_score = bool(scored) and not kept
         if not opts.all_results:
             kept = kept[: opts.limit]
-        for score, w, c in kept:
+
+        def pointer(score: float, w: float, c: Candidate) -> Pointer:
             got = rerank.get(c.doc_id)
             hit = point_at(
                 docs[c.doc_id],
@@ -557,7 +558,10 @@ class HybridQuery:
             )
             hit.fusion = c.fusion
             hit.rerank = got[0] if got else None
-            out.hits.append(hit)
+            return hit
+
+        out.hits, cut = within_answer((pointer(*x) for x in kept), len(kept))
+        out.warnings += [cut] if cut else []
 
 
 def primary_text(doc: QueryDoc) -> str:

@@ -14,7 +14,7 @@ from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow, fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.search.lexical import LexQuery, parse_lex, search_fts
-from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at
+from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
 
 MAX_QUERY_CHARS = 20_000
@@ -69,18 +69,22 @@ def search(store: Store, config: Config, query: str, opts: SearchOptions, index_
     out.below_min_score = bool(hits) and not kept
     if not opts.all_results:
         kept = kept[: opts.limit]
-    out.hits = [
-        point_at(
-            h.doc,
-            h.score,
-            config,
-            lexq.terms,
-            full=opts.full,
-            index_name=index_name,
-            max_len=opts.max_len,
-            explain={"bm25_terms_matched": h.matched, "terms": h.total} if opts.explain else None,
-        )
-        for h in kept
-    ]
+    out.hits, cut = within_answer(
+        (
+            point_at(
+                h.doc,
+                h.score,
+                config,
+                lexq.terms,
+                full=opts.full,
+                index_name=index_name,
+                max_len=opts.max_len,
+                explain={"bm25_terms_matched": h.matched, "terms": h.total} if opts.explain else None,
+            )
+            for h in kept
+        ),
+        len(kept),
+    )
+    out.warnings += [cut] if cut else []
     out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit)
     return out

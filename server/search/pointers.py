@@ -8,6 +8,8 @@ once, as typed objects; `http.wire` is the one place they become JSON.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -110,6 +112,32 @@ class SearchOutcome:
     """A vector search that could not run answered with keyword results."""
     filter: FilterReport | None = None
     """Under a filter: how much of the scope it could see and admitted."""
+
+
+DEFAULT_ANSWER_BYTES = 16 * 1024 * 1024
+
+
+def answer_bytes() -> int:
+    """The most text one answer carries (`QMD_MAX_ANSWER_BYTES`, default 16 MiB): `--all
+    --full` over a big collection would otherwise build hundreds of megabytes in the
+    daemon, hold them, and send them."""
+    raw = os.environ.get("QMD_MAX_ANSWER_BYTES", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_ANSWER_BYTES
+
+
+def within_answer(pointers: Iterable[Pointer], total: int) -> tuple[list[Pointer], str | None]:
+    """The pointers (built lazily, best first) that fit the answer's byte cap, and the
+    warning that says where it was cut, if it was; `total` is how many there are."""
+    cap, used, kept = answer_bytes(), 0, []
+    for p in pointers:
+        used += len(p.snippet.encode()) + (len(p.body.encode()) if p.body is not None else 0)
+        if used > cap and kept:
+            return kept, (
+                f"answer cut at {len(kept)} of {total} results: it would exceed {cap // (1024 * 1024)} MiB"
+                " (QMD_MAX_ANSWER_BYTES); lower the limit, drop --full, or narrow the query"
+            )
+        kept.append(p)
+    return kept, None
 
 
 def file_uri(collection: str, path: str, index_name: str | None) -> str:

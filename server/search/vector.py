@@ -15,7 +15,7 @@ from qmd.server.index.config import Config
 from qmd.server.index.documents import fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.search.lexical import parse_lex
-from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at
+from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
 
 
@@ -47,19 +47,23 @@ def vector_search(
     out.below_min_score = bool(scored) and not kept
     if not opts.all_results:
         kept = kept[: opts.limit]
-    out.hits = [
-        point_at(
-            docs[h.doc_id],
-            sc,
-            config,
-            terms,
-            full=opts.full,
-            index_name=index_name,
-            max_len=opts.max_len,
-            lines_within=(h.start_line, h.end_line),
-        )
-        for h, sc in kept
-    ]
+    out.hits, cut = within_answer(
+        (
+            point_at(
+                docs[h.doc_id],
+                sc,
+                config,
+                terms,
+                full=opts.full,
+                index_name=index_name,
+                max_len=opts.max_len,
+                lines_within=(h.start_line, h.end_line),
+            )
+            for h, sc in kept
+        ),
+        len(kept),
+    )
+    out.warnings += [cut] if cut else []
     out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit)
     return out
 
