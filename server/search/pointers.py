@@ -128,7 +128,8 @@ def answer_bytes() -> int:
 def within_answer(pointers: Iterable[Pointer], total: int) -> tuple[list[Pointer], str | None]:
     """The pointers (built lazily, best first) that fit the answer's byte cap, and the
     warning that says where it was cut, if it was; `total` is how many there are."""
-    cap, used, kept = answer_bytes(), 0, []
+    cap, used = answer_bytes(), 0
+    kept: list[Pointer] = []
     for p in pointers:
         used += len(p.snippet.encode()) + (len(p.body.encode()) if p.body is not None else 0)
         if used > cap and kept:
