@@ -9,7 +9,10 @@
 # image keeps them. The builder stage compiles llama-cpp-python (a few minutes);
 # the runtime stage has no compiler.
 
-FROM python:3.11-slim AS build
+# BASE: a Python 3.11 Debian image. Where Docker Hub is out of reach, build one locally
+# and pass it (`--build-arg BASE=localhost/debian-py311:bookworm`; deploy/check-image.sh).
+ARG BASE=python:3.11-slim
+FROM ${BASE} AS build
 # Debian packages are not version-pinned (hadolint DL3008): the slim base image moves
 # with Debian point releases, and a pin would break every build after one.
 # hadolint ignore=DL3008
@@ -27,14 +30,15 @@ COPY mcp_bridge mcp_bridge
 # the multimodal library (libmtmd), which qmd never loads: about a sixth of the compile.
 # `[models]`: the image runs local models, so it gets llama-cpp-python.
 ENV CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
-RUN python -m venv /opt/qmd \
+RUN python3 -m venv /opt/qmd \
     && /opt/qmd/bin/pip install --no-cache-dir '.[models]'
 
-FROM python:3.11-slim
-# libgomp1: llama.cpp's OpenMP runtime, the one shared library the build links beyond libc.
+FROM ${BASE}
+# libgomp1: llama.cpp's OpenMP runtime, the one shared library the build links beyond libc;
+# passwd: useradd, which a minimal Debian base lacks.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libgomp1 \
+    && apt-get install -y --no-install-recommends libgomp1 passwd \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group qmd \
     && mkdir -p /data/cache /data/config \
