@@ -260,35 +260,38 @@ class DocFilter:
     per_document_params: tuple[object, ...]
 
 
-def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
-    """`SELECT id FROM documents …`: the documents a search of `collection` (None: every
-    collection) may return. Under a filter only active documents whose metadata was
-    extracted and accepted qualify: pending and rejected ones cannot satisfy a filter,
-    not even `exists: false`."""
+def _eligible(collection: str | None, doc_filter: DocFilter | None, *, per_document: bool) -> tuple[str, list[object]]:
+    """The condition on `documents d` both forms of a scope test make, and its parameters."""
     where: list[str] = []
     params: list[object] = []
     if collection is not None:
         where.append("d.collection = ?")
         params.append(collection)
     if doc_filter is not None:
-        where.append(f"d.active = 1 AND d.meta_state IN (0, 1) AND ({doc_filter.sql})")
-        params.extend(doc_filter.params)
-    return "SELECT d.id FROM documents d" + (" WHERE " + " AND ".join(where) if where else ""), params
+        sql, args = (
+            (doc_filter.per_document_sql, doc_filter.per_document_params)
+            if per_document
+            else (doc_filter.sql, doc_filter.params)
+        )
+        where.append(f"d.active = 1 AND d.meta_state IN (0, 1) AND ({sql})")
+        params.extend(args)
+    return " AND ".join(where) or "1", params
+
+
+def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
+    """`SELECT id FROM documents …`: the documents a search of `collection` (None: every
+    collection) may return. Under a filter only active documents whose metadata was
+    extracted and accepted qualify: pending and rejected ones cannot satisfy a filter,
+    not even `exists: false`."""
+    cond, params = _eligible(collection, doc_filter, per_document=False)
+    return f"SELECT d.id FROM documents d WHERE {cond}", params
 
 
 def hit_check_sql(rowid: str, collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
     """The test `ids_sql` makes, as a per-row check of `rowid` (a column of the
     statement's table): one primary-key probe per row instead of a list of every
     document in scope, for statements that look at few rows."""
-    where: list[str] = []
-    params: list[object] = []
-    if collection is not None:
-        where.append("d.collection = ?")
-        params.append(collection)
-    if doc_filter is not None:
-        where.append(f"d.active = 1 AND d.meta_state IN (0, 1) AND ({doc_filter.per_document_sql})")
-        params.extend(doc_filter.per_document_params)
-    cond = " AND ".join(where) or "1"
+    cond, params = _eligible(collection, doc_filter, per_document=True)
     return f"EXISTS (SELECT 1 FROM documents d WHERE d.id = {rowid} AND {cond})", params
 
 
