@@ -3,9 +3,10 @@
 Which embedder, and where it runs, is `models.embedders`. The job is incremental and
 resumable: only content without a complete set of vectors in the current space is
 embedded, every batch is committed as it completes (a killed daemon resumes where it
-stopped), and the report counts rows written, not rows planned. Chunks longer than the
-embedder reads are embedded clipped and reported once per run, by count and names
-(seeds/001).
+stopped) together with the search-table rows of the documents it completes (what status
+counts as embedded is what vector search reaches, also after a kill), and the report
+counts rows written, not rows planned. Chunks longer than the embedder reads are
+embedded clipped and reported once per run, by count and names (seeds/001).
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def embed_pending(
         if not _embed_documents(store, embedder, space, batch, report, cancel, document_done):
             report.cancelled = True
             break
+    # what moved since its batch was written: documents removed, renamed across collections or copied
     added, removed = store.write(lambda conn: vectors.sync_partitions(conn, space))
-    report.partitions_added, report.partitions_removed = added, removed
+    report.partitions_added += added
+    report.partitions_removed = removed
     with store.read() as conn:
         report.pending_after = len(vectors.pending_hashes(conn, space, collections))
     report.seconds = time.monotonic() - t0
@@ -173,11 +176,14 @@ def _embed_documents(
                 report.clipped.append({"file": docs[d][3], "chunk": seq, "tokens": row.tokens, "limit": embs.limit})
             rows.setdefault(d, []).append(row)
 
-        def write(conn: sqlite3.Connection, rows: dict[int, list[vectors.ChunkVector]] = rows) -> None:
+        def write(conn: sqlite3.Connection, rows: dict[int, list[vectors.ChunkVector]] = rows) -> int:
             for d, chunk_rows in rows.items():
                 vectors.write_document(conn, space=space, content_hash=docs[d][0], chunks=chunk_rows, total=totals[d])
+            # the same commit makes the documents this batch completes searchable
+            done = [docs[d][0] for d, chunk_rows in rows.items() if left[d] == len(chunk_rows)]
+            return vectors.add_partitions(conn, space, done)
 
-        store.write(write)
+        report.partitions_added += store.write(write)
         report.chunks += len(part)
         for d, chunk_rows in rows.items():
             left[d] -= len(chunk_rows)

@@ -159,10 +159,45 @@ def complete_hashes(conn: sqlite3.Connection, space: Space) -> set[str]:
     }
 
 
+def add_partitions(conn: sqlite3.Connection, space: Space, hashes: Iterable[str]) -> int:
+    """Give each of these contents whose chunks are all written a vec0 row per chunk in every
+    collection an active document holding it is in (those it lacks): the embed job calls this
+    in the transaction that writes a batch, so a content counted as embedded is searchable from
+    that commit on, a killed daemon included. Removals are `sync_partitions`' job. Returns the
+    rows added."""
+    table = _vec_table(space.id)
+    added = 0
+    for h in dict.fromkeys(hashes):
+        chunks = conn.execute(
+            "SELECT id, total_chunks, embedding FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)
+        ).fetchall()
+        if not chunks or len(chunks) != max(c[1] for c in chunks):
+            continue  # not complete yet: its last chunks come in a later batch
+        for (coll,) in conn.execute(
+            "SELECT DISTINCT collection FROM documents WHERE hash = ? AND active = 1", (h,)
+        ).fetchall():
+            cid = collection_id(conn, coll, create=True)
+            assert cid is not None
+            for chunk, _total, emb in chunks:
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?)",
+                    (space.id, chunk, cid),
+                )
+                if cur.rowcount:
+                    conn.execute(
+                        f"INSERT INTO {table}(rowid, collection_id, embedding) VALUES (?, ?, ?)",
+                        (cur.lastrowid, cid, emb),
+                    )
+                    added += 1
+    return added
+
+
 def sync_partitions(conn: sqlite3.Connection, space: Space) -> tuple[int, int]:
     """Make the vec0 partitions match the active documents: add a row for every
     (embedded chunk, collection holding that content), drop rows whose collection no
-    longer holds it. Returns (added, removed)."""
+    longer holds it. The reconciliation at the end of an embed run (documents removed,
+    moved or copied since their batch was written); rows for new vectors are added as
+    each batch commits (`add_partitions`). Returns (added, removed)."""
     table = _vec_table(space.id)
     complete = complete_hashes(conn, space)
     wanted: set[tuple[int, int]] = set()
@@ -210,14 +245,21 @@ def pending_hashes(conn: sqlite3.Connection, space: Space | None, collections: I
 @dataclass(frozen=True)
 class VectorCounts:
     embedded_chunks: int
-    """Chunks with a vector in this space."""
+    """Chunks with a vector in this space, of contents whose chunks are all written: those
+    the vec0 partitions hold (a content half-embedded when the daemon was killed is not
+    counted; it is pending). A content no active document holds any more still counts:
+    telling those apart is a scan of `documents`, as long again as the pending count's."""
     stale_contents: int
     """Contents with vectors in other spaces: left by an embedder no longer configured."""
 
 
 def count_vectors(conn: sqlite3.Connection, space: Space | None) -> VectorCounts:
     embedded = (
-        conn.execute("SELECT COUNT(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()[0]
+        conn.execute(
+            "SELECT COALESCE(SUM(n), 0) FROM (SELECT COUNT(*) AS n, MAX(total_chunks) AS total"
+            " FROM content_vectors WHERE space_id = ? GROUP BY hash) WHERE n = total",
+            (space.id,),
+        ).fetchone()[0]
         if space
         else 0
     )
