@@ -132,10 +132,13 @@ def test_incremental_shared_content_rename(env: Env, model: Path, notes: Path, t
         assert "from 1 documents" in env.ok("embed")
         twin = write(tmp_path / "twin", {"copy.md": NOTES["cooking/bread.md"]})
         env.ok("collection", "add", str(twin), "--name", "twin")
-        assert "Embedded 0 chunks from 0 documents" in env.ok("embed")  # same content: no new vectors
+        # Content embedded already is searchable in its new collection as soon as it is
+        # indexed: nothing is pending, so no `qmd embed` would ever add it.
+        assert "nothing pending" in env.ok("status")
         assert [h["file"] for h in env.json("vsearch", "sourdough bread", "--json", "-c", "twin")] == [
             "qmd://twin/copy.md"
         ]
+        assert "Embedded 0 chunks from 0 documents" in env.ok("embed")  # same content: no new vectors
         env.ok("collection", "rename", "twin", "recipes")
         assert env.json("vsearch", "sourdough bread", "--json", "-c", "recipes")[0]["file"] == "qmd://recipes/copy.md"
         (notes / "cooking" / "bread.md").unlink()

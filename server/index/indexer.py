@@ -28,7 +28,7 @@ from typing import Literal, TypeAlias
 from wcmatch import glob as wglob
 
 from qmd.server.errors import HookFailed
-from qmd.server.index import metadata
+from qmd.server.index import metadata, vectors
 from qmd.server.index.config import Collection
 from qmd.server.index.db import sqlite3
 from qmd.server.index.store import Store, fts_delete, fts_put, utcnow
@@ -446,6 +446,7 @@ def index_collection(store: Store, coll: Collection, progress: Progress | None =
 def _apply(conn: sqlite3.Connection, collection: str, ops: list[_Op]) -> None:
     now = utcnow()
     deactivate: list[int] = []
+    written: list[str] = []
     doc_id: int | None
     for op in ops:
         if op[0] == "deactivate":
@@ -485,6 +486,11 @@ def _apply(conn: sqlite3.Connection, collection: str, ops: list[_Op]) -> None:
             )
         fts_put(conn, doc_id, f"{collection}/{f.rel}", loaded.title, loaded.text)
         metadata.store(conn, doc_id, loaded.meta)
+        written.append(loaded.hash)
+    # A content embedded already (a copy, a move, a file restored) is searchable by
+    # vectors here at once, not after the next `qmd embed`, which would find nothing pending.
+    for space in vectors.spaces(conn) if written else ():
+        vectors.add_partitions(conn, space, written)
     if deactivate:
         _deactivate(conn, deactivate)
 

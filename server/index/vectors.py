@@ -54,6 +54,10 @@ def find_space(conn: sqlite3.Connection, fingerprint: str) -> Space | None:
     return Space(*r) if r else None
 
 
+def spaces(conn: sqlite3.Connection) -> list[Space]:
+    return [Space(*r) for r in conn.execute("SELECT id, fingerprint, model, dims FROM vector_spaces ORDER BY id")]
+
+
 def ensure_space(conn: sqlite3.Connection, fingerprint: str, model: str, dims: int) -> Space:
     """The space for this fingerprint, created with its vec0 table on first use (writer only)."""
     space = find_space(conn, fingerprint)
