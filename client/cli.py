@@ -89,8 +89,8 @@ class Ctx:
         for m in inf["models_loaded"]:
             name = Path(m["path"]).name
             contexts = f", {m['parallelism']} contexts embedding in parallel" if m.get("parallelism", 1) > 1 else ""
-            when = f"in {m['load_seconds']:.2f} s" if m.get("loaded_at", 0) >= self.began else "(already loaded)"
-            self.note(f"model {name} ({m['role']}) loaded {when}{contexts}")
+            when = f"loaded in {m['load_seconds']:.2f} s" if m.get("loaded_at", 0) >= self.began else "already loaded"
+            self.note(f"model {name} ({m['role']}): {when}{contexts}")
         if inf.get("pid"):
             where = f"GPU ({inf['offload']})" if inf.get("offload") else "CPU"
             self.note(f"inference worker PID {inf['pid']}: {where}, {inf['n_threads']} threads")

@@ -133,10 +133,10 @@ def test_no_gpu_and_verbose(env: Env, tmp_path: Path) -> None:
         assert "GPU refused (QMD_FORCE_CPU / --no-gpu)" in doctor and "embed parallelism 2" in doctor
         r = env.qmd("-v", "embed")
         assert r.returncode == 0, r.stderr
-        assert f"model {MODEL} (embed) loaded in " in r.stderr and "2 contexts embedding in parallel" in r.stderr
+        assert f"model {MODEL} (embed): loaded in " in r.stderr and "2 contexts embedding in parallel" in r.stderr
         assert "inference worker PID" in r.stderr and ": CPU, 2 threads" in r.stderr
         r = env.qmd("-v", "vsearch", "sourdough")
-        assert r.returncode == 0 and "POST /v1/vector:" in r.stderr and "(already loaded)" in r.stderr
+        assert r.returncode == 0 and "POST /v1/vector:" in r.stderr and "(embed): already loaded" in r.stderr
         assert "started qmdd" not in r.stderr
         r = env.qmd("-v", "query", "sourdough bread", "--no-rerank")
         assert r.returncode == 0 and "vector: ran (" in r.stderr and "total: " in r.stderr, r.stderr
