@@ -1,11 +1,13 @@
 """Metadata discovery latency (`qmd collection metadata`) on a large index, in process.
 
-    .venv/bin/python bench/bench_discovery.py [--docs 100000] [--seed 1] [--rounds 15] [--keep]
+    .venv/bin/python bench/bench_discovery.py [--docs 100000] [--seed 1] [--rounds 15] [--stale] [--keep]
 
 Builds a temporary `qmd.server.index.store.Store` holding --docs documents in two
-collections (`notes` two thirds, `work` one third; ~1% inactive with their metadata
-left behind, ~1% pending extraction, ~0.5% rejected) with generated metadata written
-straight through SQL: about 8 keys a document, mixed types and arrays —
+collections (`notes` two thirds, `work` one third; ~1% inactive, ~1% pending
+extraction, ~0.5% rejected) with generated metadata written straight through SQL as
+the indexer writes it (an array's smallest value `multi` 1, its others 2; a document
+that left the index holds no rows and is pending), about 8 keys a document, mixed
+types and arrays —
 
     status    string, 5 values           owner     string, 50 values
     created   string, ~340 dates         reviewed  boolean
@@ -14,8 +16,11 @@ straight through SQL: about 8 keys a document, mixed types and arrays —
     tags      string[], 1-3 of 300 (60%)  score    number 0-100, 2 decimals (50%)
     mem-N     one of 40 rare keys (30%)
 
-— about 10 entries a document. Then `discovery.discover` runs on the store's own
-query_only reader, over both collections, --rounds times per case, the cases
+— about 8.5 entries a document. `--stale` leaves the inactive documents' rows behind
+instead (extracted, `meta_state` 1), which no index qmd makes holds: the answers are
+the same, read with a plan that tests each entry's document instead of `all`. Then
+`discovery.discover` runs on the store's own query_only reader, over both
+collections, --rounds times per case, the cases
 interleaved: no filter; a filter admitting ~5% of the documents (`score gte 90`); a
 key match (`key eq topics`, the largest key); a value match (`value eq team-7`, a
 reverse lookup over every key); one collection. Each answer is one read transaction
@@ -23,7 +28,7 @@ reverse lookup over every key); one collection. Each answer is one read transact
 
 Baselines from the same run: `SELECT count(*)` of the scope's active documents (what
 any answer pays to say how many documents there are), and one walk of the whole
-(key, type, value, doc_id) index grouping entries by value with no scope or filter
+(key, type, value, multi, doc_id) index grouping entries by value with no scope or filter
 (the floor of any exact per-value count). Figures only, never assertions.
 """
 
@@ -50,11 +55,13 @@ from qmd.server.search import discovery  # noqa: E402
 from qmd.server.search.filters import parse_filter, parse_match  # noqa: E402
 
 SCOPE = ["notes", "work"]
+Row = tuple[int, str, str, str | int | float, str | None, int]
 
 
-def build(store: Store, docs: int, seed: int) -> dict[str, int]:
+def build(store: Store, docs: int, seed: int, *, stale: bool = False) -> dict[str, int]:
     """Documents and their metadata rows, as the indexer would leave them (a string's
-    `folded` is its ASCII lowercase, a boolean is 0/1, array values have `multi` 1)."""
+    `folded` is its ASCII lowercase, a boolean is 0/1, an array's smallest value has
+    `multi` 1 and its others 2); with `stale`, inactive documents keep theirs."""
     rnd = random.Random(seed)
     vocab = [f"topic-{i}" for i in range(2000)]
     weights = [1 / (i + 1) for i in range(len(vocab))]
@@ -72,16 +79,25 @@ def build(store: Store, docs: int, seed: int) -> dict[str, int]:
             r = rnd.random()
             state = None if r < 0.01 else 2 if r < 0.015 else 0 if r < 0.03 else 1
             active = int(rnd.random() >= 0.01)
+            gone = not active and not stale
             documents.append(
-                (i, collection, f"d/{i}.md", f"h{i - 1}", active, state, "bad value" if state == 2 else None)
-            )
+                (i, collection, f"d/{i}.md", f"h{i - 1}", active, None if gone else state,
+                 "bad value" if state == 2 and not gone else None)
+            )  # fmt: skip
             if state != 1:
                 continue
+            held: list[Row] = []
 
-            def put(key: str, value: str | int | float, multi: int = 0, *, doc: int = i) -> None:
+            def put(
+                key: str, value: str | int | float, multi: int = 0, *, doc: int = i, into: list[Row] = held
+            ) -> None:
                 t = "boolean" if isinstance(value, bool) else "string" if isinstance(value, str) else "number"
                 folded = value.lower() if isinstance(value, str) else None
-                rows.append((doc, key, t, int(value) if isinstance(value, bool) else value, folded, multi))
+                into.append((doc, key, t, int(value) if isinstance(value, bool) else value, folded, multi))
+
+            def put_array(key: str, values: set[str]) -> None:
+                for j, v in enumerate(sorted(values)):
+                    put(key, v, 1 if j == 0 else 2)
 
             put("status", rnd.choice(statuses))
             put("owner", rnd.choice(owners))
@@ -93,15 +109,15 @@ def build(store: Store, docs: int, seed: int) -> dict[str, int]:
             elif r < 0.65:
                 put("priority", rnd.choice(["high", "low"]))
             if rnd.random() < 0.9:
-                for t in set(rnd.choices(vocab, weights, k=rnd.randint(1, 4))):
-                    put("topics", t, 1)
+                put_array("topics", set(rnd.choices(vocab, weights, k=rnd.randint(1, 4))))
             if rnd.random() < 0.6:
-                for t in set(rnd.choices(tags, k=rnd.randint(1, 3))):
-                    put("tags", t, 1)
+                put_array("tags", set(rnd.choices(tags, k=rnd.randint(1, 3))))
             if rnd.random() < 0.5:
                 put("score", round(rnd.random() * 100, 2))
             if rnd.random() < 0.3:
                 put(f"mem-{rnd.randint(0, 39)}", rnd.choice(["x", "y", "z"]))
+            if not gone:
+                rows.extend(held)
         conn.executemany(
             "INSERT INTO documents(id, collection, path, title, hash, created_at, modified_at, active, meta_state,"
             " meta_error) VALUES (?, ?, ?, 't', ?, 'now', 'now', ?, ?, ?)",
@@ -126,6 +142,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--stale", action="store_true", help="inactive documents keep their metadata rows")
     ap.add_argument("--keep", action="store_true", help="leave the temporary index behind")
     args = ap.parse_args()
 
@@ -133,11 +150,12 @@ def main() -> None:
     store = Store(tmp / "index.sqlite")
     try:
         t0 = time.perf_counter()
-        sizes = build(store, args.docs, args.seed)
+        sizes = build(store, args.docs, args.seed, stale=args.stale)
         build_s = time.perf_counter() - t0
         print(code_line())
         print(
-            f"index: {sizes['documents']:,} documents, {sizes['entries']:,} entries, built in {build_s:.1f} s ({tmp})"
+            f"index: {sizes['documents']:,} documents, {sizes['entries']:,} entries"
+            f"{' (inactive ones keep theirs)' if args.stale else ''}, built in {build_s:.1f} s ({tmp})"
         )
 
         five_percent = parse_filter({"field": "score", "operator": "gte", "value": 90})
@@ -211,7 +229,8 @@ def main() -> None:
         )
         out = write_json(
             "discovery",
-            {"machine": machine(), "index": {**sizes, "build_s": round(build_s, 1)}, "rounds": args.rounds,
+            {"machine": machine(), "index": {**sizes, "stale": args.stale, "build_s": round(build_s, 1)},
+             "rounds": args.rounds,
              "figures": figures, "noise": noise},
         )  # fmt: skip
         print(f"figures: {out}")

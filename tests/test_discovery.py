@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from qmd.server.errors import InvalidInput
+from qmd.server.index import metadata
 from qmd.server.index.db import sqlite3
-from qmd.server.index.metadata import Scalar, fold, value_type
+from qmd.server.index.metadata import Entry, Scalar, value_type
 from qmd.server.index.store import Store
 from qmd.server.search import discovery
 from qmd.server.search.discovery import (
@@ -68,15 +69,17 @@ def add(store: Store, docs: Sequence[Doc]) -> list[int]:
             doc_id = cur.lastrowid
             assert doc_id is not None
             ids.append(doc_id)
-            for key, raw in (d.meta or {}).items():
-                multi = isinstance(raw, list)
-                for v in dict.fromkeys(raw) if isinstance(raw, list) else [raw]:
-                    conn.execute(
-                        "INSERT INTO document_metadata(doc_id, key, type, value, folded, multi)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        (doc_id, key, value_type(v), int(v) if isinstance(v, bool) else v,
-                         fold(v) if isinstance(v, str) else None, int(multi)),
-                    )  # fmt: skip
+            if d.meta:
+                # The rows as the indexer writes them (an array's first entry marked).
+                entries = tuple(
+                    Entry(key, value_type(v), v, isinstance(raw, list))
+                    for key, raw in d.meta.items()
+                    for v in (dict.fromkeys(raw) if isinstance(raw, list) else [raw])
+                )
+                metadata.store(conn, doc_id, metadata.Extracted(metadata.OK, entries))
+                conn.execute(
+                    "UPDATE documents SET meta_state = ?, meta_error = ? WHERE id = ?", (state, d.error, doc_id)
+                )
         return ids
 
     return store.write(fn)
@@ -762,9 +765,10 @@ def test_a_filter_and_match_over_the_binding_budget_are_refused_together() -> No
     MetadataOptions(["notes"], filter=f)
 
 
-def test_a_clean_index_is_read_without_testing_each_entry(tmp_path: Path) -> None:
+def test_a_clean_index_is_read_without_testing_each_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every document holding entries counts (whole scope, no filter, no deleted
-    file's entries): the `all` plan, and the same answer as the reference."""
+    file's entries, as the indexer leaves an index): the `all` plan, and under it and
+    every other plan, for every match, the same answer as the reference."""
     docs = [
         d
         for d in random_corpus(random.Random(11), 400)
@@ -773,26 +777,48 @@ def test_a_clean_index_is_read_without_testing_each_entry(tmp_path: Path) -> Non
     s = Store(tmp_path / "clean.sqlite")
     try:
         add(s, docs)
-        for opts in (
-            MetadataOptions(["notes", "work"]),
-            MetadataOptions(
-                ["notes", "work"],
-                match=parse_match({"field": "key", "operator": "eq", "value": "k0"}),
-                sort="value",
-                min_count=2,
-            ),
-            MetadataOptions(
-                ["notes", "work"], match=parse_match({"field": "value", "operator": "type", "value": "number"})
-            ),
-        ):
-            with s.read() as conn:
-                census, _ = discovery._census(conn, '["notes", "work"]', None)
-                assert discovery._plan(census) == "all"
-                assert discover(conn, opts) == reference(docs, opts)
-            with s.read() as conn:
-                narrower = replace(opts, collections=("notes",))
-                census, _ = discovery._census(conn, '["notes"]', None)
-                assert discovery._plan(census) != "all"
-                assert discover(conn, narrower) == reference(docs, narrower)
+        for m in MATCHES:
+            for sort in ("count", "value"):
+                opts = MetadataOptions(
+                    ["notes", "work"],
+                    match=None if m is None else parse_match(m),
+                    sort=sort,
+                    min_count=2,
+                    value_limit=3,
+                )
+                expected = reference(docs, opts)
+                with s.read() as conn:
+                    census, _ = discovery._census(conn, '["notes", "work"]', None)
+                    assert discovery._plan(census) == "all"
+                    assert discover(conn, opts) == expected, m
+                for plan in ("drive", "probe", "exclude"):
+                    monkeypatch.setattr(discovery, "_plan", lambda _census, plan=plan: plan)
+                    with s.read() as conn:
+                        assert discover(conn, opts) == expected, (plan, m)
+                monkeypatch.undo()
+                with s.read() as conn:
+                    narrower = replace(opts, collections=("notes",))
+                    census, _ = discovery._census(conn, '["notes"]', None)
+                    assert discovery._plan(census) != "all"
+                    assert discover(conn, narrower) == reference(docs, narrower)
+    finally:
+        s.close()
+
+
+def test_each_document_holds_one_first_row_of_each_of_its_keys(tmp_path: Path) -> None:
+    """What the counts rest on: a document's rows of a key are one scalar (0), or an
+    array's smallest value (1) and its others (2)."""
+    docs = random_corpus(random.Random(5), 300)
+    s = Store(tmp_path / "rows.sqlite")
+    try:
+        add(s, docs)
+        with s.read() as conn:
+            bad = conn.execute(
+                "SELECT doc_id, key FROM document_metadata GROUP BY doc_id, key"
+                " HAVING count(*) FILTER (WHERE multi < 2) != 1 OR min(value) FILTER (WHERE multi = 1) != min(value)"
+                " OR (count(*) > 1 AND min(multi) = 0)"
+            ).fetchall()
+            arrays = conn.execute("SELECT count(*) FROM document_metadata WHERE multi = 2").fetchone()[0]
+        assert bad == [] and arrays > 0
     finally:
         s.close()

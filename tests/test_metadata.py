@@ -13,6 +13,7 @@ from qmd.server.index import metadata
 from qmd.server.index.config import Collection
 from qmd.server.index.indexer import index_collection
 from qmd.server.index.store import Store
+from qmd.server.search import discovery
 from qmd.server.search.lexical import parse_lex, search_fts
 
 
@@ -191,5 +192,105 @@ def test_documents_indexed_before_metadata_are_pending_until_the_next_update(tmp
         with store.read() as conn:
             assert metadata.extraction_counts(conn).pending == 0
         assert stored(store) == {"a.md": {"status": "draft"}}
+    finally:
+        store.close()
+
+
+def rows(store: Store) -> dict[str, list[tuple[str, object, int]]]:
+    """Every stored row, by path (inactive documents too): (key, value, multi)."""
+    with store.read() as conn:
+        got: dict[str, list[tuple[str, object, int]]] = {}
+        for path, key, value, multi in conn.execute(
+            "SELECT d.path, m.key, m.value, m.multi FROM document_metadata m JOIN documents d ON d.id = m.doc_id"
+            " ORDER BY d.path, m.key, m.type, m.value"
+        ):
+            got.setdefault(path, []).append((key, value, multi))
+    return got
+
+
+def test_an_arrays_first_value_is_marked_so_each_key_has_one_first_row(tmp_path: Path) -> None:
+    """`multi`: 0 a scalar, 1 an array's smallest value (its first row in stored
+    order), 2 its others; a one-element array is 1. Reading back is unchanged."""
+    root = write(
+        tmp_path / "n",
+        {"a.md": block("tags: [zeta, Alpha, beta]\nn: [3, 1.5, 2]\nflags: [true, false]\none: [x]\ns: solo")},
+    )
+    store = Store(tmp_path / "i.sqlite")
+    try:
+        index_collection(store, Collection(name="n", path=str(root)))
+        assert rows(store) == {
+            "a.md": [
+                ("flags", 0, 1),
+                ("flags", 1, 2),
+                ("n", 1.5, 1),
+                ("n", 2, 2),
+                ("n", 3, 2),
+                ("one", "x", 1),
+                ("s", "solo", 0),
+                ("tags", "Alpha", 1),
+                ("tags", "beta", 2),
+                ("tags", "zeta", 2),
+            ]
+        }
+        assert stored(store) == {
+            "a.md": {
+                "flags": [False, True],
+                "n": [1.5, 2, 3],
+                "one": ["x"],
+                "s": "solo",
+                "tags": ["Alpha", "beta", "zeta"],
+            }
+        }
+    finally:
+        store.close()
+
+
+def test_an_arrays_first_row_is_written_before_its_others() -> None:
+    """Were SQLite to hold two of an array's values equal, the one it ignores is the
+    later, never the first: the key keeps exactly one row with `multi` < 2."""
+    entries = (
+        metadata.Entry("k", "number", 5, True),
+        metadata.Entry("s", "string", "b", False),
+        metadata.Entry("k", "number", 2, True),
+        metadata.Entry("k", "number", 9, True),
+    )
+    assert [(r[1], r[3], r[5]) for r in metadata._rows(7, entries)] == [
+        ("s", "b", metadata.SCALAR),
+        ("k", 2, metadata.ARRAY_FIRST),
+        ("k", 5, metadata.ARRAY_REST),
+        ("k", 9, metadata.ARRAY_REST),
+    ]
+
+
+def test_a_document_that_leaves_the_index_leaves_its_metadata_and_extracts_again_on_return(tmp_path: Path) -> None:
+    """Deactivation deletes the rows and makes the state pending, so only active
+    documents hold metadata (discovery then reads the index testing nothing); the file
+    coming back is re-extracted by the update that reactivates it."""
+    text = block("status: draft\ntags: [x, y]")
+    root = write(tmp_path / "n", {"a.md": text, "b.md": block("status: published"), "c.md": block("k: 1")})
+    store = Store(tmp_path / "i.sqlite")
+    try:
+        coll = Collection(name="n", path=str(root))
+        index_collection(store, coll)
+        assert set(rows(store)) == {"a.md", "b.md", "c.md"}
+        (root / "a.md").unlink()
+        (root / "c.md").write_text("")  # skipped as empty: leaves the index too
+        index_collection(store, coll)
+        with store.read() as conn:
+            states = {
+                p: (a, s, e)
+                for p, a, s, e in conn.execute("SELECT path, active, meta_state, meta_error FROM documents")
+            }
+            census, _ = discovery._census(conn, '["n"]', None)
+            assert discovery._plan(census) == "all"
+            assert metadata.extraction_counts(conn).pending == 0
+        assert states == {"a.md": (0, None, None), "b.md": (1, metadata.OK, None), "c.md": (0, None, None)}
+        assert set(rows(store)) == {"b.md"}
+
+        (root / "a.md").write_text(text)
+        summary = index_collection(store, coll)
+        assert summary.indexed == 1
+        assert stored(store) == {"a.md": {"status": "draft", "tags": ["x", "y"]}, "b.md": {"status": "published"}}
+        assert rows(store)["a.md"] == [("status", "draft", 0), ("tags", "x", 1), ("tags", "y", 2)]
     finally:
         store.close()

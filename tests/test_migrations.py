@@ -120,6 +120,26 @@ def test_a_new_index_has_the_release_schema_at_the_latest_version(tmp_path: Path
     assert objects(db) == RELEASE_OBJECTS | METADATA_OBJECTS
 
 
+def test_the_value_index_carries_multi_for_discovery(tmp_path: Path) -> None:
+    """Discovery counts a key's documents as its rows with `multi` < 2 while walking
+    the value index, so the index holds `multi`, and `multi` is one of its three
+    values (a scalar, an array's first value, its others)."""
+    db = tmp_path / "index.sqlite"
+    Store(db).close()
+    with raw(db) as conn:
+        columns = [r[2] for r in conn.execute("PRAGMA index_info(idx_metadata_value)")]
+        assert columns == ["key", "type", "value", "multi", "doc_id"]
+        conn.execute("INSERT INTO content(hash, doc, created_at) VALUES ('h', 'x', 'now')")
+        conn.execute(
+            "INSERT INTO documents(id, collection, path, title, hash, created_at, modified_at)"
+            " VALUES (1, 'c', 'p', 't', 'h', 'now', 'now')"
+        )
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute(
+                "INSERT INTO document_metadata(doc_id, key, type, value, multi) VALUES (1, 'k', 'string', 'v', 3)"
+            )
+
+
 @pytest.mark.parametrize("with_vectors", [True, False], ids=["opened-by-engine", "opened-by-store"])
 def test_a_release_index_upgrades_and_keeps_its_documents(tmp_path: Path, with_vectors: bool) -> None:
     db = release_index(tmp_path, with_vectors=with_vectors)

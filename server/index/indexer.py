@@ -291,10 +291,17 @@ def _iso(ns: int) -> str:
 
 
 def _deactivate(conn: sqlite3.Connection, ids: list[int]) -> None:
+    """A document leaves the index: its keyword rows and metadata go, and its metadata
+    turns pending (NULL), so a document holds metadata rows only while active and
+    extracted, and when its file comes back the update that reactivates it extracts
+    them again (`metadata.store`)."""
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
         marks = ",".join("?" * len(chunk))
-        conn.execute(f"UPDATE documents SET active = 0 WHERE id IN ({marks})", chunk)
+        conn.execute(f"DELETE FROM document_metadata WHERE doc_id IN ({marks})", chunk)
+        conn.execute(
+            f"UPDATE documents SET active = 0, meta_state = NULL, meta_error = NULL WHERE id IN ({marks})", chunk
+        )
     fts_delete(conn, ids)
 
 

@@ -302,15 +302,45 @@ def _stored(value: Scalar) -> int | float | str:
     return int(value) if isinstance(value, bool) else value
 
 
+# document_metadata.multi (schema migration 3): a scalar, an array's first element in
+# stored order (its smallest value), the array's other elements.
+SCALAR: Final = 0
+ARRAY_FIRST: Final = 1
+ARRAY_REST: Final = 2
+
+
+def _rows(doc_id: int, entries: Sequence[Entry]) -> list[tuple[int, str, str, int | float | str, str | None, int]]:
+    """The rows of a document's entries. Each array's smallest value (its first row in
+    the table's (doc_id, key, type, value) order) is ARRAY_FIRST and is inserted before
+    the others, so were SQLite to find a later value equal to it, the later one is the
+    one ignored: every key the document holds keeps exactly one row with `multi` < 2.
+    An array holds one type, and Python orders numbers, strings (code points, as
+    BINARY orders UTF-8) and booleans (0 / 1) as SQLite does."""
+    first: dict[str, int] = {}
+    for i, e in enumerate(entries):
+        if e.multi and (e.key not in first or _stored(e.value) < _stored(entries[first[e.key]].value)):  # type: ignore[operator]
+            first[e.key] = i
+    heads = set(first.values())
+    rows = [
+        (
+            doc_id,
+            e.key,
+            e.type,
+            _stored(e.value),
+            fold(e.value) if isinstance(e.value, str) else None,
+            (ARRAY_FIRST if i in heads else ARRAY_REST) if e.multi else SCALAR,
+        )
+        for i, e in enumerate(entries)
+    ]
+    return sorted(rows, key=lambda row: row[5] == ARRAY_REST)
+
+
 def store(conn: sqlite3.Connection, doc_id: int, extracted: Extracted) -> None:
     """Replace a document's metadata (writer only)."""
     conn.execute("DELETE FROM document_metadata WHERE doc_id = ?", (doc_id,))
     conn.executemany(
         "INSERT OR IGNORE INTO document_metadata(doc_id, key, type, value, folded, multi) VALUES (?, ?, ?, ?, ?, ?)",
-        [
-            (doc_id, e.key, e.type, _stored(e.value), fold(e.value) if isinstance(e.value, str) else None, int(e.multi))
-            for e in extracted.entries
-        ],
+        _rows(doc_id, extracted.entries),
     )
     conn.execute(
         "UPDATE documents SET meta_state = ?, meta_error = ? WHERE id = ?", (extracted.state, extracted.error, doc_id)
@@ -339,7 +369,7 @@ def fetch(conn: sqlite3.Connection, doc_ids: Sequence[int]) -> dict[int, Metadat
         for doc_id, key, type_, value, multi in rows:
             meta = out.setdefault(doc_id, {})
             v = _loaded(type_, value)
-            if multi:
+            if multi:  # ARRAY_FIRST or ARRAY_REST
                 held = meta.setdefault(key, [])
                 assert isinstance(held, list)
                 held.append(v)

@@ -159,13 +159,18 @@ def _v2_vector_tables(conn: sqlite3.Connection) -> None:
     run_script(conn, VECTOR_TABLES)
 
 
-# Typed frontmatter metadata (`qmd: metadata:`), one row per (document, key, value):
-# an array is a set of rows with `multi` = 1. `value` has no declared type, so SQLite
+# Typed frontmatter metadata (`qmd: metadata:`), one row per (document, key, value).
+# `multi` is 0 for a scalar; an array is a set of rows, its first in stored order
+# (the smallest value) with `multi` 1 and the others 2, so each document holding a key
+# has exactly one row of it with `multi` < 2. `value` has no declared type, so SQLite
 # keeps each value's own storage class and `'3'` never equals `3`; `type` says which
 # of string / number / boolean it is (booleans are stored as 0 / 1). `folded` is the
 # ASCII-lowercased string, for `caseInsensitive`. `documents.meta_state` records the
-# extraction: NULL pending (an index made before this migration), 0 no metadata,
-# 1 extracted, 2 rejected (`meta_error` says why).
+# extraction: NULL pending (an index made before this migration, or a document that
+# left the index), 0 no metadata, 1 extracted, 2 rejected (`meta_error` says why); a
+# document holds rows only while it is 1. The value index carries `multi`, so one walk
+# of it counts the documents holding each (key, type): discovery's
+# `count(*) FILTER (WHERE multi < 2)`.
 METADATA_TABLES = """
 ALTER TABLE documents ADD COLUMN meta_state INTEGER;
 ALTER TABLE documents ADD COLUMN meta_error TEXT;
@@ -175,10 +180,10 @@ CREATE TABLE document_metadata (
     type TEXT NOT NULL CHECK (type IN ('string', 'number', 'boolean')),
     value NOT NULL,
     folded TEXT,
-    multi INTEGER NOT NULL DEFAULT 0,
+    multi INTEGER NOT NULL DEFAULT 0 CHECK (multi IN (0, 1, 2)),
     PRIMARY KEY (doc_id, key, type, value)
 ) WITHOUT ROWID;
-CREATE INDEX idx_metadata_value ON document_metadata(key, type, value, doc_id);
+CREATE INDEX idx_metadata_value ON document_metadata(key, type, value, multi, doc_id);
 CREATE INDEX idx_metadata_folded ON document_metadata(key, folded, doc_id) WHERE folded IS NOT NULL;
 """
 

@@ -31,20 +31,26 @@ the seed leaves open:
 
 Every figure of one answer comes from one read transaction, so one snapshot. The work
 is done in SQLite, in a census over `documents` and one statement of CTEs over
-`document_metadata`: values are grouped while walking the (key, type, value, doc_id)
-index in order, and array documents, the only ones that make a key's document count
-differ from its entry count, are grouped while walking the table in (doc_id, ...)
-order. Neither grouping needs a sort over every entry. How the eligible documents are
-joined is chosen from the census (see `_plan`), as the cheapest way depends on how many
-of the index's documents they are; the answer never does. The plans and the collection
-flags rely on what `index.metadata.store` guarantees: a document holds entries only
-while its `meta_state` is 1 (it replaces both in one transaction).
+`document_metadata`: values are grouped while walking the (key, type, value, multi,
+doc_id) index in order, and in the same walk a key's documents are counted as its first
+entries (`multi` < 2: a scalar, or an array's first value; `index.metadata.store`
+writes exactly one per document and key). Only a match that tests values can keep an
+array's other entries and not its first: then the counted documents' array entries are
+grouped as well, while walking the table in (doc_id, ...) order. Neither grouping needs
+a sort over every entry. How the eligible documents are joined is chosen from the
+census (see `_plan`), as the cheapest way depends on how many of the index's documents
+they are; the answer never does. The plans and the collection flags rely on what the
+index guarantees: a document holds entries only while its `meta_state` is 1
+(`metadata.store` replaces both in one transaction; a document leaving the index loses
+its entries and turns pending, `index.indexer._deactivate`). So when every document
+holding entries counts, no entry's document is tested at all; an index that still held
+an inactive document's entries would be read with a plan that tests them.
 
-The cost is two walks of 860k entries for 100k documents (~4.5 walks of the value
-index in all, bench/bench_discovery.py). The second exists only because the value
-index cannot tell a document's first entry of a key from its others: were `multi` 1
-for an array's first element and 2 for the rest, and in the index, one walk would
-count documents directly (`count(*) FILTER (WHERE multi < 2)`).
+The cost, for 100k documents with 850k entries and no filter or match, is about 2
+walks of the value index (~160 ms on 2 cores, bench/bench_discovery.py; it was 4.4
+when array documents were grouped in a second walk): the walk itself, reading `multi`
+and counting first entries (~0.3 of one), the census of the documents (~0.25), the
+values' rank windows (~0.25) and their running windows.
 """
 
 from __future__ import annotations
@@ -284,17 +290,30 @@ def _plan(census: _Census) -> Plan:
     - probe (<= 65%): walk the index, probing the set of eligible documents.
     - exclude: walk the index, probing the (smaller) set of the other documents, so
       the Bloom filter alone passes most entries.
-    - all: every document holding entries counts (the whole index in scope, no
-      filter, no deleted file's entries left): walk the index testing nothing.
+    - all: every document holding entries counts (the whole index in scope and no
+      filter; the indexer leaves no entries of a deleted file): walk the index
+      testing nothing.
 
     The crossovers are where the plans' times met on 100k documents with 860k
-    entries (bench/bench_discovery.py), at shares from 2% to 99%."""
+    entries (bench/bench_discovery.py), at shares from 2% to 99%; re-timed with one
+    walk per plan (first entries counted in it) at 0.5-80%, they still hold."""
     if census.eligible_with_rows == census.with_rows:
         return "all"
     share = census.eligible_with_rows / census.with_rows if census.with_rows else 0.0
     if share <= 0.07:
         return "drive"
     return "probe" if share <= 0.65 else "exclude"
+
+
+def _per_pair(f: Filter) -> bool:
+    """Whether the match decides by an entry's key and type alone (conditions on the
+    key, and `type` tests of the value), so keeps every entry of a document's key or
+    none: an array's first entry then stands for its document."""
+    if isinstance(f, Condition):
+        return f.field == "key" or f.operator == "type"
+    if isinstance(f, Not):
+        return _per_pair(f.operand)
+    return all(_per_pair(o) for o in f.operands)
 
 
 def _folds(f: Filter) -> bool:
@@ -332,7 +351,6 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
     s = _Statement()
     fsql = filter_sql(options.filter, "d")[0] if options.filter is not None else "1"
     msql, mparams = match_sql(options.match, "m") if options.match is not None else ("1", [])
-    matched = options.match is not None
 
     s.add("WITH")
     s.add(
@@ -341,6 +359,7 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
         f" AND ({fsql})),",
         [scope_json, *fparams],
     )
+    # `test`: whether the document of an entry (alias `{}`) counts, by the plan.
     if plan == "exclude":
         # Every document the answer does not count, by the same test as `elig`
         # negated (the CASE makes it 0 or 1, never NULL, for a pending document).
@@ -350,64 +369,98 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
             f" THEN ({fsql}) ELSE 0 END),",
             [scope_json, *fparams],
         )
-        counted = "NOT EXISTS (SELECT 1 FROM other o WHERE o.id = m.doc_id)"
+        test = "NOT EXISTS (SELECT 1 FROM other o WHERE o.id = {}.doc_id)"
     elif plan == "all":
-        counted = "1"
+        test = "1"
     else:
-        counted = "m.doc_id IN (SELECT id FROM elig)"
+        test = "{}.doc_id IN (SELECT id FROM elig)"
+    counted = test.format("m")
 
     # vals: per matching (key, type, value) of the counted documents, its documents,
-    # and in value order the running count of entries and of values held by at least
-    # min_count documents, the pair's entries and its least value. Grouped while
-    # walking the (key, type, value, doc_id) index, the rows come out in that order,
-    # which the windows reuse without sorting again.
+    # and in value order the running count of entries, of values held by at least
+    # min_count documents, of first entries (`multi` < 2, one per document holding the
+    # key) and of arrays' first entries (`multi` 1, one per array), and the pair's
+    # least value. Grouped while walking the (key, type, value, multi, doc_id) index,
+    # the rows come out in that order, which the windows reuse without sorting again.
     if plan == "drive":
         entries = f"FROM elig e CROSS JOIN document_metadata m ON m.doc_id = e.id WHERE ({msql})"
     elif options.match is not None and _folds(options.match):
-        # The value index holds key, type, value and doc_id, not `folded`: a match
-        # that folds case reads every row it tests, which one walk of the table does
-        # at a fraction of the cost of looking each up from the index. Wrapped in a
-        # CASE, the match offers the planner no index to seek.
+        # The value index holds key, type, value, multi and doc_id, not `folded`: a
+        # match that folds case reads every row it tests, which one walk of the table
+        # does at a fraction of the cost of looking each up from the index. Wrapped in
+        # a CASE, the match offers the planner no index to seek.
         entries = f"FROM document_metadata m WHERE {counted} AND CASE WHEN ({msql}) THEN 1 ELSE 0 END"
     else:
         entries = f"FROM document_metadata m INDEXED BY idx_metadata_value WHERE {counted} AND ({msql})"
     s.add(
-        "vals(key, type, value, docs, upto, kept, entries, lowest) AS MATERIALIZED ("
+        "vals(key, type, value, docs, upto, kept, lowest, heads, firsts) AS MATERIALIZED ("
         " SELECT m.key, m.type, m.value, count(*), sum(count(*)) OVER w, sum(count(*) >= ?) OVER w,"
-        "  sum(count(*)) OVER (PARTITION BY m.key, m.type), first_value(m.value) OVER w"
+        "  first_value(m.value) OVER w,"
+        "  sum(count(*) FILTER (WHERE m.multi < 2)) OVER w, sum(count(*) FILTER (WHERE m.multi = 1)) OVER w"
         f" {entries} GROUP BY m.key, m.type, m.value"
         " WINDOW w AS (PARTITION BY m.key, m.type ORDER BY m.value ROWS UNBOUNDED PRECEDING)),",
         [options.min_count, *mparams],
     )
 
-    # arrays: per (key, type), the counted documents holding it as an array, those of
-    # them with a matching entry, and their matching entries. Only these documents
-    # hold several entries of one key, so they turn entry counts into document counts.
-    # In the table's own (doc_id, key, type, value) order, a document's entries of a
-    # key are adjacent, so grouping them needs no sort. `multi` is not in the value
-    # index, and an index walk would look it up row by row (`+` keeps the planner
-    # off it; NOT INDEXED does not, on a WITHOUT ROWID table).
-    n = f"sum({msql})" if matched else "count(*)"
-    keys_only = " AND +m.key IN (SELECT key FROM vals)" if matched else ""
-    if plan == "drive":
-        arrays = f"FROM elig e CROSS JOIN document_metadata m ON m.doc_id = e.id WHERE m.multi = 1{keys_only}"
+    # pairs: a pair's last value (in value order) carries its totals. It is the row of
+    # the pair's largest running count of entries, whose columns SQLite returns with
+    # `max()` (a bare column of an aggregate with one max() is from the max's row).
+    last = (
+        "SELECT v.key AS key, v.type AS type, max(v.upto) AS entries, v.heads AS heads, v.firsts AS firsts,"
+        " v.kept AS kept, v.lowest AS lowest, v.value AS highest FROM vals v GROUP BY v.key, v.type"
+    )
+    if options.match is None or _per_pair(options.match):
+        # Without a match, or with one that keeps all of a document's entries of a
+        # key or none (it tests keys and types only), a pair's documents are its first
+        # entries, and it is an array when one of them is.
+        s.add(
+            "pairs(key, type, docs, entries, distinct_values, multi, lowest, highest) AS MATERIALIZED ("
+            f" SELECT key, type, heads, entries, kept, firsts > 0, lowest, highest FROM ({last})),"
+        )
     else:
-        arrays = f"FROM document_metadata m WHERE m.multi = 1 AND {counted}{keys_only}"
-    s.add(
-        "arrays(key, type, docs_all, docs_match, rows_match) AS MATERIALIZED ("
-        " SELECT key, type, count(*), sum(n > 0), sum(n) FROM ("
-        f"  SELECT m.key AS key, m.type AS type, {n} AS n {arrays} GROUP BY m.doc_id, m.key, m.type)"
-        " GROUP BY key, type),",
-        mparams if matched else [],
-    )
-
-    # pairs: a pair's last value (in value order) carries its totals.
-    s.add(
-        "pairs(key, type, docs, entries, distinct_values, multi, lowest, highest) AS MATERIALIZED ("
-        " SELECT v.key, v.type, v.entries - coalesce(a.rows_match, 0) + coalesce(a.docs_match, 0), v.entries,"
-        "  v.kept, coalesce(a.docs_all, 0) > 0, v.lowest, v.value"
-        " FROM vals v LEFT JOIN arrays a ON a.key = v.key AND a.type = v.type WHERE v.upto = v.entries),"
-    )
+        # A match that tests values may keep an array's other entries (`multi` 2) and
+        # not its first. A pair without such an entry has at most one matching entry
+        # a document: its documents are its entries. For the others, `arrays` groups
+        # the counted documents' array entries by document: per (key, type), those
+        # with a matching entry, and their matching entries (these documents alone
+        # hold several, so they turn entry counts into document counts). In the
+        # table's own (doc_id, key, type, value) order, a document's entries of a key
+        # are adjacent, so grouping them needs no sort: the walk is held to the table
+        # (SQLite's name for a WITHOUT ROWID table's primary key), as the value index
+        # covers these columns too but would need a sort of every entry it passes. The
+        # walk does not start (LIMIT 0 ends a statement before its loop) when no pair
+        # needs it.
+        if plan == "drive":
+            arrays = "FROM elig e CROSS JOIN document_metadata m ON m.doc_id = e.id WHERE m.multi > 0"
+        else:
+            arrays = (
+                "FROM document_metadata m INDEXED BY sqlite_autoindex_document_metadata_1"
+                f" WHERE m.multi > 0 AND {counted}"
+            )
+        s.add(
+            "arrays(key, type, docs_match, rows_match) AS MATERIALIZED ("
+            " SELECT key, type, sum(n > 0), sum(n) FROM ("
+            f"  SELECT m.key AS key, m.type AS type, sum({msql}) AS n {arrays}"
+            "  AND +m.key IN (SELECT key FROM vals WHERE upto > heads) GROUP BY m.doc_id, m.key, m.type"
+            "  LIMIT (CASE WHEN EXISTS (SELECT 1 FROM vals WHERE upto > heads) THEN -1 ELSE 0 END))"
+            " GROUP BY key, type),",
+            mparams,
+        )
+        # The pair is an array when a matching entry is one's; else when a counted
+        # document holds it as one whatever matched: the first array entry of a
+        # counted document found in the pair's part of the value index.
+        in_pair = "x.key = t.key AND x.type = t.type AND x.multi = 1"
+        s.add(
+            "pairs(key, type, docs, entries, distinct_values, multi, lowest, highest) AS MATERIALIZED ("
+            " SELECT t.key, t.type,"
+            "  CASE WHEN t.entries = t.heads THEN t.entries ELSE t.entries - a.rows_match + a.docs_match END,"
+            "  t.entries, t.kept,"
+            "  CASE WHEN t.firsts > 0 OR t.entries > t.heads THEN 1"
+            f"   WHEN EXISTS (SELECT 1 FROM document_metadata x INDEXED BY idx_metadata_value WHERE {in_pair}"
+            f"   AND {test.format('x')}) THEN 1 ELSE 0 END,"
+            "  t.lowest, t.highest"
+            f" FROM ({last}) t LEFT JOIN arrays a ON a.key = t.key AND a.type = t.type),"
+        )
     s.add(
         "keys(key, docs, rank) AS MATERIALIZED ("
         " SELECT key, sum(docs), row_number() OVER (ORDER BY sum(docs) DESC, key) FROM pairs GROUP BY key),"
@@ -477,10 +530,11 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
     # halves): one row of `vals` each.
     s.add(
         "UNION ALL SELECT 'middle', v.key, v.type, NULL, NULL, NULL, NULL, NULL,"
-        " max(v.value) FILTER (WHERE v.upto - v.docs < (v.entries + 1) / 2),"
-        " max(v.value) FILTER (WHERE v.upto - v.docs < v.entries / 2 + 1), NULL"
-        " FROM vals v WHERE v.type = 'number' AND v.key IN (SELECT key FROM shown)"
-        " AND v.upto >= (v.entries + 1) / 2 AND v.upto - v.docs < v.entries / 2 + 1 GROUP BY v.key, v.type"
+        " max(v.value) FILTER (WHERE v.upto - v.docs < (p.entries + 1) / 2),"
+        " max(v.value) FILTER (WHERE v.upto - v.docs < p.entries / 2 + 1), NULL"
+        " FROM pairs p CROSS JOIN vals v ON v.key = p.key AND v.type = p.type"
+        " WHERE p.type = 'number' AND p.key IN (SELECT key FROM shown)"
+        " AND v.upto >= (p.entries + 1) / 2 AND v.upto - v.docs < p.entries / 2 + 1 GROUP BY v.key, v.type"
     )
     value_end = -1 if options.value_limit is None else options.value_offset + options.value_limit
     s.add(
