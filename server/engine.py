@@ -50,7 +50,7 @@ from qmd.server.models.refs import (
     local_model,
     resolve_models,
 )
-from qmd.server.models.worker import ModelSpec, WorkerClient
+from qmd.server.models.worker import ModelSpec, WorkerClient, background_lane
 from qmd.server.search.discovery import CollectionKeys, MetadataOptions, MetadataReport, discover, top_keys
 from qmd.server.search.expansion import Expander, worker_generate
 from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
@@ -487,16 +487,17 @@ class Engine:
             raise InvalidInput("--max-docs-per-batch and --max-batch-mb must be positive")
         with self._embed:
             emb = self.embedder(download=True, progress=progress)
-            return embed_pending(
-                self.store,
-                emb,
-                collections=collections,
-                force=force,
-                max_docs_per_batch=max_docs_per_batch,
-                max_batch_bytes=max_batch_bytes,
-                progress=progress,
-                cancel=cancel,
-            )
+            with background_lane():  # a query's worker calls go before the job's next batch
+                return embed_pending(
+                    self.store,
+                    emb,
+                    collections=collections,
+                    force=force,
+                    max_docs_per_batch=max_docs_per_batch,
+                    max_batch_bytes=max_batch_bytes,
+                    progress=progress,
+                    cancel=cancel,
+                )
 
     def get(
         self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None

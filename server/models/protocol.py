@@ -14,18 +14,24 @@ child's handler produced; the child maps each request type to its handler in one
 table, and the parent's method that sends it.
 
 The first frame the child sends is a `Reply` carrying a `Hello`; after that each request
-gets exactly one `Reply`, in order.
+gets a receipt (`RECEIPT`, an empty frame) as soon as the child starts reading it, then
+exactly one `Reply`, in order. The receipt tells the parent which deaths to blame on a
+request: a child gone before it sent one had died between requests, and the request goes
+to a new child; after it, a death fails the request.
 """
 
 from __future__ import annotations
 
 import pickle
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Generic, Literal, NamedTuple, TypeVar
 
 HEADER = struct.Struct(">I")
 """Frame header: the pickle's length in bytes."""
+RECEIPT = HEADER.pack(0)
+"""The child has started reading a request (an empty frame; no message pickles to zero bytes)."""
 
 Role = Literal["embed", "rerank", "generate"]
 
@@ -38,16 +44,27 @@ def encode_frame(message: object) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def read_frame(stream: BinaryIO) -> Any:
-    """The next message from a blocking stream, or None at a clean end of input (the parent closed the pipe)."""
+def read_frame_body(stream: BinaryIO, started: Callable[[], None] | None = None) -> bytes | None:
+    """The next frame's pickle, still packed, or None at a clean end of input (the parent closed the pipe).
+
+    `started` is called once the frame's header has arrived (the child sends its receipt then).
+    """
     header = stream.read(HEADER.size)
     if len(header) < HEADER.size:
         return None
+    if started is not None:
+        started()
     (size,) = HEADER.unpack(header)
     body = stream.read(size)
     if len(body) < size:
         return None
-    return pickle.loads(body)
+    return body
+
+
+def read_frame(stream: BinaryIO) -> Any:
+    """The next message from a blocking stream, or None at a clean end of input."""
+    body = read_frame_body(stream)
+    return None if body is None else pickle.loads(body)
 
 
 # --- values carried by requests ---

@@ -9,9 +9,29 @@ starts a fresh child.
 
 Lifecycle: models load lazily and stay loaded; their inference contexts (compute buffers,
 KV cache) are freed after `idle_seconds` without a request and rebuilt on the next one.
-A single lock serialises requests, so one model object is never used by two threads,
-and the idle timer takes the same lock: it cannot free a context while work is in flight
-(the original races here, qmd#938).
+
+One thread, the dispatcher, owns the child: it starts it, sends each request and reads its
+reply, and frees idle contexts, so one model object is never used by two requests and the
+idle timer can never free a context while work is in flight (the original races here,
+qmd#938). Callers put their requests in its queue and wait for the answer:
+
+- **Lanes.** Interactive calls (a query's embedding, expansion, rerank) are taken before
+  background ones (the embed job's batches, marked with `background_lane()`), so a query
+  issued during `qmd embed` waits for at most the batch in flight.
+- **Deadlines.** Once sent, a call must be answered within `QMD_WORKER_TIMEOUT` (30 s) plus
+  `QMD_WORKER_ITEM_TIMEOUT` (2 s) per item (text, document, prompt, 16 generated tokens),
+  plus `QMD_WORKER_LOAD_TIMEOUT` (120 s) when it loads its model first; a new child has
+  `QMD_WORKER_START_TIMEOUT` (60 s) to say hello. A child that misses one is hung (stopped,
+  looping, swapping): it is killed, the call fails saying so, and the next call starts a new
+  child. An interactive call waits in line at most `QMD_WORKER_TIMEOUT`, and within
+  `wait_at_most(seconds)` (a query's budget) at most that long; `QMD_WORKER_QUEUE` (64)
+  calls may wait at once, and one more fails at once.
+- **Receipts.** The child acknowledges each request as soon as it starts reading it; a child
+  found dead before its receipt had died between requests, so the request goes to a new
+  child instead of failing.
+- **Parent death.** The child asks the kernel for SIGKILL when the dispatcher thread (its
+  parent) ends (Linux `PR_SET_PDEATHSIG`) and watches its parent pid as a fallback, so a
+  `kill -9` of the daemon takes the worker with it, even one that is stopped or busy.
 
 GGUF metadata (architecture, dimensions, pooling, prompt format) is read here in pure
 Python, so `model_info` and `fingerprint` answer without starting the child or loading
@@ -20,15 +40,19 @@ weights.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import heapq
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import logging
 import mmap
 import os
 import pickle
 import re
+import select
 import selectors
 import shlex
 import signal
@@ -39,6 +63,9 @@ import threading
 import time
 from array import array
 from collections import deque
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import unquote, urlparse
 
@@ -47,6 +74,7 @@ from qmd.server.index.chunking import Chunk
 from qmd.server.models.protocol import (
     HEADER,
     MODELS_MISSING,
+    RECEIPT,
     ChunkRequest,
     CompleteRequest,
     Completion,
@@ -77,7 +105,23 @@ CONTEXT = {"embed": 2048, "rerank": 4096, "generate": 2048}
 """Context ceiling per role (spec §9.2); a model gets min(ceiling, its trained context).
 An embed input longer than its model's context is clipped."""
 START_TIMEOUT = 60.0
-"""How long a new child may take to import llama_cpp and say hello."""
+"""How long a new child may take to import llama_cpp and say hello (`QMD_WORKER_START_TIMEOUT`)."""
+CALL_TIMEOUT = 30.0
+"""The deadline of a small call once the child has it (`QMD_WORKER_TIMEOUT`); also the longest an
+interactive call waits in line for the worker."""
+ITEM_TIMEOUT = 2.0
+"""Added to a call's deadline per item it carries (`QMD_WORKER_ITEM_TIMEOUT`): an embed batch of
+32 texts may take 30 + 64 s before the child counts as hung."""
+LOAD_TIMEOUT = 120.0
+"""Added to the deadline of a call that must load its model first (`QMD_WORKER_LOAD_TIMEOUT`):
+reading a few GB of weights from a cold disk legitimately takes a while."""
+QUEUE_LIMIT = 64
+"""Calls that may wait for the worker at once (`QMD_WORKER_QUEUE`); one more fails at once."""
+DISPOSE_TIMEOUT = 30.0
+RECENT_CALLS = 100
+"""Calls `status()["recent"]` remembers: lane, activity, when queued, started and ended, outcome."""
+TOKENS_PER_ITEM = 16
+"""Generated tokens that count as one item of a completion's deadline."""
 
 
 class InferenceError(Unavailable):
@@ -382,8 +426,85 @@ class _ChildGone(Exception):
     """The child's stdout reached EOF or its stdin broke: it has exited."""
 
 
+class _NotDelivered(Exception):
+    """The child was gone before it acknowledged the request: it died between requests, not of this one."""
+
+
+Lane = Literal["interactive", "background"]
+_LANE_ORDER: dict[Lane, int] = {"interactive": 0, "background": 1}
+_lane: ContextVar[Lane] = ContextVar("qmd_inference_lane", default="interactive")
+_wait_until: ContextVar[float | None] = ContextVar("qmd_inference_wait_until", default=None)
+
+
+@contextlib.contextmanager
+def background_lane() -> Iterator[None]:
+    """Inference calls made inside wait behind every interactive call (the embed job's batches).
+
+    A background call waits in line as long as it takes; it still has its deadline once sent.
+    """
+    token = _lane.set("background")
+    try:
+        yield
+    finally:
+        _lane.reset(token)
+
+
+@contextlib.contextmanager
+def wait_at_most(seconds: float | None) -> Iterator[None]:
+    """Inference calls made inside give up after `seconds` (None: no limit), counted from here.
+
+    A query's budget: a call still in line is dropped, one in flight is left to finish and
+    its answer dropped, and either raises an `InferenceError` beginning `budget:`. Nested
+    limits keep the earlier end.
+    """
+    if seconds is None:
+        yield
+        return
+    until = time.monotonic() + max(seconds, 0.0)
+    outer = _wait_until.get()
+    token = _wait_until.set(until if outer is None else min(outer, until))
+    try:
+        yield
+    finally:
+        _wait_until.reset(token)
+
+
+@dataclass(eq=False)
+class _Job:
+    """One call on its way through the dispatcher: queued, running, then done (or abandoned by its caller)."""
+
+    request: Request[Any]
+    activity: str
+    seconds: float
+    """Deadline once sent, before any allowance for loading its model."""
+    exact: bool
+    """The caller chose `seconds` itself: no load allowance is added."""
+    lane: Lane
+    submitted: float = field(default_factory=time.monotonic)
+    state: Literal["queued", "running", "done", "abandoned"] = "queued"
+    started: float = 0.0
+    result: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    times: list[float] = field(default_factory=list)
+    """Wall-clock times it was queued, started and ended (set under the lock, so they order calls exactly)."""
+
+    def record(self, outcome: str) -> dict[str, Any]:
+        """What `status()["recent"]` says about it."""
+        queued, started, ended = [*self.times, None, None, None][:3]
+        return {
+            "lane": self.lane,
+            "activity": self.activity,
+            "queued_at": queued,
+            "started_at": started,
+            "ended_at": ended,
+            "outcome": outcome,
+        }
+
+
 class WorkerClient:
-    """The daemon's handle on the inference child: lazy start, one request at a time, restart after a crash."""
+    """The daemon's handle on the inference child: lazy start, one request at a time (interactive
+    first), a deadline on each, restart after a crash or a hang."""
 
     def __init__(
         self,
@@ -395,7 +516,9 @@ class WorkerClient:
         parallelism: int | None = None,
     ) -> None:
         """Arguments left as None come from QMD_IDLE_SECONDS (300), QMD_THREADS (usable cores),
-        QMD_FORCE_CPU, QMD_LLAMA_GPU (`gpu_choice`) and QMD_EMBED_PARALLELISM (`embed_parallelism`)."""
+        QMD_FORCE_CPU, QMD_LLAMA_GPU (`gpu_choice`) and QMD_EMBED_PARALLELISM (`embed_parallelism`);
+        the deadlines from QMD_WORKER_TIMEOUT, QMD_WORKER_ITEM_TIMEOUT, QMD_WORKER_LOAD_TIMEOUT,
+        QMD_WORKER_START_TIMEOUT and the queue's length from QMD_WORKER_QUEUE (module docstring)."""
         self.idle_seconds = (
             idle_seconds if idle_seconds is not None else _env_number("QMD_IDLE_SECONDS", DEFAULT_IDLE_SECONDS, float)
         )
@@ -414,13 +537,25 @@ class WorkerClient:
         """Contexts that embed side by side; 0 = the worker sizes it to the hardware."""
         for warning in self.warnings:
             log.warning("%s", warning)
+        self.call_timeout = _env_number("QMD_WORKER_TIMEOUT", CALL_TIMEOUT, float)
+        self.item_timeout = _env_number("QMD_WORKER_ITEM_TIMEOUT", ITEM_TIMEOUT, float)
+        self.load_timeout = _env_number("QMD_WORKER_LOAD_TIMEOUT", LOAD_TIMEOUT, float)
+        self.start_timeout = _env_number("QMD_WORKER_START_TIMEOUT", START_TIMEOUT, float)
+        self.queue_limit = int(_env_number("QMD_WORKER_QUEUE", QUEUE_LIMIT, int))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        """Guards the queue and the job states; never held while talking to the child."""
+        self._queue: list[tuple[int, int, _Job]] = []
+        self._seq = itertools.count()
+        self._running: _Job | None = None
+        self._dispatcher: threading.Thread | None = None
+        """The one thread that talks to the child (and so its parent, for PR_SET_PDEATHSIG)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._selector: selectors.BaseSelector | None = None
         self._stderr_thread: threading.Thread | None = None
         self._stderr_tail: deque[str] = deque(maxlen=20)
-        self._idle_thread: threading.Thread | None = None
+        self._hangs = 0
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_CALLS)
         self._closed = False
         self._hello: Hello | None = None
         self._resident: tuple[Resident, ...] = ()
@@ -457,7 +592,7 @@ class WorkerClient:
         else:
             prompts = [format_document(fmt, t, titles[i] if titles else None) for i, t in enumerate(texts)]
         activity = f"embedding {len(texts)} text{'s' * (len(texts) != 1)} with {os.path.basename(spec.path)}"
-        result: EmbedResult = self._call(EmbedRequest(params, prompts), timeout, activity)
+        result: EmbedResult = self._call(EmbedRequest(params, prompts), timeout, activity, items=len(texts))
         flat = array("f")
         flat.frombytes(result.vectors)
         values, dims = flat.tolist(), result.dims
@@ -473,7 +608,8 @@ class WorkerClient:
         if not texts:
             return []
         activity = f"counting tokens with {os.path.basename(spec.path)}"
-        return self._call(CountTokensRequest(self._load_params(spec), texts), timeout, activity)
+        request = CountTokensRequest(self._load_params(spec), texts)
+        return self._call(request, timeout, activity, items=len(texts) / 64)
 
     def chunk(self, spec: ModelSpec, text: str, *, max_tokens: int, timeout: float | None = None) -> list[Chunk]:
         """Chunks of `text` (`index.chunking`), each within `max_tokens` as the model's own tokenizer counts them.
@@ -493,7 +629,7 @@ class WorkerClient:
                 tokens=span.tokens,
                 clipped=span.clipped,
             )
-            for span in self._call(request, timeout, activity)
+            for span in self._call(request, timeout, activity, items=len(text) / 20_000)
         ]
 
     def complete(
@@ -516,7 +652,8 @@ class WorkerClient:
             raise ValueError("complete() takes exactly one of prompt or messages")
         load = self._generative_params(spec, "complete")
         activity = f"generating up to {params.max_tokens} tokens with {os.path.basename(spec.path)}"
-        return self._call(CompleteRequest(load, prompt, messages, params), timeout, activity)
+        items = params.max_tokens / TOKENS_PER_ITEM
+        return self._call(CompleteRequest(load, prompt, messages, params), timeout, activity, items=items)
 
     def render_chat(self, spec: ModelSpec, messages: list[dict[str, str]], *, timeout: float | None = None) -> str:
         """`messages` as the raw prompt the model's chat template makes of them, ending where the reply starts.
@@ -525,7 +662,8 @@ class WorkerClient:
         without a chat template is an `InferenceError` that says so.
         """
         activity = f"rendering a chat prompt with {os.path.basename(spec.path)}"
-        return self._call(RenderChatRequest(self._generative_params(spec, "render_chat"), messages), timeout, activity)
+        request = RenderChatRequest(self._generative_params(spec, "render_chat"), messages)
+        return self._call(request, timeout, activity, items=0)
 
     def likelihood(
         self, spec: ModelSpec, prefixes: list[str], continuation: str, *, timeout: float | None = None
@@ -542,7 +680,8 @@ class WorkerClient:
         if not prefixes:
             return []
         activity = f"scoring {len(prefixes)} prefix{'es' * (len(prefixes) != 1)} with {os.path.basename(spec.path)}"
-        return self._call(LikelihoodRequest(params, prefixes, continuation), timeout, activity)
+        request = LikelihoodRequest(params, prefixes, continuation)
+        return self._call(request, timeout, activity, items=len(prefixes))
 
     def yes_no(self, spec: ModelSpec, prompts: list[str], *, timeout: float | None = None) -> list[float]:
         """P(yes) / (P(yes) + P(no)) for the token after each prompt, in [0, 1]."""
@@ -550,7 +689,7 @@ class WorkerClient:
         if not prompts:
             return []
         activity = f"asking yes/no of {len(prompts)} prompt{'s' * (len(prompts) != 1)} of {os.path.basename(spec.path)}"
-        return self._call(YesNoRequest(params, prompts), timeout, activity)
+        return self._call(YesNoRequest(params, prompts), timeout, activity, items=len(prompts))
 
     def rank(self, spec: ModelSpec, query: str, documents: list[str], *, timeout: float | None = None) -> list[float]:
         """Cross-encoder relevance of each document to `query`, in [0, 1], by llama.cpp rank pooling.
@@ -564,7 +703,7 @@ class WorkerClient:
         if not documents:
             return []
         activity = f"ranking {len(documents)} document{'s' * (len(documents) != 1)} with {os.path.basename(spec.path)}"
-        return self._call(RankRequest(params, query, documents), timeout, activity)
+        return self._call(RankRequest(params, query, documents), timeout, activity, items=len(documents))
 
     def require_models(self) -> None:
         """`ModelsNotInstalled` unless llama.cpp can run here; cheap, never imports llama_cpp or starts the child.
@@ -621,6 +760,11 @@ class WorkerClient:
         running = proc is not None and proc.poll() is None
         models = self._resident if running else ()
         hello = self._hello
+        with self._lock:
+            waiting = [job.lane for *_, job in self._queue if job.state == "queued"]
+            busy = self._running
+            recent = list(self._recent)
+        now = time.monotonic()
         return {
             "pid": proc.pid if running and proc else None,
             "backend": hello.backend if hello else None,
@@ -650,33 +794,41 @@ class WorkerClient:
             "restarts": max(self._starts - 1, 0),
             "last_crash": self._last_crash,
             "models_missing": self.models_missing(),
+            "busy": None if busy is None else {"activity": busy.activity, "seconds": round(now - busy.started, 3)},
+            "waiting": {lane: waiting.count(lane) for lane in _LANE_ORDER},
+            "hangs": self._hangs,
+            "recent": recent,
+            "deadlines": {
+                "call_s": self.call_timeout,
+                "item_s": self.item_timeout,
+                "load_s": self.load_timeout,
+                "start_s": self.start_timeout,
+                "queue": self.queue_limit,
+            },
         }
 
     def close(self, grace: float = 10.0) -> None:
-        """Stop the child: politely (EOF) once in-flight work is done, or killed after `grace` seconds."""
-        got = self._lock.acquire(timeout=grace)
-        try:
+        """Stop the child: politely (EOF) once in-flight work is done, or killed after `grace` seconds.
+
+        Calls still waiting in line fail at once; new ones are refused.
+        """
+        with self._cond:
             self._closed = True
+            for *_, job in self._queue:
+                if job.state == "queued":
+                    job.state, job.error = "done", InferenceError("the inference worker is shut down")
+                    job.done.set()
+            self._queue.clear()
+            self._cond.notify_all()
+            dispatcher = self._dispatcher
+        if dispatcher is None or dispatcher is threading.current_thread():
+            return
+        dispatcher.join(timeout=grace)
+        if dispatcher.is_alive():  # a request is stuck: its read ends at EOF, the dispatcher then stops
             proc = self._proc
-            if proc is not None and proc.poll() is None:
-                if got:
-                    assert proc.stdin is not None
-                    proc.stdin.close()
-                    try:
-                        proc.wait(timeout=grace)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                else:  # a request is stuck: the thread running it will see EOF and fail
-                    proc.kill()
-                proc.wait()
-            if got:
-                self._release_child()
-                self._cond.notify_all()
-        finally:
-            if got:
-                self._lock.release()
-        if self._idle_thread is not None and self._idle_thread is not threading.current_thread():
-            self._idle_thread.join(timeout=grace)
+            if proc is not None:
+                proc.kill()
+            dispatcher.join(timeout=grace)
 
     # -- internals --
 
@@ -710,43 +862,218 @@ class WorkerClient:
             )
         return params
 
-    def _call(self, request: Request[R], timeout: float | None, activity: str) -> R:
-        """Send one request and wait for its result, starting the child if there is none."""
+    def _call(self, request: Request[R], timeout: float | None, activity: str, *, items: float = 1.0) -> R:
+        """Queue one request for the child and wait for its result (module docstring: lanes, deadlines).
+
+        `timeout` is the whole deadline once sent; None computes it from `items`
+        (QMD_WORKER_TIMEOUT + QMD_WORKER_ITEM_TIMEOUT each, plus QMD_WORKER_LOAD_TIMEOUT when
+        the request's model is not loaded yet).
+        """
+        exact = timeout is not None
+        seconds = timeout if timeout is not None else self.call_timeout + self.item_timeout * max(items, 0.0)
+        job = _Job(request, activity, seconds, exact, _lane.get())
+        budget_end = _wait_until.get()
+        if budget_end is not None and budget_end <= job.submitted:
+            raise InferenceError(f"budget: no time left for {activity}")
         with self._cond:
             if self._closed:
                 raise InferenceError("the inference worker is shut down")
-            if self._proc is not None and self._proc.poll() is not None:
-                self._child_died("while idle")  # died between requests: nothing in flight to fail
+            waiting = sum(1 for *_, j in self._queue if j.state == "queued")
+            if waiting >= self.queue_limit:
+                raise InferenceError(
+                    f"the inference worker has {waiting} requests waiting (QMD_WORKER_QUEUE={self.queue_limit}); "
+                    f"{activity} was not queued; retry"
+                )
+            heapq.heappush(self._queue, (_LANE_ORDER[job.lane], next(self._seq), job))
+            job.times.append(time.time())
+            if self._dispatcher is None:
+                self._dispatcher = threading.Thread(target=self._dispatch, name="qmd-inference", daemon=True)
+                self._dispatcher.start()
+            self._cond.notify_all()
+        return self._await(job)
+
+    def _await(self, job: _Job) -> Any:
+        """Wait for `job`: in line at most QMD_WORKER_TIMEOUT (interactive), and never past `wait_at_most`."""
+        budget_end = _wait_until.get()
+        line_end = job.submitted + self.call_timeout if job.lane == "interactive" else None
+        while True:
+            with self._cond:
+                if job.state == "done":
+                    break
+                queued = job.state == "queued"
+                ends = [t for t in (budget_end, line_end if queued else None) if t is not None]
+                limit = min(ends) if ends else None
+                now = time.monotonic()
+                if limit is not None and now >= limit:
+                    job.state = "abandoned"  # the dispatcher skips it, or drops its answer
+                    if queued:
+                        self._recent.append(job.record("gave up in line"))
+                    ahead = self._ahead(job) if queued else 0
+                    busy = self._running
+                    raise InferenceError(self._gave_up(job, now, queued, budget_end == limit, ahead, busy))
+            job.done.wait(None if limit is None else limit - now)
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _ahead(self, job: _Job) -> int:
+        """Calls that will go before `job` (the lock is held)."""
+        key = next(k[:2] for k in self._queue if k[2] is job)
+        return sum(1 for k in self._queue if k[:2] < key and k[2].state == "queued")
+
+    def _gave_up(self, job: _Job, now: float, queued: bool, budget: bool, ahead: int, busy: _Job | None) -> str:
+        """Why a caller stopped waiting, with what held the worker."""
+        waited = now - job.submitted
+        held = f"busy {busy.activity} for {now - busy.started:.1f} s" if busy is not None and busy is not job else ""
+        if ahead:
+            held += f"{', ' if held else ''}{ahead} request{'s' * (ahead != 1)} ahead"
+        held = f" ({held})" if held else ""
+        if budget:
+            where = "in line" if queued else "for its answer"
+            return f"budget: gave up {job.activity} after waiting {waited * 1000:.0f} ms {where}{held}"
+        return (
+            f"the inference worker did not take this request within {self.call_timeout:g} s{held}; "
+            f"{job.activity} was not run; retry"
+        )
+
+    # -- the dispatcher thread: the only one that talks to the child --
+
+    def _dispatch(self) -> None:
+        """Serve the queue, interactive first, and free idle contexts; stop the child when closed."""
+        try:
+            while (job := self._take()) is not None:
+                self._serve(job)
+        finally:
+            self._stop_child()
+
+    def _take(self) -> _Job | None:
+        """The next job to run (or an idle disposal of our own); None once closed."""
+        with self._cond:
+            while True:
+                while self._queue and self._queue[0][2].state != "queued":
+                    heapq.heappop(self._queue)
+                now = time.monotonic()
+                if self._queue:
+                    job = heapq.heappop(self._queue)[2]
+                elif self._closed:
+                    return None
+                elif self._proc is None or not any(m.context_live for m in self._resident):
+                    self._cond.wait()
+                    continue
+                elif (remaining := self._last_used + self.idle_seconds - now) > 0:
+                    self._cond.wait(remaining)
+                    continue
+                else:
+                    job = _Job(DisposeRequest(), "freeing idle contexts", DISPOSE_TIMEOUT, True, "background")
+                job.state, job.started = "running", now
+                job.times += [time.time()] * (2 - len(job.times))  # an idle disposal was never queued
+                self._running = job
+                return job
+
+    def _serve(self, job: _Job) -> None:
+        """Run one job on the child and hand its outcome to its caller (if it is still waiting)."""
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = self._run(job)
+        except InferenceError as e:
+            error = e
+        except Exception as e:  # a bug here must fail this call, not stop the dispatcher
+            log.exception("inference dispatcher: %s failed", job.activity)
+            error = InferenceError(f"{job.activity} failed: {type(e).__name__}: {e}")
+        with self._cond:
+            self._running = None
+            self._last_used = time.monotonic()
+            job.times.append(time.time())
+            self._recent.append(
+                job.record(
+                    ("gave up by its caller; " if job.state == "abandoned" else "") + ("failed" if error else "ok")
+                )
+            )
+            if job.state == "running":
+                job.state, job.result, job.error = "done", result, error
+            elif error is not None:
+                log.info("a request given up by its caller ended: %s", error)
+            job.done.set()
+            self._cond.notify_all()
+        if isinstance(job.request, DisposeRequest) and isinstance(error, InferenceError):
+            log.warning("%s", error.message)
+
+    def _run(self, job: _Job) -> Any:
+        """Start a child if there is none, then the round trip; a child that had died between
+        requests (no receipt) is replaced and the request sent again, once."""
+        if self._proc is not None and self._proc.poll() is not None:
+            self._child_died("while idle")  # died between requests: nothing in flight to fail
+        if isinstance(job.request, DisposeRequest) and self._proc is None:
+            return None
+        for attempt in (1, 2):
             if self._proc is None:
                 self._start()
+            seconds = job.seconds
+            model = getattr(job.request, "model", None)
+            if not job.exact and isinstance(model, LoadParams) and not self._holds(model):
+                seconds += self.load_timeout
             try:
-                return self._exchange(request, timeout, activity)
-            finally:
-                self._last_used = time.monotonic()
-                self._cond.notify_all()
+                return self._exchange(job.request, seconds, job.activity)
+            except _NotDelivered as e:
+                if attempt == 2:
+                    raise InferenceError(f"{e}; {job.activity} was not run") from None
+                log.warning("%s; sending %s to a new one", e, job.activity)
+        raise AssertionError("unreachable")
+
+    def _holds(self, model: LoadParams) -> bool:
+        """Whether the child has this model loaded (as of its last reply)."""
+        return any(m.path == model.path and m.role == model.role for m in self._resident)
+
+    def _stop_child(self, grace: float = 10.0) -> None:
+        """The dispatcher's last act: EOF to the child, then a kill if it has not exited within `grace`."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            assert proc.stdin is not None
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        proc.wait()
+        self._release_child()
 
     def _exchange(self, request: Request[Any] | None, timeout: float | None, activity: str) -> Any:
-        """Round trip on the current child (request None: just read the hello); the lock is held.
+        """Round trip on the current child (request None: just read the hello); dispatcher thread only.
 
-        A dead or stuck child fails this request only.
+        A dead or stuck child fails this request only; one that was gone before its receipt
+        raises `_NotDelivered`.
         """
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         deadline = None if timeout is None else time.monotonic() + timeout
+        received = request is None
         try:
-            data = memoryview(encode_frame(request) if request is not None else b"")
-            while data:
-                data = data[os.write(proc.stdin.fileno(), data) :]
-            header = self._read(HEADER.size, deadline)
-            reply: Reply = pickle.loads(self._read(HEADER.unpack(header)[0], deadline))
+            self._write(encode_frame(request) if request is not None else b"", deadline)
+            while True:
+                (size,) = HEADER.unpack(self._read(HEADER.size, deadline))
+                if size or received:
+                    break
+                received = True  # the receipt (an empty frame): the child has the request
+            reply: Reply = pickle.loads(self._read(size, deadline))
         except (_ChildGone, BrokenPipeError):
+            if not received and not self._receipt_left():
+                raise _NotDelivered(self._child_died("between requests")) from None
             raise InferenceError(self._child_died(f"while {activity}")) from None
         except TimeoutError:
+            state = _process_state(proc.pid)
             proc.kill()
             proc.wait()
+            self._hangs += 1
             message = (
-                f"the inference worker did not answer within {timeout:g} s while {activity}; "
-                "it was stopped and will be restarted on the next request"
+                f"the inference worker did not answer within {timeout:g} s while {activity}"
+                f"{' (its process was stopped)' if state == 'T' else ''}; it was killed and a new one "
+                "starts with the next request; retry"
             )
             self._child_died(f"while {activity}", message)
             raise InferenceError(message) from None
@@ -756,6 +1083,29 @@ class WorkerClient:
         if reply.error is not None:
             raise InferenceError(f"{activity} failed: {reply.error}")
         return reply.result
+
+    def _receipt_left(self) -> bool:
+        """Whether a receipt waits unread in the pipe of a child that died while we were still writing."""
+        try:
+            return self._read(HEADER.size, time.monotonic()) == RECEIPT
+        except (_ChildGone, TimeoutError, OSError):
+            return False
+
+    def _write(self, frame: bytes, deadline: float | None) -> None:
+        """All of `frame` into the child's stdin (non-blocking), or TimeoutError at the deadline:
+        a stopped child that reads nothing must not hold the dispatcher in a write."""
+        assert self._proc is not None and self._proc.stdin is not None
+        fd = self._proc.stdin.fileno()
+        data = memoryview(frame)
+        writable = select.poll()  # not select(): the daemon's fds may be numbered past FD_SETSIZE
+        writable.register(fd, select.POLLOUT)
+        while data:
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                wait = None if deadline is None else max(deadline - time.monotonic(), 0) * 1000
+                if not writable.poll(wait):
+                    raise TimeoutError from None
 
     def _read(self, n: int, deadline: float | None) -> bytes:
         """Exactly n bytes of the child's stdout, or _ChildGone at EOF, or TimeoutError at the deadline."""
@@ -774,7 +1124,7 @@ class WorkerClient:
         return b"".join(chunks)
 
     def _start(self) -> None:
-        """Start a child and wait for its hello; the lock is held."""
+        """Start a child and wait for its hello; dispatcher thread only (the child's parent for PR_SET_PDEATHSIG)."""
         # The same interpreter finds `qmd` the way this process did (the install's path entry or
         # editable finder). No PYTHONPATH is added: the `server/` folder on the path would let its
         # `http` package shadow the standard library's in the child.
@@ -783,6 +1133,7 @@ class WorkerClient:
             *(["--force-cpu"] if self.force_cpu else []),
             f"--gpu={self.gpu}",
             f"--embed-parallelism={self.parallelism}",
+            f"--parent={os.getpid()}",
         ]
         try:
             proc = subprocess.Popen(
@@ -794,7 +1145,8 @@ class WorkerClient:
             )
         except OSError as e:
             raise InferenceError(f"cannot start the inference worker: {e}") from None
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        os.set_blocking(proc.stdin.fileno(), False)
         self._proc = proc
         self._starts += 1
         self._selector = selectors.DefaultSelector()
@@ -805,7 +1157,7 @@ class WorkerClient:
         )
         self._stderr_thread.start()
         try:
-            hello: Hello = self._exchange(None, START_TIMEOUT, "starting")
+            hello: Hello = self._exchange(None, self.start_timeout, "starting")
         except ModelsNotInstalled as e:  # the child said so and exits: not a crash, and not worth retrying
             install = _llama_cpp_install()
             if install is not None:
@@ -821,9 +1173,6 @@ class WorkerClient:
         log.info("inference worker %d started (%s)", proc.pid, hello.offload or hello.backend)
         for warning in hello.warnings:
             log.warning("inference worker %d: %s", proc.pid, warning)
-        if self._idle_thread is None:
-            self._idle_thread = threading.Thread(target=self._idle_loop, name="qmd-inference-idle", daemon=True)
-            self._idle_thread.start()
 
     def _forward_stderr(self, proc: subprocess.Popen[bytes]) -> None:
         """llama.cpp's and the child's stderr go to the daemon's log, never to a client."""
@@ -888,25 +1237,6 @@ class WorkerClient:
         self._selector = None
         self._resident = ()
 
-    def _idle_loop(self) -> None:
-        """Free contexts after `idle_seconds` without a request; holds the request lock while it does."""
-        with self._cond:
-            while not self._closed:
-                if not any(m.context_live for m in self._resident):
-                    self._cond.wait()
-                    continue
-                remaining = self._last_used + self.idle_seconds - time.monotonic()
-                if remaining > 0:
-                    self._cond.wait(remaining)
-                    continue
-                if self._proc is not None and self._proc.poll() is not None:
-                    self._child_died("while idle")
-                    continue
-                try:
-                    self._exchange(DisposeRequest(), 30.0, "freeing idle contexts")
-                except InferenceError as e:
-                    log.warning("%s", e.message)
-
 
 def _llama_cpp_install() -> tuple[str, int] | None:
     """Where `llama_cpp` would be imported from, and when that file last changed; None when it is not installed.
@@ -932,4 +1262,13 @@ def _rss(pid: int) -> int | None:
         with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state of a process (`T`: stopped), where /proc exists (Linux); None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
         return None

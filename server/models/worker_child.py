@@ -26,6 +26,7 @@ import ctypes.util
 import io
 import math
 import os
+import pickle
 import re
 import signal
 import sys
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 from qmd.server.models.protocol import (
     MODELS_MISSING,
+    RECEIPT,
     ChunkRequest,
     ChunkSpan,
     CompleteRequest,
@@ -56,7 +58,7 @@ from qmd.server.models.protocol import (
     Resident,
     YesNoRequest,
     encode_frame,
-    read_frame,
+    read_frame_body,
 )
 
 if TYPE_CHECKING:
@@ -767,10 +769,11 @@ class WorkerProcess:
         )
         return Reply(result=result, error=error, resident=resident)
 
-    def handle(self, request: Request[Any]) -> Reply:
-        """One reply per request; Python-level failures are answered, not fatal."""
+    def handle(self, body: bytes) -> Reply:
+        """One reply per request (still pickled); Python-level failures are answered, not fatal."""
         self.native_error = None
         try:
+            request: Request[Any] = pickle.loads(body)
             handler = OPERATIONS.get(type(request))
             if handler is None:
                 raise ValueError(f"unknown request {type(request).__name__}")
@@ -820,8 +823,41 @@ OPERATIONS: dict[type[Request[Any]], Handler] = dict(
 """The worker's operations: each request type (`protocol`) and the handler that answers it."""
 
 
+PR_SET_PDEATHSIG = 1
+PARENT_POLL_S = 1.0
+
+
+def die_with_parent(parent: int) -> None:
+    """Exit when the daemon does, whatever this process is doing (busy in llama.cpp, or stopped).
+
+    Linux: the kernel sends SIGKILL when the parent thread ends (`PR_SET_PDEATHSIG`; the
+    daemon starts this child from its long-lived dispatcher thread). Elsewhere, and as a
+    fallback, a thread checks once a second that the parent pid is still ours (a reparented
+    child gets another one). A parent already gone before either was set up is caught by
+    the first check. EOF on stdin (the parent's end closed) ends the request loop as well.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_S)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main() -> None:
-    """Serve requests until the parent closes stdin (or dies, which closes it too)."""
+    """Serve requests until the parent closes stdin (or dies: see `die_with_parent`)."""
+    options = dict(arg.removeprefix("--").partition("=")[::2] for arg in sys.argv[1:])
+    die_with_parent(int(options.get("parent") or os.getppid()))
     # Ctrl-C in the daemon's terminal reaches the whole process group; the daemon decides
     # when the worker stops, so an interrupt must not kill it mid-request.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -832,7 +868,6 @@ def main() -> None:
     os.dup2(null, 0)
     os.close(null)
     _mmap_large_buffers()
-    options = dict(arg.removeprefix("--").partition("=")[::2] for arg in sys.argv[1:])
     try:
         process = WorkerProcess(
             force_cpu="force-cpu" in options,
@@ -846,8 +881,13 @@ def main() -> None:
     try:
         replies.write(encode_frame(process.reply(process.hello)))
         replies.flush()
-        while (request := read_frame(requests)) is not None:
-            replies.write(encode_frame(process.handle(request)))
+
+        def receipt() -> None:  # before any work: a death from here on is this request's
+            replies.write(RECEIPT)
+            replies.flush()
+
+        while (body := read_frame_body(requests, receipt)) is not None:
+            replies.write(encode_frame(process.handle(body)))
             replies.flush()
     except BrokenPipeError:  # the parent is gone: nobody to answer
         pass

@@ -13,8 +13,10 @@ Stages, in order:
 A budget drops stages in the order the issue fixes: expansion first, then reranking
 (fewer candidates before none), then vectors; keyword search always answers. Costs are
 planned from running estimates of this machine's own timings (`CostModel`) and checked
-again between rerank batches. Every answer lists each stage with what it did, its time,
-and, when it did not run or ran partly, why.
+again between rerank batches; time spent waiting for a busy or hung inference worker counts
+too (`wait_at_most`: a model call gives up when the budget is spent, and its stage says so).
+Every answer lists each stage with what it did, its time, and, when it did not run or ran
+partly, why.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow, fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.index.vectors import VecHit
+from qmd.server.models.worker import wait_at_most
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
 from qmd.server.search.filters import Filter
 from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
@@ -164,6 +167,11 @@ class _Clock:
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000
 
+    def worker_wait(self) -> float | None:
+        """How long a model call may wait for the inference worker (in line or for its answer): what
+        the budget has left, less the reserve for shaping the answer; None without a budget."""
+        return None if self.deadline is None else max(self.remaining() - SHAPE_RESERVE_S, 0.0)
+
 
 @dataclass
 class _Sub:
@@ -290,7 +298,8 @@ class HybridQuery:
                 )
                 return subs
         try:
-            exp: Expansion = cached or expander.expand(query)
+            with wait_at_most(clock.worker_wait()):
+                exp: Expansion = cached or expander.expand(query)
         except QmdError as e:
             stages.append(Stage("expand", "skipped", (time.perf_counter() - t) * 1000, e.message))
             return subs
@@ -408,7 +417,8 @@ class HybridQuery:
         run = wanted[:fit]
         t = time.perf_counter()
         try:
-            qvecs = leg.embed([s.text for s in run])
+            with wait_at_most(clock.worker_wait()):
+                qvecs = leg.embed([s.text for s in run])
         except QmdError as e:
             stages.append(
                 Stage("vector", "skipped", (time.perf_counter() - t) * 1000, f"{e.message}; not run: {not_run}")
@@ -488,7 +498,8 @@ class HybridQuery:
                     break
             tb = time.perf_counter()
             try:
-                scores = rr.score(rquery, [passages[d] for d in batch])
+                with wait_at_most(clock.worker_wait()):
+                    scores = rr.score(rquery, [passages[d] for d in batch])
             except QmdError as e:
                 error = e.message
                 break
