@@ -18,7 +18,7 @@ from qmd.server.http.auth import BearerAuth
 from qmd.server.http.guard import GuardSettings, OriginHostGuard
 from qmd.server.http.mcp import McpEndpoint
 from qmd.server.http.peer import SameUser
-from qmd.server.http.routes import router
+from qmd.server.http.routes import model_threads, router
 from qmd.server.http.wire import http_status
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -128,6 +128,7 @@ def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -
     )
     app.state.engine = engine
     app.state.log = log
+    model_threads()  # a bad QMD_MODEL_THREADS is an error at start-up, not at the first vector search
     app.include_router(router)
     # MCP (spec §20) is a route of this app, so every middleware and the guard screen it too.
     # An ASGI app is a valid endpoint (Starlette's Route serves any non-function callable

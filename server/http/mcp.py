@@ -25,6 +25,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from starlette.types import Receive, Scope, Send
 from qmd import __version__
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput, NotFound, QmdError
+from qmd.server.http.routes import on_model_thread
 from qmd.server.http.wire import (
     GetRequest,
     McpCollection,
@@ -381,6 +383,8 @@ class ToolSpec:
     definition: types.Tool
     args: type[BaseModel]
     run: Callable[[Engine, Any], types.CallToolResult]
+    model_bound: bool = False
+    """It may wait on the inference worker: run on a model thread, never the shared pool."""
 
 
 TOOLS: dict[str, ToolSpec] = {
@@ -397,6 +401,7 @@ TOOLS: dict[str, ToolSpec] = {
             ),
             McpQueryArgs,
             run_query,
+            model_bound=True,
         ),
         ToolSpec(
             types.Tool(
@@ -573,12 +578,27 @@ class QmdMcp:
         except ValidationError as e:
             return _tool_error(_describe(e, spec.args))
         try:
+            if spec.model_bound:
+                return await self.on_model_thread(spec, args)
             return await anyio.to_thread.run_sync(spec.run, self.engine, args)
         except QmdError as e:
             return _tool_error(e.message)
         except Exception as e:  # noqa: BLE001 - a bug must still reach the agent as a readable error
             log.exception("MCP tool %s failed", params.name)
             return _tool_error(f"internal error: {type(e).__name__}: {e}")
+
+    async def on_model_thread(self, spec: ToolSpec, args: BaseModel) -> types.CallToolResult:
+        """A model-bound tool on the routes' model threads; the wait for a turn is part of its budget."""
+        asked = time.monotonic()
+        budget = getattr(args, "budget_ms", None)
+
+        def run() -> types.CallToolResult:
+            if budget is None:
+                return spec.run(self.engine, args)
+            left = max(budget - (time.monotonic() - asked) * 1000, 0)
+            return spec.run(self.engine, args.model_copy(update={"budget_ms": left}))
+
+        return await on_model_thread(run, None if budget is None else budget / 1000)
 
     async def list_resources(
         self, _ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None

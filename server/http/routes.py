@@ -3,19 +3,28 @@
 `/health`, `/query` and `/search` are the public surface of spec §21; `/v1/...` is
 the versioned API the thin CLI speaks. Long jobs (`update`) stream NDJSON events so
 the CLI can draw a progress bar.
+
+Routes that may wait on the inference worker (vector search, the hybrid query, MCP's
+`query` tool) run on threads of their own (`on_model_thread`, `QMD_MODEL_THREADS`), never
+on the shared pool the other routes use (anyio's 40 threads): a busy or hung worker then
+holds up only them, and `/health`, keyword search and status keep answering.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from typing import TypeVar
 
 import anyio
+import anyio.to_thread
+from anyio.lowlevel import RunVar
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
@@ -59,8 +68,87 @@ from qmd.server.http.wire import (
     search_response,
 )
 from qmd.server.search.discovery import render_key_names, render_overview
+from qmd.server.search.hybrid import HybridOutcome, QueryOptions
+from qmd.server.search.querydoc import QueryDoc
 
 router = APIRouter()
+T = TypeVar("T")
+
+MODEL_THREADS = 16
+"""Model-bound requests served at once (`QMD_MODEL_THREADS`); more wait for a turn without holding a thread."""
+
+
+def model_threads() -> int:
+    """QMD_MODEL_THREADS, a whole number of at least 1; anything else is an error at start-up."""
+    raw = os.environ.get("QMD_MODEL_THREADS", "").strip()
+    if not raw:
+        return MODEL_THREADS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"QMD_MODEL_THREADS must be a whole number of at least 1, got {raw!r}")
+    return int(raw)
+
+
+class ModelLane:
+    """Turns (a semaphore, awaited without a thread) and the threads that run them (a limiter as large)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.turns = anyio.Semaphore(size)
+        self.threads = anyio.CapacityLimiter(size)
+
+
+_lane: RunVar[ModelLane] = RunVar("qmd_model_lane")
+
+
+def model_lane() -> ModelLane:
+    """This event loop's model lane (made on first use, like anyio's own default limiter)."""
+    try:
+        return _lane.get()
+    except LookupError:
+        lane = ModelLane(model_threads())
+        _lane.set(lane)
+        return lane
+
+
+async def on_model_thread(call: Callable[[], T], wait_s: float | None = None) -> T:
+    """`call()` on a model thread, once one is free.
+
+    With `wait_s` (a query's budget), a request that gets no turn in that time runs on the
+    shared pool instead: its budget is spent by then, so none of its stages waits on the worker.
+    """
+    lane = model_lane()
+    got = False
+    with anyio.move_on_after(math.inf if wait_s is None else wait_s):
+        await lane.turns.acquire()
+        got = True
+    if not got:
+        return await anyio.to_thread.run_sync(call)
+    try:
+        return await anyio.to_thread.run_sync(call, limiter=lane.threads)
+    finally:
+        lane.turns.release()
+
+
+async def run_query(e: Engine, doc: QueryDoc, opts: QueryOptions, shape: Callable[[HybridOutcome], T]) -> T:
+    """The hybrid query on a model thread, shaped into its answer there; with a budget, the
+    wait for a turn is part of it."""
+    asked = time.monotonic()
+
+    def run() -> T:
+        waited_ms = (time.monotonic() - asked) * 1000
+        if opts.budget_ms is None:
+            return shape(e.query(doc, opts))
+        out = e.query(doc, replace(opts, budget_ms=max(opts.budget_ms - waited_ms, 0.0)))
+        out.elapsed_ms += waited_ms
+        out.budget_ms = opts.budget_ms
+        if waited_ms >= opts.budget_ms:
+            out.warnings.append(
+                f"the budget ({opts.budget_ms:g} ms) went waiting for a turn with the models "
+                f"(QMD_MODEL_THREADS={model_threads()} requests at once): keyword results only"
+            )
+        return shape(out)
+
+    return await on_model_thread(run, None if opts.budget_ms is None else opts.budget_ms / 1000)
 
 
 def engine_of(request: Request) -> Engine:
@@ -77,10 +165,10 @@ def health(request: Request) -> Health:
 
 @router.post("/query", response_model=QueryResponse[ResultOut], tags=["public"])
 @router.post("/search", response_model=QueryResponse[ResultOut], tags=["public"])
-def query(body: QueryRequest, request: Request) -> QueryResponse[ResultOut]:
+async def query(body: QueryRequest, request: Request) -> QueryResponse[ResultOut]:
     """The hybrid query (spec §13): typed `searches` or a `query` to expand. The answer
     lists every stage with its time, and why any stage did not run."""
-    return query_response(engine_of(request).query(*query_plan(body)), public_result)
+    return await run_query(engine_of(request), *query_plan(body), lambda out: query_response(out, public_result))
 
 
 @router.post("/metadata", response_model=MetadataResponse, tags=["public"])
@@ -97,10 +185,12 @@ CLI_ANSWER: dict = {"response_model_by_alias": False, "response_model_exclude_un
 
 
 @router.post("/v1/query", response_model=CliQueryResponse, **CLI_ANSWER)
-def cli_query(body: CliQueryRequest, request: Request) -> QueryResponse[HitOut]:
+async def cli_query(body: CliQueryRequest, request: Request) -> QueryResponse[HitOut]:
     e = engine_of(request)
-    out = e.query(*query_plan(body, CLI_SNIPPET_CHARS))
-    return query_response(out, hit_out, CliQueryResponse, editor_uri=e.config.editor_uri)
+    doc, opts = query_plan(body, CLI_SNIPPET_CHARS)
+    return await run_query(
+        e, doc, opts, lambda out: query_response(out, hit_out, CliQueryResponse, editor_uri=e.config.editor_uri)
+    )
 
 
 @router.post("/v1/keyword", response_model=SearchResponse, **CLI_ANSWER)
@@ -264,11 +354,11 @@ def doctor(request: Request) -> dict:
 
 
 @router.post("/v1/vector", response_model=SearchResponse, **CLI_ANSWER)
-def cli_vsearch(body: SearchRequest, request: Request) -> SearchResponse:
+async def cli_vsearch(body: SearchRequest, request: Request) -> SearchResponse:
     if body.explain:
         raise InvalidInput("explain is not available for vector search: use 'qmd query --explain'")
     e = engine_of(request)
-    return search_response(e.vsearch(body.query, body.options()), e.config.editor_uri)
+    return await on_model_thread(lambda: search_response(e.vsearch(body.query, body.options()), e.config.editor_uri))
 
 
 @router.get("/v1/contexts", tags=["cli"])
