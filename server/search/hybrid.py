@@ -210,6 +210,8 @@ class HybridQuery:
         if not scope.collections:
             out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
             return out
+        with self.store.read() as conn:
+            out.filter = filter_report(conn, scope)
         lists: list[RankedList] = []
         vec_hits: dict[int, VecHit] = {}
         expansion_lists: list[int] = []
@@ -237,7 +239,6 @@ class HybridQuery:
         )
         with self.store.read() as conn:
             docs = fetch_ids(conn, [c.doc_id for c in candidates])
-            out.filter = filter_report(conn, scope)
         candidates = [c for c in candidates if c.doc_id in docs]
         iterms = intent_terms(doc.intent)
         rerank = self._rerank(candidates, docs, vec_hits, primary, doc.intent, lexq.terms, iterms, opts, clock, stages)
@@ -285,7 +286,7 @@ class HybridQuery:
         cached = expander.cached(query)
         if cached is None:
             need = self.costs.estimate("expand", expander.model_uri)
-            after = self._reserve_after_expand(opts, scope)
+            after = self._reserve_after_expand(opts, scope, out.filter)
             if need + after > clock.remaining():
                 stages.append(
                     Stage(
@@ -316,7 +317,7 @@ class HybridQuery:
             subs += [_Sub(k, v, 1.0) for k, v in exp.lines]
         return subs
 
-    def _reserve_after_expand(self, opts: QueryOptions, scope: Scope) -> float:
+    def _reserve_after_expand(self, opts: QueryOptions, scope: Scope, report: FilterReport | None) -> float:
         """What must still fit after expansion: vectors for a few texts, rerank of the candidates."""
         total = SHAPE_RESERVE_S + 3 * self.costs.estimate("fts")
         vec = self.legs.vector
@@ -326,15 +327,13 @@ class HybridQuery:
             )
         rr = self.legs.reranker
         if rr and opts.rerank:
-            total += min(opts.candidate_limit, self._documents_in(scope)) * self.costs.estimate("rerank", rr.uri)
+            eligible = report.eligible if report is not None else self._documents_in(scope)
+            total += min(opts.candidate_limit, eligible) * self.costs.estimate("rerank", rr.uri)
         return total
 
     def _documents_in(self, scope: Scope) -> int:
-        """Documents a search of `scope` can return (under a filter, the eligible ones)."""
+        """Active documents in the collections of `scope` (a filter's report counts its own)."""
         with self.store.read() as conn:
-            report = filter_report(conn, scope)
-            if report is not None:
-                return report.eligible
             marks = ",".join("?" * len(scope.collections))
             return conn.execute(
                 f"SELECT COUNT(*) FROM documents WHERE active = 1 AND collection IN ({marks})", scope.collections
