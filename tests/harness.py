@@ -111,6 +111,21 @@ class Env:
         """The CLI as a fresh process, the way a user runs it, so start-up and autostart are real."""
         return self.run([sys.executable, "-m", "qmd.client.cli", *args], cwd, env, timeout, input)
 
+    def qmd_background(self, *args: str) -> subprocess.Popen[str]:
+        """The CLI started and left running (a long job to interrupt or race against),
+        its output piped. Its SIGINT is the default, as in a user's terminal: a suite
+        started as a background job without job control would hand it an ignored one,
+        and Python then never raises KeyboardInterrupt."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "qmd.client.cli", *args],
+            env=self.vars,
+            cwd=self.home,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+
     def qmdd_command(self, *args: str) -> list[str]:
         """`qmdd` on this port as `python -m`, so it runs this interpreter's qmd (the code under test)."""
         return [sys.executable, "-m", "qmd.server.daemon", "--port", str(self.port), *args]

@@ -231,16 +231,22 @@ def report(name: str, rounds: list[str], lingering: int, t0: float) -> None:
 # -- kill -9 mid-index and mid-update --------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_kill_mid_index_then_resume(env: Env) -> None:
-    t0 = time.monotonic()
-    rng = random.Random(1301)
+def big_collection(env: Env, rng: random.Random) -> tuple[Corpus, Daemon]:
+    """FILES generated notes in 20 folders, added (not yet indexed) as collection `big` of a new daemon."""
     corpus = Corpus(env.base / "big", rng)
     for i in range(FILES):
         corpus.write(f"d{i % 20:02}/n{i:05}.md")
     d = Daemon(env)
     d.http.post("/v1/collections", json={"path": str(corpus.root), "name": "big"}).raise_for_status()
+    return corpus, d
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_kill_mid_index_then_resume(env: Env) -> None:
+    t0 = time.monotonic()
+    rng = random.Random(1301)
+    corpus, d = big_collection(env, rng)
     rounds: list[str] = []
     lingering = 0
     try:
@@ -273,11 +279,7 @@ def test_kill_mid_index_then_resume(env: Env) -> None:
 def test_kill_mid_update_after_edits_and_deletions(env: Env) -> None:
     t0 = time.monotonic()
     rng = random.Random(1302)
-    corpus = Corpus(env.base / "big", rng)
-    for i in range(FILES):
-        corpus.write(f"d{i % 20:02}/n{i:05}.md")
-    d = Daemon(env)
-    d.http.post("/v1/collections", json={"path": str(corpus.root), "name": "big"}).raise_for_status()
+    corpus, d = big_collection(env, rng)
     run_job(d, "/v1/update", {})
     rounds: list[str] = []
     lingering = 0

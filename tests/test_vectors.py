@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,21 +172,6 @@ def _corpus(tmp_path: Path, n: int = 60) -> Path:
     )
 
 
-def _embed_in_background(env: Env) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "qmd.client.cli", "embed"],
-        env=env.vars,
-        cwd=env.home,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # A run started in the background (`nohup … &` without job control) inherits an
-        # ignored SIGINT, and Python then never raises KeyboardInterrupt: a user's Ctrl-C
-        # reaches a CLI whose SIGINT is the default.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-
-
 def _wait_for_chunks(d: Daemon, at_least: int, timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -203,7 +186,7 @@ def test_worker_crash_during_embed_keeps_daemon_and_work(env: Env, model: Path, 
     d = start(env, model)
     try:
         env.ok("collection", "add", str(_corpus(tmp_path)), "--name", "big")
-        proc = _embed_in_background(env)
+        proc = env.qmd_background("embed")
         st = _wait_for_chunks(d, 10)
         os.kill(st["inference"]["pid"], signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
@@ -223,7 +206,7 @@ def test_worker_crash_during_embed_keeps_daemon_and_work(env: Env, model: Path, 
 def test_daemon_killed_mid_embed_resumes(env: Env, model: Path, tmp_path: Path) -> None:
     d = start(env, model)
     env.ok("collection", "add", str(_corpus(tmp_path)), "--name", "big")
-    proc = _embed_in_background(env)
+    proc = env.qmd_background("embed")
     _wait_for_chunks(d, 10)
     d.stop(signal.SIGKILL)
     proc.communicate(timeout=60)
@@ -241,7 +224,7 @@ def test_ctrl_c_cancels_embed_cleanly(env: Env, model: Path, tmp_path: Path) -> 
     d = start(env, model)
     try:
         env.ok("collection", "add", str(_corpus(tmp_path, 80)), "--name", "big")
-        proc = _embed_in_background(env)
+        proc = env.qmd_background("embed")
         _wait_for_chunks(d, 5)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)

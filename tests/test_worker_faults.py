@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -245,14 +244,7 @@ def test_a_query_goes_before_the_embed_jobs_next_batch(env: Env, model: Path) ->
         big: dict[str, str | bytes] = {f"n{i:03}.md": f"# Note {i}\n\n{parts}\n" for i in range(60)}
         env.ok("collection", "add", str(write(env.base / "big", big)), "--name", "big")
         # 60 documents are one batch of the job: chunked first, then embedded 32 chunks a request
-        job = subprocess.Popen(
-            [sys.executable, "-m", "qmd.client.cli", "embed"],
-            env=env.vars,
-            cwd=env.home,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        job = env.qmd_background("embed")
         deadline = time.monotonic() + 240
         while d.http.get("/v1/status").json()["vector"]["embedded_chunks"] < base + 32:
             assert time.monotonic() < deadline and job.poll() is None, "the embed job made no progress"
