@@ -27,7 +27,8 @@ from conftest import Daemon, Env, write
 
 from qmd.server.errors import HookFailed
 from qmd.server.index.config import Collection
-from qmd.server.index.indexer import discover, extract_title, index_collection, run_hook, split_mask
+from qmd.server.index.indexer import discover, index_collection, run_hook, split_mask
+from qmd.server.index.loaders import extract_title
 from qmd.server.index.store import Store
 
 SUMMARY_RE = re.compile(r"Indexed: (\d+) new, (\d+) updated, (\d+) unchanged, (\d+) removed")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 import subprocess
 import time
@@ -28,7 +27,7 @@ from typing import Literal, TypeAlias
 from wcmatch import glob as wglob
 
 from qmd.server.errors import HookFailed
-from qmd.server.index import metadata, vectors
+from qmd.server.index import loaders, metadata, vectors
 from qmd.server.index.config import Collection
 from qmd.server.index.db import sqlite3
 from qmd.server.index.store import Store, fts_delete, fts_put, utcnow
@@ -65,48 +64,6 @@ def split_mask(mask: str) -> list[str]:
             current.append(ch)
     parts.append("".join(current))
     return [p.strip() for p in parts if p.strip()]
-
-
-# -- titles -------------------------------------------------------------------
-
-_FM_TITLE_RE = re.compile(r"^title:[ \t]*(.+?)[ \t]*$", re.M)
-_HEADING_RE = re.compile(r"^##?[ \t]+(.*\S)", re.M)
-_H2_RE = re.compile(r"^##[ \t]+(.*\S)", re.M)
-_ORG_TITLE_RE = re.compile(r"^#\+TITLE:[ \t]*(.*\S)", re.M | re.I)
-_ORG_HEADING_RE = re.compile(r"^\*+[ \t]+(.*\S)", re.M)
-
-
-def extract_title(path: str, text: str) -> str:
-    """Frontmatter `title:`, else the original's rule (first H1/H2, skipping "Notes"),
-    else the file name without extension.
-
-    Headings are looked for after the frontmatter, where a YAML comment (`# draft`)
-    would otherwise become the title; blank headings (`#` alone) are not titles.
-    """
-    name = path.rsplit("/", 1)[-1]
-    stem = name.rsplit(".", 1)[0] if "." in name else name
-    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    head = text[:65536].removeprefix("\ufeff")
-    if ext in ("md", "markdown", "mdx"):
-        fm = metadata.FRONTMATTER_RE.match(head)
-        if fm:
-            t = _FM_TITLE_RE.search(fm.group(1))
-            if t and t.group(1).strip("'\" "):
-                return t.group(1).strip().strip("'\"").strip()
-            head = head[fm.end() :]
-        m = _HEADING_RE.search(head)
-        if m:
-            title = m.group(1).strip()
-            if title in ("Notes", "📝 Notes"):
-                h2 = _H2_RE.search(head)
-                if h2:
-                    return h2.group(1).strip()
-            return title
-    elif ext == "org":
-        m = _ORG_TITLE_RE.search(head) or _ORG_HEADING_RE.search(head)
-        if m:
-            return m.group(1).strip()
-    return stem
 
 
 # -- discovery ----------------------------------------------------------------
@@ -221,9 +178,10 @@ class Skip(Exception):
 
 
 def load_file(found: Found, limit: int) -> Loaded:
-    """Read, check and hash one file. Files that cannot be searched as text (too large,
-    binary, not UTF-8, blank) raise `Skip` so they leave the index instead of matching
-    on stale text; only an unreadable file keeps its previous version."""
+    """Read, hash and load one file through its extension's loader. Files that cannot be
+    searched as text (too large, binary, not UTF-8, blank, a PDF without text) raise
+    `Skip` with the loader's reason, so they leave the index instead of matching on
+    stale text; only an unreadable file keeps its previous version."""
     if found.size > limit:
         raise Skip(f"too large ({found.size} bytes > {limit}; raise QMD_MAX_FILE_BYTES)")
     try:
@@ -233,21 +191,17 @@ def load_file(found: Found, limit: int) -> Loaded:
         raise Skip(f"unreadable ({e.strerror or e})", keep=True) from e
     if len(data) > limit:
         raise Skip(f"too large (> {limit} bytes; raise QMD_MAX_FILE_BYTES)")
-    if b"\x00" in data[:8192]:
-        raise Skip("binary (NUL bytes)")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise Skip(f"not UTF-8 (invalid byte at offset {e.start})") from e
-    if not text.strip():
-        raise Skip("empty")
+        extracted = loaders.load(found.rel, data)
+    except loaders.LoadError as e:
+        raise Skip(e.reason) from e
     return Loaded(
         found,
-        text,
+        extracted.text,
         hashlib.sha256(data).hexdigest(),
-        extract_title(found.rel, text),
+        extracted.title,
         len(data),
-        metadata.extract(found.rel, text),
+        metadata.extract(found.rel, extracted.text),
     )
 
 
