@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import sqlite3
@@ -11,12 +12,15 @@ from types import ModuleType
 
 import pytest
 
+from qmd.server.index.db import sqlite3 as sqlite_index
+from qmd.server.index.schema import FTS_TABLE
 from qmd.server.search.lexical import (
     STOP_WORDS,
     LexQuery,
-    lex_score,
+    indexed_rows,
     norm_cjk,
     parse_lex,
+    resolve_prefixes,
     search_fts,
 )
 
@@ -552,8 +556,10 @@ def test_all_terms_beat_one_term_repeated(conn: sqlite3.Connection) -> None:
 
 
 def test_more_items_matched_ranks_higher(conn: sqlite3.Connection) -> None:
-    one = add(conn, "alpha " * 20)
-    two = add(conn, "alpha beta and a lot of other words that dilute the document length")
+    """Among documents alike but for the items they hold, more items rank higher. (BM25
+    still lets a very short document repeating one word beat a long one holding two.)"""
+    one = add(conn, "alpha and a few other words in a note")
+    two = add(conn, "alpha beta and a few other words in a note")
     add_filler(conn)
     hits = search_fts(conn, parse_lex("alpha beta gamma"), None, 10)
     assert [h.doc_id for h in hits] == [two, one]
@@ -569,28 +575,39 @@ def test_partial_matches_are_returned_for_questions(conn: sqlite3.Connection) ->
     assert [h.matched for h in hits] == [3, 1]
 
 
-def test_ranking_is_exact_not_a_candidate_pool(conn: sqlite3.Connection) -> None:
-    """A top-``limit`` OR pool would miss the 2-of-3 document: 30 documents with the first
-    item in the title outscore it on bm25. Ranking by items matched must still find it."""
-    for i in range(30):
-        add(conn, f"zephyr {'zephyr ' * 10} entry {i}", title="zephyr")
-    for i in range(60):
-        add(conn, f"common words {'quill' if i % 2 else 'ember'} note {i}")
-    both = add(conn, "quill and ember " + "padding words " * 100)
+def test_rare_items_outrank_common_ones(conn: sqlite3.Connection) -> None:
+    """Where "most items matched first" and BM25 disagree: three common words against the
+    two rare words that matter. BM25 puts the rare pair first."""
+    for i in range(40):
+        add(conn, f"report about the system design and process number {i}")
+    common = add(conn, "system design process overview")
+    rare = add(conn, "zephyrine quillwort")
+    add_filler(conn, 5)
+    hits = search_fts(conn, parse_lex("system design process zephyrine quillwort"), None, 10)
+    assert hits[0].doc_id == rare and hits[0].matched == 2
+    assert common in [h.doc_id for h in hits[1:]]
+    assert next(h for h in hits if h.doc_id == common).matched == 3
+
+
+def test_ranking_is_exact_bm25_over_the_disjunction(conn: sqlite3.Connection) -> None:
+    """The hits are exactly the top `limit` of the OR statement under bm25, in its order,
+    scoped inside SQL: no candidate pool to fall out of."""
+    rng = random.Random(5)
+    words = ["zephyr", "quill", "ember", "lantern"]
+    for i in range(120):
+        body = " ".join(rng.choice(words + FILLER[i % len(FILLER)].split()) for _ in range(rng.randint(3, 40)))
+        add(conn, body, collection="a" if i % 3 else "b")
     add_filler(conn, 10)
-    lq = parse_lex("zephyr quill ember")
-    or_pool = [
-        r[0]
-        for r in conn.execute(
-            "SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"
-            " ORDER BY bm25(documents_fts, 1.5, 4.0, 1.0) LIMIT 5",
-            (lq.match_any(),),
-        )
-    ]
-    assert both not in or_pool
-    hits = search_fts(conn, lq, None, 5)
-    assert hits[0].doc_id == both and hits[0].matched == 2
-    assert [h.matched for h in hits[1:]] == [1, 1, 1, 1]
+    lq = resolve_prefixes(conn, parse_lex("zephyr quill ember -lantern"))
+    sql = (
+        "SELECT documents_fts.rowid FROM documents_fts JOIN documents ON documents.id = documents_fts.rowid"
+        " WHERE documents_fts MATCH ? AND (? IS NULL OR collection = ?)"
+        " ORDER BY bm25(documents_fts, 1.5, 4.0, 1.0), documents_fts.rowid LIMIT ?"
+    )
+    for collection in (None, "b"):
+        for limit in (1, 7, 50):
+            expected = [r[0] for r in conn.execute(sql, (lq.match_any(), collection, collection, limit))]
+            assert ids(conn, "zephyr quill ember -lantern", collection, limit) == expected
 
 
 def test_negation_applies_to_partial_matches(conn: sqlite3.Connection) -> None:
@@ -601,26 +618,6 @@ def test_negation_applies_to_partial_matches(conn: sqlite3.Connection) -> None:
     hits = search_fts(conn, parse_lex("alpha beta gamma -banned"), None, 10)
     assert [h.doc_id for h in hits] == [keep]
     assert hits[0].matched == 1
-
-
-def test_bm25_is_the_same_in_and_and_or_queries(conn: sqlite3.Connection) -> None:
-    docs = [add(conn, f"alpha beta {'alpha ' * i}words", title="beta" if i % 2 else "") for i in range(6)]
-    add(conn, "alpha only here")
-    add_filler(conn)
-    lq = parse_lex("alpha beta -gamma")
-    sql = "SELECT rowid, bm25(documents_fts, 1.5, 4.0, 1.0) FROM documents_fts WHERE documents_fts MATCH ?"
-    and_scores = dict(conn.execute(sql, (lq.match_all(),)).fetchall())
-    or_scores = dict(conn.execute(sql, (lq.match_any(),)).fetchall())
-    assert set(and_scores) == set(docs)
-    for doc_id, score in and_scores.items():
-        assert or_scores[doc_id] == score
-    # search_fts answers from the AND statement when it fills the limit, else from the
-    # ranked one: both give the same bm25 for the same document.
-    from_and = {h.doc_id: h.bm25 for h in search_fts(conn, lq, None, 3)}
-    from_ranked = {h.doc_id: h.bm25 for h in search_fts(conn, lq, None, 50)}
-    assert len(from_and) == 3 and len(from_ranked) == 7
-    for doc_id, score in from_and.items():
-        assert from_ranked[doc_id] == score == and_scores[doc_id]
 
 
 def test_equal_scores_tie_break_by_doc_id(conn: sqlite3.Connection) -> None:
@@ -653,7 +650,8 @@ def test_collection_filter_on_partial_matches(conn: sqlite3.Connection) -> None:
     one = add(conn, "a telescope", collection="small")
     add_filler(conn, 30)
     lq = parse_lex("nebula orion telescope")
-    assert [(h.doc_id, h.matched) for h in search_fts(conn, lq, "small", 2)] == [(two, 2), (one, 1)]
+    # "telescope" is in one document, "nebula" and "orion" in 301: the rare word ranks first.
+    assert [(h.doc_id, h.matched) for h in search_fts(conn, lq, "small", 2)] == [(one, 1), (two, 2)]
     assert two not in ids(conn, "nebula orion telescope", limit=5)
     assert ids(conn, "nebula", collection="nowhere") == []
 
@@ -661,40 +659,130 @@ def test_collection_filter_on_partial_matches(conn: sqlite3.Connection) -> None:
 # --- score --------------------------------------------------------------------------------
 
 
-def test_score_formula() -> None:
-    assert lex_score(-10.0, 1, 1) == pytest.approx(10 / 11)
-    assert lex_score(-2.0, 1, 1) == pytest.approx(2 / 3)
-    assert lex_score(-0.5, 1, 1) == pytest.approx(1 / 3)
-    assert lex_score(-3.0, 2, 3) == pytest.approx((1 + 0.75) / 3)
-    assert lex_score(-1e9, 1, 3) < lex_score(-1e-9, 2, 3)
+def idf(conn: sqlite3.Connection, expr: str) -> float:
+    """FTS5's idf of one item, from a plain count: what the score's normaliser must equal."""
+    n = conn.execute("SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?", (expr,)).fetchone()[0]
+    rows = conn.execute("SELECT count(*) FROM documents").fetchone()[0]
+    value = math.log((rows - n + 0.5) / (n + 0.5))
+    return value if value > 0 else 1e-6
 
 
-def test_single_item_score_is_normalised_bm25(conn: sqlite3.Connection) -> None:
-    add(conn, "otters otters hold hands")
-    add(conn, "otters")
-    add_filler(conn)
-    for hit in search_fts(conn, parse_lex("otters"), None, 10):
-        b = abs(hit.bm25) / (1 + abs(hit.bm25))
-        assert hit.bm25 < 0 and hit.total == 1 and hit.score == b
-
-
-def test_scores_monotone_and_levels_separated(conn: sqlite3.Connection) -> None:
+def test_score_is_bm25_over_the_attainable(conn: sqlite3.Connection) -> None:
     rng = random.Random(3)
     words = ["alpha", "beta", "gamma", "delta"]
     for _ in range(80):
         body = " ".join(rng.choice(words + FILLER[0].split()) for _ in range(rng.randint(3, 30)))
-        add(conn, body)
+        add(conn, body, title=rng.choice(["", "alpha", "beta gamma"]))
     add_filler(conn, 5)
-    hits = search_fts(conn, parse_lex("alpha beta gamma delta"), None, 200)
+    lq = resolve_prefixes(conn, parse_lex("alpha beta gamma delta"))
+    attainable = 2.2 * sum(idf(conn, expr) for expr in lq.positives)
+    hits = search_fts(conn, lq, None, 200)
     assert len(hits) > 20
-    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
-    assert [h.matched for h in hits] == sorted((h.matched for h in hits), reverse=True)
+    assert [h.bm25 for h in hits] == sorted(h.bm25 for h in hits)
     for h in hits:
-        assert (h.matched - 1) / h.total <= h.score < h.matched / h.total
-        assert h.score == lex_score(h.bm25, h.matched, h.total)
-    for a, b in zip(hits, hits[1:]):
-        if a.matched == b.matched:
-            assert a.bm25 <= b.bm25
+        assert h.score == pytest.approx(abs(h.bm25) / attainable)
+        assert 0 < h.score < 1
+        have = sum(
+            bool(
+                conn.execute(
+                    "SELECT 1 FROM documents_fts WHERE documents_fts MATCH ? AND rowid = ?", (expr, h.doc_id)
+                ).fetchone()
+            )
+            for expr in lq.positives
+        )
+        assert h.matched == have and h.total == 4
+
+
+def test_a_word_no_document_holds_leaves_the_scores_alone(conn: sqlite3.Connection) -> None:
+    doc = add(conn, "deployment checklist for kubernetes clusters")
+    add_filler(conn)
+    plain = search_fts(conn, parse_lex("kubernetes deployment"), None, 1)[0]
+    typo = search_fts(conn, parse_lex("kubernetes deployment zzqxv"), None, 1)[0]
+    assert plain.doc_id == typo.doc_id == doc
+    assert typo.score == pytest.approx(plain.score)
+    assert (typo.matched, typo.total) == (2, 3)
+
+
+def test_maxscore_first_pass_is_exact(conn: sqlite3.Connection) -> None:
+    """Long queries over a corpus where common and rare items mix: the ranked list equals a
+    plain ORDER BY bm25 over every match, whichever pass answered."""
+    rng = random.Random(9)
+    common, rare = ["river", "stone", "market", "lamp"], ["quasar", "ferrule", "gimbal"]
+    for i in range(400):
+        words = rng.choices(common, k=rng.randint(1, 12)) + (
+            rng.choices(rare, k=rng.randint(1, 3)) if i % 7 == 0 else []
+        )
+        add(conn, " ".join(words + FILLER[i % len(FILLER)].split()))
+    for limit in (1, 5, 20, 60):
+        lq = resolve_prefixes(conn, parse_lex("river stone market lamp quasar ferrule gimbal"))
+        expected = [
+            r[0]
+            for r in conn.execute(
+                "SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"
+                " ORDER BY bm25(documents_fts, 1.5, 4.0, 1.0), rowid LIMIT ?",
+                (lq.match_any(), limit),
+            )
+        ]
+        assert [h.doc_id for h in search_fts(conn, lq, None, limit)] == expected
+
+
+def test_small_corpus_scores_are_not_zero(conn: sqlite3.Connection) -> None:
+    """Three documents, a word in two of them: FTS5 clamps its idf to 1e-6, so the original's
+    |bm25|/(1+|bm25|) scores both hits 0.00 and any --min-score drops them. Ours divides the
+    clamp out: the hits score by how often and where they hold the word."""
+    often = add(conn, "otters otters otters", title="otters")
+    once = add(conn, "a note that mentions otters once among other words")
+    add(conn, "nothing relevant")
+    hits = search_fts(conn, parse_lex("otters"), None, 10)
+    assert [h.doc_id for h in hits] == [often, once]
+    assert hits[0].score > 0.5 and 0.1 < hits[1].score < hits[0].score
+
+
+def test_score_is_independent_of_corpus_size(conn: sqlite3.Connection) -> None:
+    """The same document against the same query scores alike in a small and a large corpus."""
+    doc = add(conn, "deployment checklist for kubernetes clusters", title="Deployment")
+    add_filler(conn, 2)
+    small = search_fts(conn, parse_lex("kubernetes deployment"), None, 1)[0]
+    add_filler(conn, 40)
+    large = search_fts(conn, parse_lex("kubernetes deployment"), None, 1)[0]
+    assert small.doc_id == large.doc_id == doc
+    assert abs(small.score - large.score) < 0.1
+    assert abs(small.bm25) < abs(large.bm25)  # the raw bm25 grows with the corpus
+
+
+def test_indexed_rows_reads_what_bm25_counts() -> None:
+    """`indexed_rows` counts FTS5's docsize table; held to a plain count on the index's own
+    table (contentless, with deletes, in and out of a transaction) so a change fails here."""
+    db = sqlite_index.connect(":memory:")
+    db.execute(FTS_TABLE)
+    assert indexed_rows(db) == 0
+    for i in range(1, 301):
+        db.execute("INSERT INTO documents_fts (rowid, filepath, title, body) VALUES (?, 'p', 't', 'word')", (i,))
+    assert indexed_rows(db) == 300
+    for i in range(1, 301, 3):
+        db.execute("DELETE FROM documents_fts WHERE rowid = ?", (i,))
+    assert (
+        indexed_rows(db)
+        == 200
+        == db.execute("SELECT count(*) FROM documents_fts WHERE documents_fts MATCH 'word'").fetchone()[0]
+    )
+    db.execute("INSERT INTO documents_fts (rowid, filepath, title, body) VALUES (100000, 'p', 't', 'word')")
+    assert indexed_rows(db) == 201
+
+
+def test_long_queries_search_words_exactly_unless_partial(conn: sqlite3.Connection) -> None:
+    """A word in a long query is its exact stem: `cell` no longer finds `cellar`. A partial
+    word, which no document holds exactly, stays a prefix; short queries keep prefixes."""
+    cell = add(conn, "cell biology notes")
+    cellar = add(conn, "wine cellar inventory")
+    kube = add(conn, "kubernetes growth metrics")
+    add_filler(conn)
+    long = resolve_prefixes(conn, parse_lex("cell growth kube metrics"))
+    assert long.positives == ('"cell"', '"growth"', '"kube"*', '"metrics"')
+    assert cellar not in ids(conn, "cell growth kube metrics")
+    assert set(ids(conn, "cell growth kube metrics")) == {cell, kube}
+    assert resolve_prefixes(conn, parse_lex("cell")).positives == ('"cell"*',)
+    assert set(ids(conn, "cell")) == {cell, cellar}
 
 
 # --- timing (printed, not asserted) -------------------------------------------------------

@@ -155,7 +155,9 @@ def test_all_terms_rank_first(env: Env, daemon: Daemon, tmp_path: Path) -> None:
     hits = env.json("search", "alpha beta gamma", "--json")
     assert [h["file"] for h in hits] == ["qmd://rank/all.md", "qmd://rank/two.md", "qmd://rank/one.md"]
     raw = daemon.http.post("/v1/keyword", json={"query": "alpha beta gamma"}).json()["results"]
-    assert raw[0]["score"] > 2 / 3 > raw[1]["score"] > 1 / 3 > raw[2]["score"]
+    # "alpha" and "beta" are in most of the three documents: BM25 gives them no weight
+    # (FTS5 clamps their idf to 1e-6), so only the document with "gamma" scores.
+    assert raw[0]["score"] > 0.5 and raw[1]["score"] < 0.01 and raw[2]["score"] < 0.01
 
 
 def test_syntax_phrases_negation_dots_hyphens(shared_daemon: Daemon, corpus: Path) -> None:

@@ -380,13 +380,14 @@ def strong_signal(scores: list[float], intent: str | None, *, top_matched_all: b
     The spec's test is top ≥ 0.85 and top − second ≥ 0.15, with no intent (an intent asks for a
     reading the keywords alone may not have). It was set for the original's scores, where every
     hit matched every query term (its FTS query is an AND) and score = b = |bm25| / (1 + |bm25|).
-    Our lexical search is disjunctive and scores (m − 1 + b) / T for m matched of T terms, so with
-    many terms a document missing one still reaches 0.85 (T = 8, m = 7 scores at least 0.75 + b/8):
+    Our lexical search is disjunctive BM25 with its own normalisation, so the test reads each
+    hit's `coordination` instead: (m − 1 + b) / T for m matched of T terms. With many terms a
+    document missing one still reaches 0.85 there (T = 8, m = 7 scores at least 0.75 + b/8):
     without the extra condition a partial match could skip expansion, the case expansion is for.
     With it the test reads "one document has every term and stands clear of the rest": a top hit
     needs b ≥ 1 − 0.15·T (easier than the original's 0.85 once T > 1), and a runner-up that also has
     every term is only (b₁ − b₂)/T behind, so ties among full matches keep expansion on.
-    `scores` are the probe's scores, best first.
+    `scores` are those values for BM25's top hit, then the best of the others.
     """
     if intent and intent.strip():
         return False

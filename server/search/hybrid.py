@@ -274,7 +274,10 @@ class HybridQuery:
         subs = [_Sub("original", query, 2.0)]
 
         t = time.perf_counter()
-        scores = [h.score for h in probe]
+        # The spec's test, on the original's scores: BM25's top hit, then the best of the rest.
+        scores = (
+            [probe[0].coordination, *sorted((h.coordination for h in probe[1:]), reverse=True)[:1]] if probe else []
+        )
         expander = self.legs.expander
         if strong_signal(scores, doc.intent, top_matched_all=bool(probe) and probe[0].matched == probe[0].total):
             second = scores[1] if len(scores) > 1 else 0.0

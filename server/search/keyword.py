@@ -13,7 +13,7 @@ from qmd.server.errors import InvalidInput
 from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow, fetch_ids
 from qmd.server.index.store import Store
-from qmd.server.search.lexical import LexQuery, parse_lex, search_fts
+from qmd.server.search.lexical import LexHit, LexQuery, parse_lex, search_fts
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
 
@@ -29,18 +29,20 @@ class KeywordHit:
     score: float
     matched: int
     total: int
+    coordination: float
+    """The original's score (`LexHit.coordination`), for spec §13.2's strong-signal test."""
 
 
 def lexical_hits(store: Store, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
     with store.read() as conn:
-        best: dict[int, tuple[float, int, int]] = {}
+        best: dict[int, LexHit] = {}
         for name in scope.collections:
             for h in search_fts(conn, query, name, fetch, scope.doc_filter):
-                if h.doc_id not in best or h.score > best[h.doc_id][0]:
-                    best[h.doc_id] = (h.score, h.matched, h.total)
-        ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:fetch]
-        docs = fetch_ids(conn, [doc_id for doc_id, _ in ranked])
-    return [KeywordHit(docs[i], s, m, t) for i, (s, m, t) in ranked if i in docs]
+                if h.doc_id not in best or h.score > best[h.doc_id].score:
+                    best[h.doc_id] = h
+        ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]
+        docs = fetch_ids(conn, [h.doc_id for h in ranked])
+    return [KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination) for h in ranked if h.doc_id in docs]
 
 
 def search(store: Store, config: Config, query: str, opts: SearchOptions, index_name: str | None) -> SearchOutcome:
