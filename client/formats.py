@@ -244,6 +244,15 @@ def _hunk_header(hit: Mapping[str, Any]) -> str:
     return snippet_header(start, end - start + 1, hit["total_lines"])
 
 
+def _on_pages(spans: Sequence[Mapping[str, int]]) -> str:
+    """A PDF's lines as a reader with the file open finds them: the page, and the lines
+    within it (`qmd get FILE#page=N:FROM:COUNT` reads them)."""
+    first, last = spans[0], spans[-1]
+    if len(spans) == 1:
+        return f"page {first['page']}, lines {first['start_line']}-{first['end_line']}"
+    return f"pages {first['page']}-{last['page']}"
+
+
 def _content(hit: Mapping[str, Any], full: bool, line_numbers: bool) -> str:
     """The text a non-CLI format shows for a hit: whole body (--full) or header + passage.
 
@@ -420,6 +429,9 @@ def _search_json(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], fu
         item["file"] = ident.name
         item["line"] = hit["line"]
         item["lines"] = f"{hit['start_line']}-{hit['end_line']}"
+        if hit.get("page"):
+            item["page"] = hit["page"]["page"]
+            item["pageLines"] = f"{hit['page']['start_line']}-{hit['page']['end_line']}"
         item["title"] = hit.get("title")
         if hit.get("context"):
             item["context"] = hit["context"]
@@ -508,6 +520,8 @@ def _search_cli(
         first = _paint(location, _CYAN, style)
         if ident.docid:
             first += " " + _paint(ident.docid, _DIM, style)
+        if hit.get("page"):
+            first += f" ({_on_pages([hit['page']])})"
 
         lines = [first]
         if hit.get("title"):
@@ -744,6 +758,8 @@ def render_document(
     """
     ident = _identify(doc, full_path, cwd)
     header = f"{ident.name}  {ident.docid}" if ident.docid else ident.name
+    if doc.get("pages"):
+        header += f"  ({_on_pages(doc['pages'])})"
     lines = [header]
     if doc.get("context"):
         lines.append(f"Folder Context: {doc['context']}")

@@ -38,6 +38,7 @@ from qmd.server.index.documents import (
 )
 from qmd.server.index.embed_job import EmbedReport, embed_pending
 from qmd.server.index.indexer import Progress, Summary, index_collection, run_hook, split_mask
+from qmd.server.index.loaders import Pages, split_page
 from qmd.server.index.store import Store
 from qmd.server.models.embedders import Embedder, Embedders, EmbedderUnavailable, embed_query
 from qmd.server.models.refs import (
@@ -503,8 +504,11 @@ class Engine:
         self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
     ) -> DocumentText:
         """A document or a line range of it. `name` may end in `:from[:count]`;
-        explicit `from_line` / `max_lines` win over that suffix."""
+        explicit `from_line` / `max_lines` win over that suffix. A paged document (PDF)
+        may be addressed by page, `report.pdf#page=3:10:5`: lines counted within that
+        page, read from the same body, so both spellings of a pointer read the same text."""
         name, suffix_from, suffix_count = split_range(name)
+        name, page = split_page(name)
         from_line = from_line if from_line is not None else suffix_from
         max_lines = max_lines if max_lines is not None else suffix_count
         if max_lines is not None and max_lines < 1:
@@ -514,12 +518,22 @@ class Engine:
             doc = find_document(conn, cfg, name, cwd)
         ref = document_ref(doc, cfg, self.index_label)
         lines = doc.body.split("\n")
-        start = max(1, from_line or 1)
-        if start > len(lines):
+        pages = Pages.of(doc.path, doc.body)
+        first, last, where = 1, len(lines), f"{ref.display_path} has {len(lines)} lines"
+        if page is not None:
+            if pages is None:
+                raise InvalidInput(f"{ref.display_path} has no pages: #page= addresses the pages of a PDF")
+            if not 1 <= page <= pages.count:
+                raise InvalidInput(f"{ref.display_path} has {pages.count} pages; page {page} does not exist")
+            first, last = pages.bounds(page)
+            where = f"page {page} of {ref.display_path} has {last - first + 1} lines"
+        start = first - 1 + max(1, from_line or 1)
+        if start > last:
             # An empty slice numbered from a line that does not exist would read as a real, blank line.
-            raise InvalidInput(f"{ref.display_path} has {len(lines)} lines; line {start} is past the end")
-        end = len(lines) if max_lines is None else min(len(lines), start - 1 + max_lines)
-        return DocumentText(ref, start, end, len(lines), "\n".join(lines[start - 1 : end]))
+            raise InvalidInput(f"{where}; line {start - first + 1} is past the end")
+        end = last if max_lines is None else min(last, start - 1 + max_lines)
+        spans = pages.spans(start, end) if pages is not None else ()
+        return DocumentText(ref, start, end, len(lines), "\n".join(lines[start - 1 : end]), spans)
 
     def multi_get(
         self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None, cwd: str | None = None

@@ -66,6 +66,7 @@ from qmd.server.http.wire import (
     query_response,
 )
 from qmd.server.index.documents import split_range
+from qmd.server.index.loaders import describe_pages
 from qmd.server.index.store import utcnow
 from qmd.server.search.discovery import TypeReport
 from qmd.server.search.hybrid import primary_text
@@ -256,7 +257,8 @@ def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
         blocks.append("Warnings:\n" + "\n".join(f"  - {w}" for w in out.warnings))
     for r in results:
         meta = f"\nmetadata: {json.dumps(r.metadata, ensure_ascii=False)}" if r.metadata else ""
-        blocks.append(f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines} - {r.title}{meta}\n{r.snippet}")
+        page = "" if r.page is None else f" (page {r.page}, lines {r.page_lines})"
+        blocks.append(f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines}{page} - {r.title}{meta}\n{r.snippet}")
     if results:
         first = out.hits[0]
         example = f"{results[0].file}:{first.start_line}:{first.end_line - first.start_line + 1}"
@@ -279,6 +281,8 @@ def run_get(engine: Engine, args: GetRequest) -> types.CallToolResult:
         return _tool_error(_not_found_message(split_range(args.file)[0], e))
     display = doc.doc.display_path
     text = _document_text(doc.body, doc.from_line, doc.doc.context, args.line_numbers)
+    if doc.pages:
+        text = f"<!-- {describe_pages(doc.pages)} -->\n\n{text}"
     return types.CallToolResult(content=[_resource(display, text)])
 
 
@@ -408,7 +412,8 @@ TOOLS: dict[str, ToolSpec] = {
                 name="get",
                 title="Get Document",
                 description="Read a document, or the line range a search result points at "
-                '(`file="notes/a.md:41:4"` reads 4 lines from line 41). Lines are numbered so they can be cited.',
+                '(`file="notes/a.md:41:4"` reads 4 lines from line 41; a PDF\'s page and its lines: '
+                '`file="docs/r.pdf#page=3:10:5"`). Lines are numbered so they can be cited.',
                 input_schema=tool_schema(GetRequest),
                 annotations=_READ_ONLY,
             ),
@@ -474,7 +479,8 @@ Examples:
 
 Retrieval:
   - `get` — single document by path or docid (#abc123). Supports a line-range suffix: `file.md:100` \
-(from line 100) or `file.md:100:40` (40 lines from line 100).
+(from line 100) or `file.md:100:40` (40 lines from line 100). A PDF's results name a page too: \
+`file.pdf#page=3:10:5` reads 5 lines from line 10 of page 3, the same text as the result's own range.
   - `multi_get` — batch retrieve by glob (`journals/2025-05*.md`), comma-separated list, or docids (#abc123).
 
 Citing:

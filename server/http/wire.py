@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
 from qmd.server.index.config import unstorable
+from qmd.server.index.loaders import PageSpan
 from qmd.server.search import discovery
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
@@ -403,6 +404,10 @@ class ResultOut(Response):
     line: int
     lines: str
     """`start-end`: the range to read before citing."""
+    page: int | None = None
+    """A PDF's result: the page the passage is on (null for documents without pages)."""
+    page_lines: str | None = None
+    """`start-end` within that page's text: `file#page=N:start:count` reads them too."""
     snippet: str
     """The passage under its `@@` header, each line numbered with its real number."""
     explain: dict[str, Any] | None = None
@@ -438,6 +443,8 @@ class HitOut(Response):
     terms: list[str]
     explain: dict[str, Any] | None = None
     metadata: dict[str, Any]
+    page: PageSpan | None = None
+    """A PDF's hit: its page and the passage's lines within that page."""
 
 
 class FilterOut(Response):
@@ -575,6 +582,8 @@ def result_out(p: Pointer, *, file: str) -> ResultOut:
         return None if x is None else round(x, SCORE_DECIMALS)
 
     return ResultOut(
+        page=None if p.page is None else p.page.page,
+        page_lines=None if p.page is None else p.page.lines,
         docid="#" + p.doc.docid,
         file=file,
         title=p.doc.title,
@@ -647,6 +656,7 @@ def document_out(d: DocumentText) -> dict[str, Any]:
         "to_line": d.to_line,
         "total_lines": d.total_lines,
         "body": d.body,
+        **({"pages": [asdict(s) for s in d.pages]} if d.pages else {}),
     }
 
 

@@ -344,6 +344,8 @@ PAGE_BREAK = "\f"
 ends its pages), so the page map is read from the body itself: nothing else to store."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TITLE_CHARS = 200
+_PLACEHOLDER_TITLES = frozenset({"untitled", "untitled document", "title"})
+"""What PDF writers put in the title field when nobody gave one (reportlab: "untitled")."""
 
 
 def _clean_page(text: str) -> str:
@@ -355,7 +357,8 @@ def _clean_page(text: str) -> str:
 
 
 def _read_pdf(path: str, data: bytes) -> Extracted:
-    """Each page's text layer, in order; title from the PDF's metadata, else its first line."""
+    """Each page's text layer, in order; title from the PDF's metadata, else its first
+    line of text (a PDF without any is skipped, so it has one)."""
     from pypdf import PasswordType, PdfReader
     from pypdf.errors import DependencyError, FileNotDecryptedError
 
@@ -377,9 +380,10 @@ def _read_pdf(path: str, data: bytes) -> Extracted:
         raise LoadError("PDF has no text layer (scanned?)")
     body = f"\n{PAGE_BREAK}\n".join(pages)
     title = _SPACE.sub(" ", _SURROGATE.sub("\ufffd", str(meta_title))).strip()
-    if not title:
-        title = next((line.strip()[:_TITLE_CHARS] for line in body.split("\n", 200) if line.strip()), "")
-    return Extracted(body, title or _stem(path))
+    if not title or title.lower() in _PLACEHOLDER_TITLES:
+        # Some page has text (else the file was skipped), so there is a first line.
+        title = next(line.strip()[:_TITLE_CHARS] for line in body.split("\n") if line.strip())
+    return Extracted(body, title)
 
 
 PDF = Loader("pdf", frozenset({"pdf"}), _read_pdf, paged=True)
@@ -439,8 +443,8 @@ class Pages:
         return len(self.starts)
 
     def page_of(self, line: int) -> int:
-        """The page a body line belongs to (a page break line: the page it ends)."""
-        return max(1, bisect_right(self.starts, line))
+        """The page a body line is on; a page break line counts as the page it opens."""
+        return max(1, min(self.count, bisect_right(self.starts, line + 1)))
 
     def bounds(self, page: int) -> tuple[int, int]:
         """The body lines (first, last) of `page`, without the break lines around it."""
@@ -468,3 +472,13 @@ def split_page(name: str) -> tuple[str, int | None]:
     if not m or m.start() == 0:
         return name, None
     return name[: m.start()], int(m.group(1))
+
+
+def describe_pages(spans: tuple[PageSpan, ...]) -> str:
+    """Where lines of a paged document are, as a reader turning pages would look:
+    `page 3, lines 10-14`, or for a range over many pages its first and last."""
+    if len(spans) <= 2:
+        return "; ".join(f"page {s.page}, lines {s.lines}" for s in spans)
+    first, last = spans[0], spans[-1]
+    ends = f"page {first.page} from line {first.start_line}, page {last.page} to line {last.end_line}"
+    return f"pages {first.page}-{last.page} ({ends})"

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow
+from qmd.server.index.loaders import Pages, PageSpan
 from qmd.server.index.metadata import Metadata
 from qmd.server.search.filters import Filter
 from qmd.server.search.scope import FilterReport
@@ -68,6 +69,8 @@ class Pointer:
     """Why it ranked where it did (`--explain`): a trace, shaped by the stage that made it."""
     metadata: Metadata = field(default_factory=dict)
     """The document's indexed metadata (`qmd: metadata:`), empty when it has none."""
+    page: PageSpan | None = None
+    """A paged document (PDF): the page the passage is on and its lines within that page."""
 
     @property
     def lines(self) -> str:
@@ -174,8 +177,17 @@ def point_at(
     intent_terms: tuple[str, ...] = (),
 ) -> Pointer:
     """A pointer at `doc`'s best passage for `terms` (inside `lines_within`, when a
-    vector hit names the chunk that matched)."""
+    vector hit names the chunk that matched). In a paged document the passage stays on
+    the page of its best line, so the pointer can name one page and lines on it."""
     passage = best_passage(doc.body, terms, max_len=max_len, lines_within=lines_within, intent_terms=intent_terms)
+    page = None
+    pages = Pages.of(doc.path, doc.body)
+    if pages is not None:
+        bounds = pages.bounds(pages.page_of(passage.line))
+        passage = best_passage(
+            doc.body, terms, max_len=max_len, lines_within=lines_within, intent_terms=intent_terms, bounds=bounds
+        )
+        page = pages.spans(passage.start_line, passage.end_line)[0]
     return Pointer(
         doc=document_ref(doc, config, index_name),
         score=score,
@@ -188,6 +200,7 @@ def point_at(
         terms=terms,
         explain=explain,
         metadata=doc.metadata,
+        page=page,
     )
 
 
@@ -200,6 +213,8 @@ class DocumentText:
     to_line: int
     total_lines: int
     body: str
+    pages: tuple[PageSpan, ...] = ()
+    """A paged document (PDF): the pages these lines are on, with their lines within each."""
 
 
 @dataclass(frozen=True)

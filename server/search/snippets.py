@@ -33,18 +33,23 @@ def best_passage(
     max_len: int = 500,
     lines_within: tuple[int, int] | None = None,
     intent_terms: tuple[str, ...] | list[str] = (),
+    bounds: tuple[int, int] | None = None,
 ) -> Passage:
     """Score each line by how many query terms it contains (spec §15.2; intent terms
     count 0.3) and take the first best line, one line before and two after. Long
     passages are cut at `max_len` characters with `...`. `lines_within` (1-based,
     inclusive) keeps the search inside a region, e.g. the chunk a vector search
-    matched; with no term there, the passage opens the region."""
+    matched; with no term there, the passage opens the region. `bounds` is a region
+    the passage itself never leaves (a PDF page, which a pointer names)."""
     lines = body.split("\n")
     needles = [t.lower() for t in terms if t]
     extra = [t.lower() for t in intent_terms if t and t.lower() not in needles]
     lo, hi = (
         (0, len(lines)) if lines_within is None else (max(0, lines_within[0] - 1), min(len(lines), lines_within[1]))
     )
+    last = len(lines)
+    if bounds is not None:
+        lo, hi, last = max(lo, bounds[0] - 1), min(hi, bounds[1]), min(last, bounds[1])
     best, best_score = lo, 0.0
     perfect = len(needles) + INTENT_WEIGHT * len(extra)
     if needles or extra:
@@ -56,7 +61,7 @@ def best_passage(
                 if score == perfect:
                     break
     start = max(lo, best - BEFORE) if best_score else best
-    end = min(len(lines), best + AFTER)
+    end = min(last, best + AFTER)
     text = "\n".join(lines[start:end])
     if len(text) > max_len:
         text = text[: max_len - 3] + "..."
