@@ -417,6 +417,11 @@ Each stage's time, and why a stage was skipped, go to stderr
 lists blended with the reranker's relevance (see README)."""
 
 
+CHUNK_STRATEGIES = ("auto", "regex")
+"""`auto`: code files (Python, TypeScript/JavaScript, Go, Rust) cut at functions, classes and
+imports by tree-sitter; `regex`: every file by the smart (markdown) chunker."""
+
+
 @cli.command(help=_QUERY_HELP)
 @search_options(min_score_default=0.0)
 @click.option("--intent", default=None, help="What the search is for: steers passages and reranking.")
@@ -436,6 +441,13 @@ lists blended with the reranker's relevance (see README)."""
     help="Answer within this many ms: drop expansion, then reranking, then vectors as needed.",
 )
 @click.option("--explain", is_flag=True, help="Show how each score was made, and every stage's time.")
+@click.option(
+    "--chunk-strategy",
+    type=click.Choice(CHUNK_STRATEGIES),
+    default=None,
+    help="How candidates are cut to pick the passage reranked: auto keeps a code file's inside its "
+    "function or class [default: each collection's chunk_strategy].",
+)
 def query(
     c: Ctx,
     query: tuple[str, ...],
@@ -452,6 +464,7 @@ def query(
     no_rerank: bool,
     budget_ms: int | None,
     explain: bool,
+    chunk_strategy: str | None,
     fmt: str | None,
     **flags: bool,
 ) -> None:
@@ -474,6 +487,7 @@ def query(
         candidate_limit=candidate_limit,
         rerank=not no_rerank,
         budget_ms=budget_ms,
+        chunk_strategy=chunk_strategy,
     )
     _warn(formats.stage_lines(res, verbose=explain or c.verbose))
 
@@ -675,8 +689,22 @@ def update(c: Ctx, collections: tuple[str, ...]) -> None:
 @click.option("-f", "--force", is_flag=True, help="Re-embed everything for the current model.")
 @click.option("--max-docs-per-batch", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-batch-mb", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True)
+@click.option(
+    "--chunk-strategy",
+    type=click.Choice(CHUNK_STRATEGIES),
+    default=None,
+    help="auto: cut code files at functions, classes and imports (tree-sitter); regex: as prose. "
+    "Saved as the collections' chunk_strategy in index.yml [default: theirs, else regex].",
+)
 @pass_ctx
-def embed(c: Ctx, collections: tuple[str, ...], force: bool, max_docs_per_batch: int, max_batch_mb: float) -> None:
+def embed(
+    c: Ctx,
+    collections: tuple[str, ...],
+    force: bool,
+    max_docs_per_batch: int,
+    max_batch_mb: float,
+    chunk_strategy: str | None,
+) -> None:
     """Embed documents for vector search (only what changed; resumable; Ctrl-C stops cleanly)."""
     bar = ProgressBar()
     body = {
@@ -684,6 +712,7 @@ def embed(c: Ctx, collections: tuple[str, ...], force: bool, max_docs_per_batch:
         "force": force,
         "max_docs_per_batch": max_docs_per_batch,
         "max_batch_mb": max_batch_mb,
+        "chunk_strategy": chunk_strategy,
     }
     try:
         for ev in c.daemon.stream("/v1/embed", body):
@@ -698,6 +727,12 @@ def embed(c: Ctx, collections: tuple[str, ...], force: bool, max_docs_per_batch:
             elif ev["event"] == "done":
                 bar.clear()
                 r = ev["report"]
+                if r["switched"]:
+                    click.echo(
+                        f"Chunk strategy {chunk_strategy} for {', '.join(r['switched'])} (saved in index.yml): "
+                        "searched in that strategy's vector space from now on, embedded there where missing.",
+                        err=True,
+                    )
                 if r["clipped"]:
                     names = ", ".join(sorted({x["file"] for x in r["clipped"]})[:10])
                     click.echo(
@@ -812,10 +847,14 @@ def _models_line(inf: dict) -> str:
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="The status as JSON (the daemon's /v1/status).")
 @pass_ctx
-def status(c: Ctx) -> None:
+def status(c: Ctx, as_json: bool) -> None:
     """Index, daemon and collection health."""
     s = c.call("GET", "/v1/status")
+    if as_json:
+        _out(json.dumps(s, indent=2))
+        return
     d = s["daemon"]
     lines = [
         "QMD Status",
@@ -828,6 +867,7 @@ def status(c: Ctx) -> None:
         "Documents",
         f"  Total:    {s['documents']} files indexed",
         f"  Vectors:  {s['vector']['message']}",
+        *_grammar_lines(s.get("grammars") or []),
     ]
     if s["collections"]:
         lines += ["", "Collections"]
@@ -836,6 +876,8 @@ def status(c: Ctx) -> None:
             lines.append(f"  {col['name']} (qmd://{col['name']}/){excluded}")
             lines.append(f"    Pattern:  {col['pattern']}")
             lines.append(f"    Files:    {col['files']} (updated {_ago(col['updated_at'])})")
+            if col.get("chunk_strategy", "regex") != "regex":
+                lines.append(f"    Chunking: {col['chunk_strategy']} (code files at functions, classes, imports)")
             if col["contexts"]:
                 lines.append(f"    Contexts: {len(col['contexts'])}")
             lines += _metadata_lines(col)
@@ -849,6 +891,16 @@ def status(c: Ctx) -> None:
     else:
         lines += ["", "No collections yet. Add one with: qmd collection add <folder> --name <name>"]
     _out("\n".join(lines))
+
+
+def _grammar_lines(grammars: list[dict[str, Any]]) -> list[str]:
+    """`qmd status`: which code grammars `--chunk-strategy auto` can use here (a missing one's
+    files are chunked as prose), and why the others cannot load."""
+    ok = [g["language"] for g in grammars if g["available"]]
+    lines = ["", "AST Chunking (--chunk-strategy auto)", f"  Grammars: {', '.join(ok) or 'none'}"]
+    missing = [g for g in grammars if not g["available"]]
+    lines += [f"  Missing:  {g['language']}: {g['error']} (its files fall back to regex)" for g in missing]
+    return lines
 
 
 def _metadata_lines(col: dict[str, Any]) -> list[str]:

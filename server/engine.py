@@ -18,6 +18,8 @@ from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
 from qmd.server.index import catalog, metadata, vectors
+from qmd.server.index.chunking import CHUNK_STRATEGIES, ChunkStrategy
+from qmd.server.index.code_chunks import grammar_status
 from qmd.server.index.config import (
     DEFAULT_PATTERN,
     Collection,
@@ -36,7 +38,7 @@ from qmd.server.index.documents import (
     safe_relpath,
     split_range,
 )
-from qmd.server.index.embed_job import EmbedReport, embed_pending
+from qmd.server.index.embed_job import EmbedReport, embed_pending, strategy_groups
 from qmd.server.index.indexer import Progress, Summary, index_collection, run_hook, split_mask
 from qmd.server.index.loaders import Pages, split_page
 from qmd.server.index.store import Store
@@ -87,7 +89,7 @@ class Engine:
         self._mutate = threading.RLock()
         self._update = threading.Lock()
         self._embed = threading.Lock()
-        self._vector_states: dict[tuple[tuple[str, ...] | None, str, int], VectorState] = {}
+        self._vector_states: dict[tuple[object, ...], VectorState] = {}
         self.costs = CostModel()
         self._expanders: dict[str, Expander] = {}
         self._rerankers: dict[str, Reranker] = {}
@@ -198,6 +200,7 @@ class Engine:
                 last_run=st.last_run,
                 skipped=list(st.skipped),
                 metadata=extraction[c.name],
+                chunk_strategy=c.chunk_strategy,
             )
             for c, st in ((c, states.get(c.name, unindexed)) for c in cfg.collections.values())
         ]
@@ -330,9 +333,8 @@ class Engine:
             emb = self.embedder()
         except EmbedderUnavailable as e:
             return None, f"vector search unavailable — {e.message}"
-        with self.store.read() as conn:
-            space = vectors.find_space(conn, emb.fingerprint)
-        if space is None:
+        spaces = self._spaces(emb, collections)
+        if not spaces:
             return None, state.message
 
         def embed(texts: list[str]) -> list[list[float]]:
@@ -346,7 +348,7 @@ class Engine:
         return (
             VectorLeg(
                 embed=embed,
-                search=lambda qvec, k, scope: vector_hits(self.store, space, qvec, scope, k),
+                search=lambda qvec, k, scope: vector_hits(self.store, spaces, qvec, scope, k),
                 model=emb.uri,
                 warning=state.message if state.pending else None,
             ),
@@ -401,48 +403,81 @@ class Engine:
     def embedder(self, *, download: bool = False, progress: Progress | None = None) -> Embedder:
         return self.embedders.get(self.config, self.paths.config.parent, download=download, progress=progress)
 
+    def chunk_strategies(self, collections: list[str] | None = None) -> dict[str, ChunkStrategy]:
+        """Each collection named (all when None) → how its documents are cut for vectors."""
+        cfg = self.config
+        names = collections if collections is not None else list(cfg.collections)
+        return {n: cfg.collections[n].chunk_strategy for n in names if n in cfg.collections}
+
+    def _spaces(self, emb: Embedder, collections: list[str] | None) -> dict[str, vectors.Space]:
+        """Each collection (all when None) whose strategy's space exists → that space: a
+        collection is searched only in the space of the strategy it is cut by now."""
+        strategies = self.chunk_strategies(collections)
+        with self.store.read() as conn:
+            found = {s: vectors.find_space(conn, emb.fingerprint_for(s)) for s in set(strategies.values())}
+        return {n: space for n, s in strategies.items() if (space := found[s]) is not None}
+
     def vector_state(self, collections: list[str] | None = None) -> VectorState:
         """Can vector search run, and over how much of the corpus? Never loads a model.
 
         Counting pending documents scans the index (110 ms at 100k documents), so the
-        answer is cached until the next write."""
+        answer is cached until the next write (or a collection's chunk strategy changes)."""
         try:
             emb = self.embedder()
         except EmbedderUnavailable as e:
             emb, reason = None, e.message
-        key = (tuple(collections) if collections else None, emb.fingerprint if emb else reason, self.store.generation)
+        strategies = self.chunk_strategies(collections)
+        key = (
+            tuple(collections) if collections else None,
+            emb.fingerprint if emb else reason,
+            self.store.generation,
+            tuple(sorted(strategies.items())),
+        )
         cached = self._vector_states.get(key)
         if cached is not None:
             return cached
-        state = self._count_vectors(emb, reason if not emb else "", collections)
+        state = self._count_vectors(emb, reason if not emb else "", collections, strategies)
         if len(self._vector_states) > 64:
             self._vector_states.clear()
         self._vector_states[key] = state
         return state
 
-    def _count_vectors(self, emb: Embedder | None, reason: str, collections: list[str] | None) -> VectorState:
+    def _count_vectors(
+        self,
+        emb: Embedder | None,
+        reason: str,
+        collections: list[str] | None,
+        strategies: dict[str, ChunkStrategy],
+    ) -> VectorState:
+        groups = strategy_groups(collections, strategies)
+        fingerprints: dict[str, str] = {s: emb.fingerprint_for(s) for s in groups} if emb else {}
+        pending: set[str] = set()
+        used: list[vectors.Space] = []
         with self.store.read() as conn:
-            space = vectors.find_space(conn, emb.fingerprint) if emb else None
-            pending = len(vectors.pending_hashes(conn, space, collections))
-            counts = vectors.count_vectors(conn, space)
+            for strategy, names in groups.items():
+                space = vectors.find_space(conn, fingerprints[strategy]) if emb else None
+                pending |= vectors.pending_hashes(conn, space, names)
+                used += [space] if space else []
+            counts = vectors.count_spaces(conn, used)
         embedded = counts.embedded_chunks
         available = bool(emb) and embedded > 0
         if not emb:
-            message = f"vector search unavailable — {pending} documents pending ({reason})"
+            message = f"vector search unavailable — {len(pending)} documents pending ({reason})"
         elif not available:
-            message = f"vector search unavailable — {pending} documents pending (run 'qmd embed')"
+            message = f"vector search unavailable — {len(pending)} documents pending (run 'qmd embed')"
         elif pending:
-            message = f"vector search partial — {pending} documents pending (run 'qmd embed')"
+            message = f"vector search partial — {len(pending)} documents pending (run 'qmd embed')"
         else:
             message = f"{embedded} chunks embedded; nothing pending"
         return VectorState(
             available=available,
-            pending=pending,
+            pending=len(pending),
             embedded_chunks=embedded,
             stale_contents=counts.stale_contents,
             model=emb.uri if emb else None,
             fingerprint=emb.fingerprint if emb else None,
             message=message,
+            spaces=fingerprints,
         )
 
     def _vector_or_raise(self, query: str, opts: SearchOptions) -> SearchOutcome:
@@ -454,10 +489,7 @@ class Engine:
             qvec = embed_query(emb, query)
         except EmbedderUnavailable as e:
             raise VectorUnavailable(f"vector search unavailable — {e.message}") from e
-        with self.store.read() as conn:
-            space = vectors.find_space(conn, emb.fingerprint)
-        assert space is not None
-        out = vector_search(self.store, self.config, space, qvec, query, opts, self.index_label)
+        out = vector_search(self.store, self.config, self._spaces(emb, None), qvec, query, opts, self.index_label)
         if state.pending:
             out.warnings.append(state.message)
         return out
@@ -479,26 +511,53 @@ class Engine:
         force: bool = False,
         max_docs_per_batch: int = 64,
         max_batch_bytes: int = 4 * 1024 * 1024,
+        chunk_strategy: ChunkStrategy | None = None,
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
     ) -> EmbedReport:
+        """Embed what is pending. `chunk_strategy` first makes it the strategy of the
+        collections embedded (all when none are named), saved in index.yml like any
+        collection setting: their vectors then live in that strategy's space, which later
+        embeds and searches keep using (a one-off would be undone by the next plain embed)."""
         for name in collections or []:
             self.config.get(name)
         if max_docs_per_batch < 1 or max_batch_bytes < 1:
             raise InvalidInput("--max-docs-per-batch and --max-batch-mb must be positive")
+        if chunk_strategy is not None and chunk_strategy not in CHUNK_STRATEGIES:
+            raise InvalidInput(f'--chunk-strategy must be "auto" or "regex" (got "{chunk_strategy}")')
         with self._embed:
             emb = self.embedder(download=True, progress=progress)
+            switched = self._set_chunk_strategy(collections, chunk_strategy) if chunk_strategy else []
             with background_lane():  # a query's worker calls go before the job's next batch
-                return embed_pending(
+                report = embed_pending(
                     self.store,
                     emb,
                     collections=collections,
+                    strategies=self.chunk_strategies(collections),
                     force=force,
                     max_docs_per_batch=max_docs_per_batch,
                     max_batch_bytes=max_batch_bytes,
                     progress=progress,
                     cancel=cancel,
                 )
+            report.switched = switched
+            return report
+
+    def _set_chunk_strategy(self, collections: list[str] | None, strategy: ChunkStrategy) -> list[str]:
+        """Make `strategy` the chunk strategy of these collections (all when None); returns
+        those it changed."""
+        with self._mutate:
+            cfg = self.config
+            changed = [
+                c.name
+                for c in cfg.collections.values()
+                if (collections is None or c.name in collections) and c.chunk_strategy != strategy
+            ]
+            for name in changed:
+                cfg = cfg.with_collection(replace(cfg.collections[name], chunk_strategy=strategy))
+            if changed:
+                self._save(cfg)
+            return changed
 
     def get(
         self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
@@ -740,6 +799,7 @@ class Engine:
             inference=self.worker.status(),
             collections=collections,
             global_context=self.config.global_context,
+            grammars=grammar_status(),
         )
 
 

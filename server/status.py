@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qmd.server.index.catalog import LastRun, SkippedFile
+from qmd.server.index.code_chunks import GrammarStatus
 from qmd.server.index.metadata import ExtractionCounts
 
 
@@ -27,6 +28,8 @@ class VectorState:
     fingerprint: str | None
     message: str
     """One line for the user: `vector search unavailable — 3 documents pending (run 'qmd embed')`."""
+    spaces: dict[str, str] = field(default_factory=dict)
+    """Chunk strategy → the fingerprint of its space, for the strategies the collections use."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class CollectionInfo:
     skipped: list[SkippedFile] = field(default_factory=list)
     metadata: ExtractionCounts | None = None
     """What a filter can see here: documents with metadata, pending, rejected (and why)."""
+    chunk_strategy: str = "regex"
+    """How its documents are cut for vectors (`index.chunking.ChunkStrategy`)."""
 
 
 @dataclass(frozen=True)
@@ -65,3 +70,5 @@ class IndexStatus:
     """The inference worker's own snapshot (`models.worker.WorkerClient.status`)."""
     collections: list[CollectionInfo]
     global_context: str | None
+    grammars: list[GrammarStatus] = field(default_factory=list)
+    """The code grammars of `--chunk-strategy auto`: which load here, and why others do not."""

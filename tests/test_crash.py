@@ -459,8 +459,8 @@ class Dying:
     def __init__(self, die_at: int | None) -> None:
         self.die_at, self.requests = die_at, 0
 
-    def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
-        return chunk_document(text, max_tokens=max_tokens, tokenizer=self)
+    def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
+        return chunk_document(text, max_tokens=max_tokens, tokenizer=self, language=language)
 
     def count(self, text: str) -> int:
         return len(text) // 4 + 1

@@ -127,8 +127,8 @@ class Recording:
     def __init__(self) -> None:
         self.requests: list[tuple[list[str], list[str | None]]] = []
 
-    def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
-        return chunk_document(text, max_tokens=max_tokens, tokenizer=self)
+    def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
+        return chunk_document(text, max_tokens=max_tokens, tokenizer=self, language=language)
 
     def count(self, text: str) -> int:
         return len(text) // 4 + 1

@@ -180,14 +180,15 @@ def test_vector_search_under_a_filter_is_the_filtered_ranking(
     with engine.store.read() as conn:
         space = vectors.find_space(conn, "fp-test")
     assert space is not None
+    spaces = dict.fromkeys(engine.config.collections, space)
     rng = random.Random(5)
     full_scope = scope_of(engine.config, None)
     for raw, f in filters(100, seed=2):
         q = [rng.uniform(-1, 1) for _ in range(DIMS)]
         limit = rng.choice([1, 5, 20])
-        everything = vector_hits(engine.store, space, q, full_scope, DOCS)
+        everything = vector_hits(engine.store, spaces, q, full_scope, DOCS)
         expected = [h.doc_id for h in everything if corpus.admits(f, h.doc_id)][:limit]
-        got = [h.doc_id for h in vector_hits(engine.store, space, q, scope_of(engine.config, None, f), limit)]
+        got = [h.doc_id for h in vector_hits(engine.store, spaces, q, scope_of(engine.config, None, f), limit)]
         assert got == expected, raw
 
 
@@ -203,7 +204,9 @@ def test_every_hybrid_list_is_filtered_before_fusion(corpus: Corpus) -> None:
 
     leg = VectorLeg(
         embed=lambda texts: [[vleg_rng.uniform(-1, 1) for _ in range(DIMS)] for _ in texts],
-        search=lambda qvec, k, scope: vector_hits(engine.store, space, qvec, scope, k),
+        search=lambda qvec, k, scope: vector_hits(
+            engine.store, dict.fromkeys(engine.config.collections, space), qvec, scope, k
+        ),
         model="test",
     )
     full_scope = scope_of(engine.config, None)

@@ -329,6 +329,7 @@ def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
             force=body.force,
             max_docs_per_batch=body.max_docs_per_batch,
             max_batch_bytes=int(body.max_batch_mb * 1024 * 1024),
+            chunk_strategy=body.chunk_strategy,
             progress=progress,
             cancel=cancel,
         )

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
+from qmd.server.index.chunking import ChunkStrategy
 from qmd.server.index.config import unstorable
 from qmd.server.index.loaders import PageSpan
 from qmd.server.search import discovery
@@ -127,6 +128,11 @@ class QueryFields(Request):
         description="Answer within this many milliseconds; stages that do not fit are skipped and reported.",
     )
     filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION)
+    chunk_strategy: ChunkStrategy | None = Field(
+        None,
+        description="How candidates are cut to pick each one's reranked passage: `auto` keeps a code file's "
+        "passage inside its function or class; default: each collection's own (index.yml `chunk_strategy`).",
+    )
 
 
 class QueryRequest(QueryFields):
@@ -189,6 +195,7 @@ def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, Qu
         full=isinstance(req, CliQueryRequest) and req.full,
         max_len=snippet_chars,
         filter=filter_of(req.filter),
+        chunk_strategy=req.chunk_strategy,
     )
 
 
@@ -319,6 +326,9 @@ class EmbedRequest(Request):
     force: bool = False
     max_docs_per_batch: int = Field(64, ge=1, le=100_000)
     max_batch_mb: float = Field(4.0, gt=0, le=1024)
+    chunk_strategy: ChunkStrategy | None = Field(
+        None, description="Make this the chunk strategy of the collections embedded (saved in index.yml) first."
+    )
 
 
 class PullRequest(Request):

@@ -38,7 +38,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -46,6 +46,14 @@ if TYPE_CHECKING:
 # Part of every vector's fingerprint: change it whenever the chunks produced for the
 # same text, budget and tokenizer could change, so stale vectors count as pending.
 CHUNKER_VERSION = "qmd-py-chunk-1"
+
+ChunkStrategy = Literal["regex", "auto"]
+"""How documents are cut (`--chunk-strategy`, `chunk_strategy` in index.yml): `regex`, the
+smart chunker for every file; `auto`, code files at their syntax (`code_chunks`)."""
+CHUNK_STRATEGIES: tuple[ChunkStrategy, ...] = ("regex", "auto")
+DEFAULT_CHUNK_STRATEGY: ChunkStrategy = "regex"
+"""The seed's default: the smart chunker's vectors, and the fingerprint they were made under,
+stay as they are; code chunking is opted into per collection or per run."""
 
 # Break-point scores (spec §7.2). Patterns are mutually exclusive at one position,
 # except for the plain line end, which every other kind outranks.
@@ -172,6 +180,28 @@ class Chunk:
     clipped: bool  # over the ceiling even after every cut: the embedder reads a prefix
 
 
+def make_chunk(
+    text: str, start: int, end: int, tokens: int, clipped: bool, starts: LineCounter, ends: LineCounter
+) -> Chunk:
+    """The chunk `text[start:end]`, its lines those of its first and last characters other
+    than line breaks (counted by `starts` and `ends`, one counter per edge so each moves
+    mostly forward)."""
+    piece = text[start:end]
+    body = piece.rstrip("\r\n")
+    lead = len(body) - len(body.lstrip("\r\n"))
+    first = start + lead if body else start
+    last = start + len(body) - 1 if body else start
+    return Chunk(
+        text=piece,
+        start=start,
+        end=end,
+        start_line=starts.at(first),
+        end_line=ends.at(last),
+        tokens=tokens,
+        clipped=clipped,
+    )
+
+
 def scan_break_points(text: str, start: int = 0, end: int | None = None) -> list[BreakPoint]:
     """Break points at the "\\n" positions in `[start, end)`, sorted, one per position
     with the highest score that applies there (§7.2). Patterns may look past `end`."""
@@ -246,7 +276,7 @@ def is_fragment(text: str) -> bool:
     return _BODY_LINE.search(text) is None
 
 
-class _Lines:
+class LineCounter:
     """Line numbers by incremental counting: callers move mostly forward, so the total
     work stays linear where `text.count("\\n", 0, pos)` per chunk would be quadratic."""
 
@@ -280,8 +310,8 @@ class _Chunker:
             raise ValueError(f"max_tokens={max_tokens} leaves no room for text after {self.specials} special tokens")
         self.body_tokens = max_tokens - self.specials
         self.fences = CodeFences(text)
-        self.starts = _Lines(text)
-        self.ends = _Lines(text)
+        self.starts = LineCounter(text)
+        self.ends = LineCounter(text)
         self.overlap_ratio = overlap_ratio
         self.min_chars = min_chars if min_chars is not None else 0
         self.min_chars_default = min_chars is None
@@ -420,20 +450,7 @@ class _Chunker:
         return min(pos, self.snap(raw, min(pos, raw + self.overlap // 2), self.n, pending.start))
 
     def make(self, start: int, end: int, tokens: int) -> Chunk:
-        text = self.text[start:end]
-        body = text.rstrip("\r\n")
-        lead = len(body) - len(body.lstrip("\r\n"))
-        first = start + lead if body else start
-        last = start + len(body) - 1 if body else start
-        return Chunk(
-            text=text,
-            start=start,
-            end=end,
-            start_line=self.starts.at(first),
-            end_line=self.ends.at(last),
-            tokens=tokens,
-            clipped=tokens > self.max_tokens,
-        )
+        return make_chunk(self.text, start, end, tokens, tokens > self.max_tokens, self.starts, self.ends)
 
     def fragment(self, start: int, end: int) -> bool:
         own = self.text[start:end]
@@ -496,6 +513,7 @@ def iter_chunks(
     tokenizer: Tokenizer,
     overlap_ratio: float = OVERLAP_RATIO,
     min_chars: int | None = None,
+    language: str | None = None,
 ) -> Iterator[Chunk]:
     """Chunks of `text` in order, each within `max_tokens` as `tokenizer` counts them,
     produced lazily so a huge document is never held as chunks all at once.
@@ -509,6 +527,10 @@ def iter_chunks(
     holds: a note that is only a heading is still something to find. A longer document
     made only of headings is chunked like any text, for the same reason; the floor
     applies to fragments *within* a document that has a body.
+
+    `language` (a `code_chunks.GRAMMARS` key, the `auto` strategy's choice for a code
+    file) cuts at the file's syntax instead (`code_chunks`); a grammar that cannot be
+    used here falls back to the smart chunker for this document.
     """
     if not 0 <= overlap_ratio < 0.5:
         raise ValueError("overlap_ratio must be in [0, 0.5)")
@@ -517,11 +539,21 @@ def iter_chunks(
     if _NONBLANK.search(text) is None:
         return
     chunker = _Chunker(text, max_tokens, tokenizer, overlap_ratio, min_chars)
-    if len(text) <= max_tokens * FAST_PATH_CHARS_PER_TOKEN:
-        tokens = tokenizer.count(text)
-        if tokens <= max_tokens:
-            yield from verify_chunks(text, [chunker.make(0, len(text), tokens)])
+    tokens = tokenizer.count(text) if len(text) <= max_tokens * FAST_PATH_CHARS_PER_TOKEN else None
+    if tokens is not None and tokens <= max_tokens:
+        yield from verify_chunks(text, [chunker.make(0, len(text), tokens)])
+        return
+    if language is not None:
+        from qmd.server.index.code_chunks import GrammarUnavailable, chunk_code  # it builds on this module
+
+        try:
+            code = chunk_code(text, language, max_tokens=max_tokens, tokenizer=tokenizer)
+        except GrammarUnavailable:
+            pass
+        else:
+            yield from verify_chunks(text, code)
             return
+    if tokens is not None:
         chunker.start(len(text), tokens)
     else:
         chunker.start(min(len(text), SAMPLE_CHARS))
@@ -535,8 +567,16 @@ def chunk_document(
     tokenizer: Tokenizer,
     overlap_ratio: float = OVERLAP_RATIO,
     min_chars: int | None = None,
+    language: str | None = None,
 ) -> list[Chunk]:
     """All chunks of `text` (see `iter_chunks`)."""
     return list(
-        iter_chunks(text, max_tokens=max_tokens, tokenizer=tokenizer, overlap_ratio=overlap_ratio, min_chars=min_chars)
+        iter_chunks(
+            text,
+            max_tokens=max_tokens,
+            tokenizer=tokenizer,
+            overlap_ratio=overlap_ratio,
+            min_chars=min_chars,
+            language=language,
+        )
     )

@@ -19,6 +19,7 @@ import yaml
 
 from qmd.paths import home
 from qmd.server.errors import InvalidInput, NotFound
+from qmd.server.index.chunking import CHUNK_STRATEGIES, DEFAULT_CHUNK_STRATEGY, ChunkStrategy
 
 DEFAULT_PATTERN = "**/*.md"
 _NAME_RE = re.compile(r"[\w][\w.\-]{0,99}")
@@ -77,6 +78,9 @@ class Collection:
     update: str | None = None
     include_by_default: bool = True
     context: dict[str, str] = field(default_factory=dict)
+    chunk_strategy: ChunkStrategy = DEFAULT_CHUNK_STRATEGY
+    """How its documents are cut for embedding (`chunking.ChunkStrategy`); vectors of each
+    strategy live in a space of their own."""
 
     @property
     def root(self) -> Path:
@@ -92,6 +96,8 @@ class Collection:
             out["includeByDefault"] = False
         if self.context:
             out["context"] = dict(self.context)
+        if self.chunk_strategy != DEFAULT_CHUNK_STRATEGY:
+            out["chunk_strategy"] = self.chunk_strategy
         return out
 
     @classmethod
@@ -104,6 +110,11 @@ class Collection:
         context = raw.get("context") or {}
         if not isinstance(context, dict):
             raise InvalidInput(f"{source}: collection {name!r}: 'context' must be a mapping")
+        strategy = raw.get("chunk_strategy", DEFAULT_CHUNK_STRATEGY)
+        if strategy not in CHUNK_STRATEGIES:
+            raise InvalidInput(
+                f'{source}: collection {name!r}: chunk_strategy must be "auto" or "regex" (got {strategy!r})'
+            )
         return cls(
             name=str(name),
             path=raw["path"],
@@ -112,6 +123,7 @@ class Collection:
             update=str(raw["update"]) if raw.get("update") else None,
             include_by_default=raw.get("includeByDefault", True) is not False,
             context={normalize_context_key(str(k)): str(v) for k, v in context.items()},
+            chunk_strategy=strategy,
         )
 
 

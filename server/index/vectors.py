@@ -258,17 +258,23 @@ class VectorCounts:
 
 
 def count_vectors(conn: sqlite3.Connection, space: Space | None) -> VectorCounts:
-    embedded = (
+    return count_spaces(conn, [space] if space else [])
+
+
+def count_spaces(conn: sqlite3.Connection, used: Sequence[Space]) -> VectorCounts:
+    """`VectorCounts` over the spaces in use (one per chunk strategy the collections use):
+    the others' contents are stale."""
+    embedded = sum(
         conn.execute(
             "SELECT COALESCE(SUM(n), 0) FROM (SELECT COUNT(*) AS n, MAX(total_chunks) AS total"
             " FROM content_vectors WHERE space_id = ? GROUP BY hash) WHERE n = total",
             (space.id,),
         ).fetchone()[0]
-        if space
-        else 0
+        for space in used
     )
+    ids = [s.id for s in used]
     stale = conn.execute(
-        "SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id != ?", (space.id if space else -1,)
+        f"SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id NOT IN ({','.join('?' * len(ids))})", ids
     ).fetchone()[0]
     return VectorCounts(embedded_chunks=embedded, stale_contents=stale)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Protocol
 
 from qmd.server.errors import QmdError, Unavailable
-from qmd.server.index.chunking import CHUNKER_VERSION, Chunk
+from qmd.server.index.chunking import CHUNKER_VERSION, Chunk, ChunkStrategy
+from qmd.server.index.code_chunks import strategy_identity
 from qmd.server.index.config import Config
 from qmd.server.models.refs import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
 from qmd.server.models.remote import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
@@ -51,8 +52,9 @@ class EmbedBackend(Protocol):
     """Where an embed model runs. The job and query embedding see only this, so a local
     GGUF and a remote endpoint chunk, embed and report clipping the same way."""
 
-    def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
-        """Chunks of `text`, each within `max_tokens` as this backend counts them."""
+    def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
+        """Chunks of `text`, each within `max_tokens` as this backend counts them; a code
+        file's at its syntax when `language` names its grammar (`index.code_chunks`)."""
         ...
 
     def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
@@ -67,8 +69,8 @@ class LocalBackend:
     worker: WorkerClient
     spec: ModelSpec
 
-    def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
-        return self.worker.chunk(self.spec, text, max_tokens=max_tokens)
+    def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
+        return self.worker.chunk(self.spec, text, max_tokens=max_tokens, language=language)
 
     def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
         return self.worker.embed(self.spec, texts, kind=kind, titles=titles)
@@ -82,8 +84,18 @@ class Embedder:
     backend: EmbedBackend = field(compare=False)
     chunk_tokens: int
     fingerprint: str
+    """The space of documents cut by the smart chunker (`regex`): the name spaces had before
+    strategies existed, so nothing re-embeds on an upgrade."""
     dims: int
     model_name: str
+
+    def fingerprint_for(self, strategy: ChunkStrategy) -> str:
+        """The space this embedder writes for documents cut by `strategy`. `auto` adds the
+        code chunker and the grammars it can load: vectors of the two strategies never share
+        a space, and switching a collection makes its documents pending in the other."""
+        if strategy == "regex":
+            return self.fingerprint
+        return hashlib.sha256(f"{self.fingerprint}|{strategy}|{strategy_identity()}".encode()).hexdigest()
 
 
 def _chunk_tokens(info: dict) -> int:

@@ -167,6 +167,8 @@ class ChunkRequest(Request[list[ChunkSpan]]):
     model: LoadParams
     text: str
     max_tokens: int
+    language: str | None = None
+    """A code file's grammar (`index.code_chunks`): cut at its syntax, not as prose."""
 
 
 @dataclass(frozen=True)

@@ -140,9 +140,9 @@ class RemoteBackend:
         """Release the connection pool (a backend whose probe failed is dropped, then rebuilt)."""
         self._client.close()
 
-    def chunk(self, text: str, max_tokens: int) -> list[Chunk]:
+    def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
         """`qmd.server.index.chunking` chunks measured by the character estimate (no tokenizer is reachable)."""
-        return chunk_document(text, max_tokens=max_tokens, tokenizer=self._tokenizer)
+        return chunk_document(text, max_tokens=max_tokens, tokenizer=self._tokenizer, language=language)
 
     def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
         """Unit vectors for `texts`, in order, `BATCH` per request.

@@ -611,14 +611,17 @@ class WorkerClient:
         request = CountTokensRequest(self._load_params(spec), texts)
         return self._call(request, timeout, activity, items=len(texts) / 64)
 
-    def chunk(self, spec: ModelSpec, text: str, *, max_tokens: int, timeout: float | None = None) -> list[Chunk]:
-        """Chunks of `text` (`index.chunking`), each within `max_tokens` as the model's own tokenizer counts them.
+    def chunk(
+        self, spec: ModelSpec, text: str, *, max_tokens: int, language: str | None = None, timeout: float | None = None
+    ) -> list[Chunk]:
+        """Chunks of `text` (`index.chunking`), each within `max_tokens` as the model's own tokenizer counts them;
+        a code file's at its syntax when `language` names its grammar (`index.code_chunks`).
 
         The chunker runs in the worker, next to the tokenizer, so it costs one round trip per
         document instead of one per measurement, and the daemon still never loads llama.cpp.
         """
         activity = f"chunking a {len(text)}-character document with {os.path.basename(spec.path)}"
-        request = ChunkRequest(self._load_params(spec), text, max_tokens)
+        request = ChunkRequest(self._load_params(spec), text, max_tokens, language)
         return [
             Chunk(
                 text=text[span.start : span.end],

@@ -794,7 +794,8 @@ def _chunk(process: WorkerProcess, request: ChunkRequest) -> list[ChunkSpan]:
     lives in llama.cpp. Offsets only travel back; the parent slices its own copy of the text."""
     from qmd.server.index.chunking import iter_chunks
 
-    chunks = iter_chunks(request.text, max_tokens=request.max_tokens, tokenizer=process.model(request.model))
+    tokenizer = process.model(request.model)
+    chunks = iter_chunks(request.text, max_tokens=request.max_tokens, tokenizer=tokenizer, language=request.language)
     return [ChunkSpan(c.start, c.end, c.start_line, c.end_line, c.tokens, c.clipped) for c in chunks]
 
 

@@ -29,6 +29,8 @@ from typing import Literal, NamedTuple
 
 from qmd.server.errors import QmdError
 from qmd.server.index import llm_cache
+from qmd.server.index.chunking import DEFAULT_CHUNK_STRATEGY, ChunkStrategy
+from qmd.server.index.code_chunks import code_unit
 from qmd.server.index.config import Config
 from qmd.server.index.documents import DocRow, fetch_ids
 from qmd.server.index.store import Store
@@ -84,6 +86,9 @@ class QueryOptions:
     full: bool = False
     max_len: int = 300
     filter: Filter | None = None
+    chunk_strategy: ChunkStrategy | None = None
+    """How candidates are cut to pick the passage each is reranked on (`--chunk-strategy`);
+    None: each collection's own (index.yml), the strategy its vectors were made with."""
 
 
 class Skipped(NamedTuple):
@@ -475,7 +480,10 @@ class HybridQuery:
         t = time.perf_counter()
         rquery = f"{intent}\n\n{query}" if intent else query
         passages = {
-            c.doc_id: _rerank_passage(docs[c.doc_id], vec_hits.get(c.doc_id), c, terms, iterms) for c in candidates
+            c.doc_id: _rerank_passage(
+                docs[c.doc_id], vec_hits.get(c.doc_id), c, terms, iterms, self._strategy(docs[c.doc_id], opts)
+            )
+            for c in candidates
         }
         model = f"{rr.uri}|{rr.method}|{rr.passage_tokens}"
         keys = {
@@ -528,6 +536,10 @@ class HybridQuery:
             detail += f"; {error or 'budget'}: the other {len(candidates) - len(ids)} count 0 for the rerank term"
         stages.append(Stage("rerank", "partial" if len(ids) < len(candidates) else "ran", ms, detail))
         return {d: (n, raw[d][0], raw[d][1]) for d, n in zip(ids, norm)}
+
+    def _strategy(self, doc: DocRow, opts: QueryOptions) -> ChunkStrategy:
+        coll = self.config.collections.get(doc.collection)
+        return opts.chunk_strategy or (coll.chunk_strategy if coll else DEFAULT_CHUNK_STRATEGY)
 
     def _shape(
         self,
@@ -602,13 +614,20 @@ def _vector_region(c: Candidate, vh: VecHit | None) -> tuple[int, int] | None:
 
 
 def _rerank_passage(
-    doc: DocRow, vh: VecHit | None, c: Candidate, terms: tuple[str, ...], iterms: tuple[str, ...]
+    doc: DocRow,
+    vh: VecHit | None,
+    c: Candidate,
+    terms: tuple[str, ...],
+    iterms: tuple[str, ...],
+    strategy: ChunkStrategy = DEFAULT_CHUNK_STRATEGY,
 ) -> str:
     """The candidate's best chunk: around its best keyword line, or the chunk its
-    vector match came from when only vectors found it."""
+    vector match came from when only vectors found it; under the `auto` strategy a code
+    file's window stays inside the syntax unit (function, class, imports) holding that line."""
     within = _vector_region(c, vh)
     passage = best_passage(doc.body, terms, max_len=10**9, lines_within=within, intent_terms=iterms)
-    text = passage_window(doc.body, passage, RERANK_PASSAGE_CHARS)
+    unit = code_unit(doc.body, doc.path, passage.line, RERANK_PASSAGE_CHARS) if strategy == "auto" else None
+    text = passage_window(doc.body, passage, RERANK_PASSAGE_CHARS, within=unit)
     return f"{doc.title}\n{text}" if doc.title and doc.title not in text else text
 
 

@@ -81,17 +81,20 @@ def snippet_header(start: int, count: int, total_lines: int) -> str:
     return f"@@ -{start},{count} @@ ({start - 1} before, {after} after)"
 
 
-def passage_window(body: str, passage: Passage, max_chars: int) -> str:
+def passage_window(body: str, passage: Passage, max_chars: int, within: tuple[int, int] | None = None) -> str:
     """The passage grown line by line (after it, then before) to about `max_chars`:
-    the text a reranker reads for a candidate, cheap to score and about one topic."""
+    the text a reranker reads for a candidate, cheap to score and about one topic.
+    `within` (1-based, inclusive) keeps it inside a region holding the passage's best
+    line, e.g. the function it is in, so the window never reads into the next one."""
     lines = body.split("\n")
-    lo, hi = passage.start_line - 1, passage.end_line
+    first, last = (0, len(lines)) if within is None else (within[0] - 1, within[1])
+    lo, hi = max(first, passage.start_line - 1), min(last, passage.end_line)
     size = sum(len(line) + 1 for line in lines[lo:hi])
-    while size < max_chars and (lo > 0 or hi < len(lines)):
-        if hi < len(lines):
+    while size < max_chars and (lo > first or hi < last):
+        if hi < last:
             size += len(lines[hi]) + 1
             hi += 1
-        if lo > 0 and size < max_chars:
+        if lo > first and size < max_chars:
             lo -= 1
             size += len(lines[lo]) + 1
     return "\n".join(lines[lo:hi])[:max_chars]

@@ -7,7 +7,7 @@ of its nearest chunk.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from qmd.server.errors import Unavailable
 from qmd.server.index import vectors
@@ -26,7 +26,7 @@ class VectorUnavailable(Unavailable):
 def vector_search(
     store: Store,
     config: Config,
-    space: vectors.Space,
+    spaces: Mapping[str, vectors.Space],
     query_vector: Sequence[float],
     query: str,
     opts: SearchOptions,
@@ -38,7 +38,7 @@ def vector_search(
     terms = parse_lex(query).terms
     out = SearchOutcome(hits=[], terms=terms)
     fetch = vectors.MAX_K if opts.all_results else max(20, 2 * opts.limit)
-    ranked = vector_hits(store, space, query_vector, scope, fetch)
+    ranked = vector_hits(store, spaces, query_vector, scope, fetch)
     with store.read() as conn:
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
         out.filter = filter_report(conn, scope)
@@ -69,13 +69,17 @@ def vector_search(
 
 
 def vector_hits(
-    store: Store, space: vectors.Space, query_vector: Sequence[float], scope: Scope, fetch: int
+    store: Store, spaces: Mapping[str, vectors.Space], query_vector: Sequence[float], scope: Scope, fetch: int
 ) -> list[vectors.VecHit]:
-    """Each document's nearest chunk over the collections in `scope`, nearest first."""
+    """Each document's nearest chunk over the collections in `scope`, nearest first; each
+    collection in the space of its chunk strategy (`spaces`; one without is not embedded).
+    The spaces share the embedder, so their distances compare."""
     best: dict[int, vectors.VecHit] = {}
     with store.read() as conn:
         for name in scope.collections:
-            for h in vectors.search(conn, space, query_vector, name, fetch, scope.doc_filter):
+            if name not in spaces:
+                continue
+            for h in vectors.search(conn, spaces[name], query_vector, name, fetch, scope.doc_filter):
                 if h.doc_id not in best or h.distance < best[h.doc_id].distance:
                     best[h.doc_id] = h
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:fetch]
