@@ -778,6 +778,79 @@ def pull(c: Ctx, refresh: bool) -> None:
         sys.exit(1)
 
 
+BENCH_BACKENDS = ("bm25", "vector", "hybrid", "full")
+
+
+@cli.command()
+@click.argument("fixture", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--beir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="A BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) instead of a fixture; "
+    "it is indexed into a collection of its own, removed afterwards unless --keep.",
+)
+@click.option("-c", "--collection", help="The collection to measure [default: the fixture's; for --beir, bench-DIR].")
+@click.option(
+    "-b", "--backend", "backends", multiple=True, type=click.Choice(BENCH_BACKENDS), help="Only these (repeatable)."
+)
+@click.option("--split", default="test", show_default=True, help="--beir: which qrels/SPLIT.tsv.")
+@click.option("--max-queries", type=click.IntRange(min=1), help="--beir: the first N judged queries only.")
+@click.option("--embed", "embed_first", is_flag=True, help="--beir: embed the corpus first (vector, hybrid, full).")
+@click.option("--keep", is_flag=True, help="--beir: keep the collection and its vectors for the next run.")
+@click.option("--json", "as_json", is_flag=True, help="The whole report as JSON: per query, per backend, summaries.")
+@pass_ctx
+def bench(
+    c: Ctx,
+    fixture: Path | None,
+    beir: Path | None,
+    collection: str | None,
+    backends: tuple[str, ...],
+    split: str,
+    max_queries: int | None,
+    embed_first: bool,
+    keep: bool,
+    as_json: bool,
+) -> None:
+    """Measure search quality: precision, recall, MRR, F1 and nDCG@10 per backend (bm25,
+    vector, hybrid, full), on a fixture of queries with expected files or a BEIR-format set."""
+    if (fixture is None) == (beir is None):
+        raise click.UsageError("give a FIXTURE file or --beir DIR (one of them)")
+    body: dict[str, object] = {
+        "collection": collection,
+        "backends": list(backends) or None,
+        "split": split,
+        "maxQueries": max_queries,
+    }
+    if fixture is not None:
+        if embed_first or keep or max_queries:
+            raise click.UsageError("--embed, --keep and --max-queries apply to --beir only")
+        try:
+            body |= {"fixture": json.loads(fixture.read_text(encoding="utf-8")), "source": fixture.name}
+        except OSError as e:
+            raise click.UsageError(f"cannot read {fixture}: {e.strerror or e}") from e
+        except (ValueError, UnicodeDecodeError) as e:
+            raise click.UsageError(f"{fixture} is not JSON: {e}") from e
+    else:
+        assert beir is not None
+        body |= {"beir": str(beir.resolve()), "embed": embed_first, "keep": keep}
+    bar = ProgressBar()
+    try:
+        for ev in c.daemon.stream("/v1/bench", body):
+            if ev["event"] == "progress" and "backend" in ev:
+                bar.draw(ev["done"], ev["total"], f"queries  {ev['backend']}")
+            elif ev["event"] == "progress" and "files_per_s" in ev:
+                bar.draw(ev["done"], ev["total"], "files indexed")
+            elif ev["event"] == "done":
+                bar.clear()
+                click.echo(json.dumps(ev["report"], indent=2) if as_json else ev["text"], nl=as_json)
+                for warning in ev["report"]["warnings"] if as_json else []:
+                    click.echo(f"⚠ {warning}", err=True)
+    except KeyboardInterrupt:
+        bar.clear()
+        click.echo("Cancelled.", err=True)
+        sys.exit(130)
+
+
 @cli.command()
 @pass_ctx
 def doctor(c: Ctx) -> None:

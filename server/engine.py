@@ -8,14 +8,19 @@ the caller should fix.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Literal
 
 from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
+from qmd.server import quality
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
 from qmd.server.index import catalog, metadata, vectors
 from qmd.server.index.chunking import CHUNK_STRATEGIES, ChunkStrategy
@@ -54,12 +59,14 @@ from qmd.server.models.refs import (
     resolve_models,
 )
 from qmd.server.models.worker import ModelSpec, WorkerClient, background_lane
+from qmd.server.quality import BenchSpec
 from qmd.server.search.discovery import CollectionKeys, MetadataOptions, MetadataReport, discover, top_keys
 from qmd.server.search.expansion import Expander, worker_generate
 from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
 from qmd.server.search.keyword import search
 from qmd.server.search.pointers import (
     DocumentText,
+    Pointer,
     Retrieved,
     SearchOptions,
     SearchOutcome,
@@ -67,7 +74,7 @@ from qmd.server.search.pointers import (
     document_ref,
     file_uri,
 )
-from qmd.server.search.querydoc import QueryDoc
+from qmd.server.search.querydoc import QueryDoc, parse_query
 from qmd.server.search.rerank import Reranker, make_reranker
 from qmd.server.search.scope import resolve_scope
 from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_search
@@ -316,6 +323,7 @@ class Engine:
         """The hybrid query: typed routing, expansion, RRF, rerank, within `opts.budget_ms`."""
         cfg = self.config
         resolve_scope(cfg, opts.collections)  # an unknown collection is the caller's error, before any model loads
+        check_strategy(opts.chunk_strategy)
         # Only the models this query can use are resolved (a local model's file is checked on each resolve).
         unused: tuple[None, str] = (None, "")
         legs = Legs(
@@ -523,8 +531,7 @@ class Engine:
             self.config.get(name)
         if max_docs_per_batch < 1 or max_batch_bytes < 1:
             raise InvalidInput("--max-docs-per-batch and --max-batch-mb must be positive")
-        if chunk_strategy is not None and chunk_strategy not in CHUNK_STRATEGIES:
-            raise InvalidInput(f'--chunk-strategy must be "auto" or "regex" (got "{chunk_strategy}")')
+        check_strategy(chunk_strategy)
         with self._embed:
             emb = self.embedder(download=True, progress=progress)
             switched = self._set_chunk_strategy(collections, chunk_strategy) if chunk_strategy else []
@@ -775,6 +782,109 @@ class Engine:
             "index_path": str(self.paths.db),
         }
 
+    # -- bench ----------------------------------------------------------------
+
+    def bench(
+        self, spec: BenchSpec, progress: Progress | None = None, cancel: threading.Event | None = None
+    ) -> quality.BenchReport:
+        """`qmd bench`: a fixture against an indexed collection, or a BEIR folder indexed into
+        a collection of its own (`bench-<folder>`, removed afterwards unless `keep`)."""
+        cancelled = cancel.is_set if cancel else (lambda: False)
+        if spec.beir is None:
+            fixture = quality.parse_fixture(spec.fixture, spec.source)
+            name = spec.collection or fixture.collection
+            return self._bench(fixture, name, "fixture", [], spec.backends, progress, cancelled)
+        folder = Path(spec.beir)
+        docs, fixture, warnings = quality.load_beir(folder, spec.split, spec.max_queries)
+        slug = re.sub(r"[^A-Za-z0-9_-]+", "-", folder.resolve().name).strip("-") or "beir"
+        name = spec.collection or validate_collection_name(f"bench-{slug}")
+        root = self.paths.cache_dir / "bench" / name
+        existing = self.config.collections.get(name)
+        if existing is not None and Path(existing.root) != root:
+            raise Conflict(f"Collection '{name}' exists and is not a bench collection: pass -c with another name")
+        quality.materialize(docs, root)
+        if existing is None:
+            self.create_collection(str(root), name, "**/*.md")
+        try:
+            self.update([name], progress=progress)
+            if spec.embed:
+                self.embed(collections=[name], progress=progress, cancel=cancel)
+            return self._bench(fixture, name, "beir", warnings, spec.backends, progress, cancelled)
+        finally:
+            if not spec.keep:
+                self.remove_collection(name)
+                shutil.rmtree(root, ignore_errors=True)
+
+    def _bench(
+        self,
+        fixture: quality.Fixture,
+        name: str | None,
+        kind: Literal["fixture", "beir"],
+        warnings: list[str],
+        backends: tuple[str, ...],
+        progress: Progress | None,
+        cancelled: Callable[[], bool],
+    ) -> quality.BenchReport:
+        cfg = self.config
+        if name is not None and name not in cfg.collections:
+            available = ", ".join(sorted(cfg.collections)) or "none"
+            raise NotFound(f"Collection not found: {name}\nAvailable: {available}. Run 'qmd ls' to inspect.")
+        names = [name] if name else self.scope(None)
+        with self.store.read() as conn:
+            paths = [f"{n}/{f.path}" for n in names for f in catalog.list_files(conn, n, "")]
+        if not paths:
+            raise InvalidInput(
+                f"Collection '{name}' has no indexed documents.\nRun 'qmd update', then 'qmd ls {name}'."
+                if name
+                else "No indexed documents found.\nAdd one with 'qmd collection add <folder>', then 'qmd update'."
+            )
+        if missing := quality.missing_expected(fixture, paths):
+            shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more" if len(missing) > 10 else "")
+            raise InvalidInput(
+                f"{len(missing)} expected file(s) are not in {'collection ' + repr(name) if name else 'the index'}: "
+                f"{shown}. Fix the fixture's expected_files (collection-relative paths, as 'qmd ls' shows them), "
+                "or run 'qmd update'."
+            )
+        colls = [name] if name else None
+
+        def files(hits: list[Pointer]) -> list[str]:
+            return [h.doc.display_path for h in hits]
+
+        def keyword(q: str, depth: int) -> quality.Answer:
+            return quality.Answer(files(self.search(q, SearchOptions(collections=colls, limit=depth)).hits))
+
+        def vector(q: str, depth: int) -> quality.Answer:
+            return quality.Answer(files(self.vsearch(q, SearchOptions(collections=colls, limit=depth)).hits))
+
+        def pipeline(rerank: bool) -> quality.Runner:
+            def run(q: str, depth: int) -> quality.Answer:
+                out = self.query(parse_query(q), QueryOptions(collections=colls, limit=depth, rerank=rerank))
+                return quality.Answer(files(out.hits), [quality.stage_note(s.stage, s.reason) for s in out.skipped])
+
+            return run
+
+        state = self.vector_state(colls)
+        no_vectors = "" if state.available else state.message
+        reranker, no_reranker = self._reranker(cfg)
+        plans = [
+            quality.BackendPlan("bm25", keyword),
+            quality.BackendPlan("vector", None if no_vectors else vector, no_vectors),
+            quality.BackendPlan("hybrid", None if no_vectors else pipeline(False), no_vectors),
+            quality.BackendPlan(
+                "full", pipeline(True) if reranker and not no_vectors else None, no_vectors or no_reranker
+            ),
+        ]
+        return quality.run(
+            fixture,
+            [p for p in plans if p.name in backends],
+            collection=name or "all",
+            documents=len(paths),
+            kind=kind,
+            warnings=warnings,
+            progress=progress,
+            cancelled=cancelled,
+        )
+
     # -- status -------------------------------------------------------------
 
     def status(self) -> IndexStatus:
@@ -801,6 +911,12 @@ class Engine:
             global_context=self.config.global_context,
             grammars=grammar_status(),
         )
+
+
+def check_strategy(strategy: str | None) -> None:
+    """A chunk strategy from a caller that pydantic did not check (the library)."""
+    if strategy is not None and strategy not in CHUNK_STRATEGIES:
+        raise InvalidInput(f'--chunk-strategy must be "auto" or "regex" (got "{strategy}")')
 
 
 def _size(p: Path) -> int:

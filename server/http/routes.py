@@ -33,6 +33,7 @@ from qmd.server.engine import Engine, summary_dict
 from qmd.server.errors import InvalidInput, QmdError
 from qmd.server.http.wire import (
     CLI_SNIPPET_CHARS,
+    BenchRequest,
     CliGetRequest,
     CliMetadataResponse,
     CliMultiGetRequest,
@@ -67,6 +68,8 @@ from qmd.server.http.wire import (
     retrieved_out,
     search_response,
 )
+from qmd.server.quality import parse_fixture
+from qmd.server.quality import render as render_bench
 from qmd.server.search.discovery import render_key_names, render_overview
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
 from qmd.server.search.querydoc import QueryDoc
@@ -336,6 +339,23 @@ def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
         return {"report": {**asdict(report), "line": report.line()}}
 
     return stream_job(request, "embed", run)
+
+
+@router.post("/v1/bench", tags=["cli"])
+def bench(body: BenchRequest, request: Request) -> StreamingResponse:
+    """Streams `progress` events (per backend and query; indexing ones for a BEIR folder),
+    then `done` with the report and its text, or `error`. The request is checked before
+    the stream starts, so a malformed one is a 400."""
+    e = engine_of(request)
+    spec = body.spec()
+    if spec.fixture is not None:
+        parse_fixture(spec.fixture, spec.source)
+
+    def run(progress: Callable[[dict], None], cancel: threading.Event) -> dict:
+        report = e.bench(spec, progress=progress, cancel=cancel)
+        return {"report": asdict(report), "text": render_bench(report)}
+
+    return stream_job(request, "bench", run)
 
 
 @router.post("/v1/pull", tags=["cli"])

@@ -26,6 +26,7 @@ from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, Not
 from qmd.server.index.chunking import ChunkStrategy
 from qmd.server.index.config import unstorable
 from qmd.server.index.loaders import PageSpan
+from qmd.server.quality import BACKENDS, BenchSpec
 from qmd.server.search import discovery
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
@@ -329,6 +330,40 @@ class EmbedRequest(Request):
     chunk_strategy: ChunkStrategy | None = Field(
         None, description="Make this the chunk strategy of the collections embedded (saved in index.yml) first."
     )
+
+
+class BenchRequest(Request):
+    """`qmd bench`: a fixture's JSON, or the absolute path of a BEIR-format folder."""
+
+    fixture: dict[str, Any] | None = Field(None, description="A fixture in the seed's format (version 1).")
+    source: str = Field("fixture", max_length=4096, description="The fixture's file name, for the report.")
+    beir: str | None = Field(None, max_length=4096, description="Absolute path of a BEIR folder instead.")
+    collection: str | None = None
+    backends: list[Literal["bm25", "vector", "hybrid", "full"]] | None = None
+    split: str = Field("test", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    max_queries: int | None = Field(None, ge=1)
+    embed: bool = False
+    keep: bool = False
+
+    def spec(self) -> BenchSpec:
+        """The engine's request; exactly one of `fixture` and `beir`, a BEIR path absolute."""
+        if (self.fixture is None) == (self.beir is None):
+            raise InvalidInput("give a fixture or a BEIR folder (beir), not both and not neither")
+        if self.beir is not None and not self.beir.startswith("/"):
+            raise InvalidInput(f"beir must be an absolute path, got {self.beir!r}")
+        if self.beir is None and (self.embed or self.keep):
+            raise InvalidInput("embed and keep apply to a BEIR folder only")
+        return BenchSpec(
+            fixture=self.fixture,
+            source=self.source,
+            beir=self.beir,
+            collection=self.collection,
+            backends=tuple(self.backends) if self.backends else BACKENDS,
+            split=self.split,
+            max_queries=self.max_queries,
+            embed=self.embed,
+            keep=self.keep,
+        )
 
 
 class PullRequest(Request):

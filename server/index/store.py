@@ -46,6 +46,51 @@ def fts_delete(conn: sqlite3.Connection, doc_ids: list[int]) -> None:
         conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
 
 
+def _varints(blob: bytes) -> list[int]:
+    """The varints of an FTS5 record (SQLite's big-endian, 7 bits a byte; FTS5's counts
+    stay far below the 9-byte form)."""
+    values, value = [], 0
+    for byte in blob:
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            values.append(value)
+            value = 0
+    return values
+
+
+def _varint_bytes(value: int) -> bytes:
+    groups = [value & 0x7F]
+    while value := value >> 7:
+        groups.append(0x80 | (value & 0x7F))
+    return bytes(reversed(groups))
+
+
+def repair_fts_totals(conn: sqlite3.Connection) -> bool:
+    """Make FTS5's totals record (row count and tokens per column: bm25's N and average
+    lengths) agree with the rows it holds. In a contentless-delete table (SQLite 3.51)
+    a DELETE leaves the totals as they were, so every edit or removal inflates N, which
+    skews every idf and the score normaliser that counts the real rows. Checked after
+    each write (two lookups); recomputed from ``_docsize`` when it drifted, in its own
+    transaction, since FTS5 rewrites the totals it cached when a transaction commits.
+    Returns whether it repaired anything."""
+    row = conn.execute("SELECT block FROM documents_fts_data WHERE id = 1").fetchone()
+    recorded = _varints(row[0]) if row and row[0] else []
+    rows = conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0]
+    if not recorded or recorded[0] == rows:
+        return False
+    totals = [0] * (len(recorded) - 1)
+    for (size,) in conn.execute("SELECT sz FROM documents_fts_docsize"):
+        for column, tokens in enumerate(_varints(size)[: len(totals)]):
+            totals[column] += tokens
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        "UPDATE documents_fts_data SET block = ? WHERE id = 1", (b"".join(map(_varint_bytes, [rows, *totals])),)
+    )
+    conn.execute("COMMIT")
+    log.info("FTS totals repaired: %d rows recorded, %d present", recorded[0], rows)
+    return True
+
+
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
@@ -93,6 +138,7 @@ class Store:
             self.vec_version = _load_vec(wconn)
             # before the switch to WAL, so an index refused as too new is not touched at all
             migrate(wconn, path)
+            repair_fts_totals(wconn)
             mode = wconn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
@@ -119,6 +165,7 @@ class Store:
                 result = fn(conn)
                 conn.execute("COMMIT")
                 if bump:
+                    self._repair(conn)
                     self.generation += 1
             except BaseException as e:  # noqa: BLE001 - the caller gets the exception
                 if conn.in_transaction:
@@ -131,6 +178,17 @@ class Store:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             conn.close()
+
+    @staticmethod
+    def _repair(conn: sqlite3.Connection) -> None:
+        """`repair_fts_totals` after a committed write: a failure is logged, never the
+        write's (it is committed), and the next write tries again."""
+        try:
+            repair_fts_totals(conn)
+        except sqlite3.Error:
+            log.exception("could not repair the FTS totals")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
 
     def submit(self, fn: Callable[[sqlite3.Connection], T], *, bump: bool = True) -> Future[T]:
         """Queue `fn(conn)` to run in one transaction on the writer thread. `bump=False`
