@@ -244,7 +244,7 @@ def with_models(tmp_path_factory: pytest.TempPathFactory, gemma_model: Path) -> 
 @pytest.mark.slow
 def test_bench_all_four_backends_with_real_models(with_models: Env) -> None:
     """CI's quality gate for every backend, with MiniLM vectors and Gemma 270M expanding and reranking."""
-    report = with_models.json("bench", str(EVAL_DIR / "example.json"), "--json")
+    report = with_models.json("bench", str(EVAL_DIR / "example.json"), "--json", timeout=900)
     statuses = {b["name"]: b["status"] for b in report["backends"]}
     assert statuses == dict.fromkeys(("bm25", "vector", "hybrid", "full"), "ran"), report["backends"]
     means = {b: s["means"] for b, s in report["summary"].items()}
