@@ -28,6 +28,7 @@ from qmd.paths import DEFAULT_INDEX, IndexPaths, cache_root
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
 from qmd.server.index import catalog
+from qmd.server.index.chunking import ChunkStrategy
 from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConfig
 from qmd.server.index.embed_job import EmbedReport
 from qmd.server.index.indexer import Summary
@@ -142,10 +143,22 @@ class Index:
         return self.engine.update(list(collections) if collections else None, progress=progress)
 
     def embed(
-        self, collections: Sequence[str] | None = None, *, force: bool = False, progress: Progress | None = None
+        self,
+        collections: Sequence[str] | None = None,
+        *,
+        force: bool = False,
+        chunk_strategy: ChunkStrategy | None = None,
+        progress: Progress | None = None,
     ) -> EmbedReport:
-        """Embed what changed since the last run, for vector search (downloads an `hf:` model if needed)."""
-        return self.engine.embed(collections=list(collections) if collections else None, force=force, progress=progress)
+        """Embed what changed since the last run, for vector search (downloads an `hf:` model if needed).
+        `chunk_strategy` ("auto": code files at their syntax; "regex") first becomes these
+        collections' strategy, as `qmd embed --chunk-strategy` does."""
+        return self.engine.embed(
+            collections=list(collections) if collections else None,
+            force=force,
+            chunk_strategy=chunk_strategy,
+            progress=progress,
+        )
 
     # -- search -----------------------------------------------------------------------
 
@@ -196,6 +209,7 @@ class Index:
         budget_ms: float | None = None,
         explain: bool = False,
         filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
+        chunk_strategy: ChunkStrategy | None = None,
     ) -> HybridOutcome:
         """The hybrid query: a plain `query` (expanded by the generate model) or a query
         document, or typed `searches` (`[("lex", "…"), ("vec", "…")]`). `.stages` says
@@ -212,6 +226,7 @@ class Index:
             budget_ms=budget_ms,
             explain=explain,
             filter=_filter(filter),
+            chunk_strategy=chunk_strategy,
         )
         return self.engine.query(doc, opts)
 

@@ -508,6 +508,22 @@ def test_chunk_strategy_in_index_yml(tmp_path: Path) -> None:
         Config.from_yaml(raw, tmp_path / "index.yml")
 
 
+def test_a_bad_strategy_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    """Through the library (no pydantic in front): a clear error, the config untouched, no
+    model loaded; the inline config takes the setting as index.yml does."""
+    import qmd
+
+    src = write(tmp_path / "src", {"a.py": "def a():\n    return 1\n"})
+    with qmd.open(tmp_path / "i.sqlite", collections={"code": {"path": str(src), "chunk_strategy": "auto"}}) as index:
+        assert index.engine.chunk_strategies() == {"code": "auto"}
+        with pytest.raises(InvalidInput, match=r'--chunk-strategy must be "auto" or "regex" \(got "ast"\)'):
+            index.embed(chunk_strategy="ast")  # type: ignore[arg-type]  # what an untyped caller sends
+        with pytest.raises(InvalidInput, match='got "words"'):
+            index.query(searches=[("lex", "a")], chunk_strategy="words")  # type: ignore[arg-type]
+        assert index.engine.chunk_strategies() == {"code": "auto"}
+        assert index.query(searches=[("lex", "a")], chunk_strategy="auto", rerank=False).hits == []
+
+
 def test_a_query_passage_stays_inside_its_function() -> None:
     """`qmd query --chunk-strategy auto`: the reranked window around the best line is
     bounded by the chunk that line is in (here of about one definition)."""
@@ -623,6 +639,14 @@ def test_embed_and_vsearch_through_the_cli(env: Env) -> None:
         assert q.returncode == 0, q.stderr
         bad = env.qmd("query", "--chunk-strategy", "words", "invoice")
         assert bad.returncode == 2 and "'words' is not one of 'auto', 'regex'" in bad.stderr
+        for route, body in [
+            ("/v1/embed", {"chunkStrategy": "ast"}),
+            ("/query", {"query": "invoice", "chunkStrategy": "ast"}),
+            ("/v1/query", {"query": "invoice", "chunk_strategy": "AUTO"}),
+        ]:
+            answer = d.http.post(route, json=body)
+            assert answer.status_code == 400 and "auto" in answer.text and "regex" in answer.text, answer.text
+        assert yaml.safe_load((env.config / "qmd" / "index.yml").read_text()) == saved
 
         r = env.qmd("embed", "--chunk-strategy", "regex")
         assert r.returncode == 0 and "from 1 documents" in r.stdout, r.stdout + r.stderr

@@ -1,7 +1,7 @@
 """Vectors in the index: one space per embedder fingerprint, partitioned by collection.
 
 Vectors from two embedders never share a table: each fingerprint (model identity +
-prompt format + chunker version) gets its own `vector_spaces` row and its own vec0
+prompt format + chunker version + chunk strategy) gets its own `vector_spaces` row and its own vec0
 table, so a changed embedder can only make documents *pending*, never mix spaces.
 Within a space, the vec0 table is partitioned by collection (spec §4.3), so a search
 scoped to a small collection scans only that collection and is never starved by a big

@@ -5,8 +5,9 @@ on one of two backends behind the same small interface (`EmbedBackend`: chunk a 
 embed texts): a GGUF file (an `hf:` download when needed) in the supervised inference
 worker, or an OpenAI-compatible endpoint (`models.remote`). Its vector space is named by
 a fingerprint = model identity (the file's hash and prompt format, or the endpoint and
-model name) + chunker version + chunk size, stored with every vector: a changed
-fingerprint makes documents pending, it never mixes spaces.
+model name) + chunker version + chunk size (+ the code chunker and its grammars for the
+`auto` chunk strategy), stored with every vector: a changed fingerprint makes documents
+pending, it never mixes spaces.
 """
 
 from __future__ import annotations
