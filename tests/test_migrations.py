@@ -21,7 +21,7 @@ import pytest
 from conftest import NOTES, Env, write
 
 from qmd.server.errors import IndexTooNew, MigrationFailed
-from qmd.server.index import catalog, metadata, schema, vectors
+from qmd.server.index import catalog, loaders, metadata, schema, vectors
 from qmd.server.index.config import Collection
 from qmd.server.index.db import sqlite3
 from qmd.server.index.indexer import index_collection
@@ -260,3 +260,37 @@ def test_scripts_split_where_a_statement_is_complete(tmp_path: Path) -> None:
         assert conn.in_transaction
         conn.execute("COMMIT")
         assert conn.execute("SELECT x FROM log").fetchall() == [("a;b;",)]
+
+
+def test_html_indexed_before_the_loaders_is_read_again(tmp_path: Path) -> None:
+    """Version 4: HTML was indexed with its tags before it had a loader. Its documents are
+    re-read on the next update, under the loader's own content key (so the tag-filled
+    text and any vectors made from it are never reused for the loader's text)."""
+    root = write(
+        tmp_path / "site",
+        {"page.html": "<html><body><script>var secret;</script><p>harbour</p></body></html>", "a.md": "# A\n\nalpha\n"},
+    )
+    coll = Collection(name="site", path=str(root), pattern="**/*.{md,html}")
+    db = tmp_path / "index.sqlite"
+    store = Store(db)
+    try:
+        index_collection(store, coll)
+    finally:
+        store.close()
+    html = (root / "page.html").read_bytes()
+    with raw(db) as conn:  # as version 3 left it: the file's bytes as text, under their plain hash
+        conn.execute("UPDATE documents SET hash = ? WHERE path = 'page.html'", (hashlib.sha256(html).hexdigest(),))
+        conn.execute("PRAGMA user_version = 3")
+    store = Store(db)
+    try:
+        with store.read() as conn:
+            sizes = dict(conn.execute("SELECT path, size FROM documents").fetchall())
+        assert sizes["page.html"] == -1 and sizes["a.md"] > 0
+        summary = index_collection(store, coll)
+        assert (summary.updated, summary.unchanged) == (1, 1)
+        with store.read() as conn:
+            key = conn.execute("SELECT hash FROM documents WHERE path = 'page.html'").fetchone()[0]
+        assert key == loaders.HTML.content_key(html) != hashlib.sha256(html).hexdigest()
+        assert finds(store, "harbour") == ["page.html"] and finds(store, "secret") == []
+    finally:
+        store.close()

@@ -11,7 +11,6 @@ written by the store's writer thread, so disk I/O and FTS indexing overlap.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -191,14 +190,15 @@ def load_file(found: Found, limit: int) -> Loaded:
         raise Skip(f"unreadable ({e.strerror or e})", keep=True) from e
     if len(data) > limit:
         raise Skip(f"too large (> {limit} bytes; raise QMD_MAX_FILE_BYTES)")
+    loader = loaders.loader_for(found.rel)
     try:
-        extracted = loaders.load(found.rel, data)
+        extracted = loader.read(found.rel, data)
     except loaders.LoadError as e:
         raise Skip(e.reason) from e
     return Loaded(
         found,
         extracted.text,
-        hashlib.sha256(data).hexdigest(),
+        loader.content_key(data),
         extracted.title,
         len(data),
         metadata.extract(found.rel, extracted.text),

@@ -30,6 +30,7 @@ bytes, so change detection does not depend on what a loader makes of them.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import io
 import re
 from bisect import bisect_right
@@ -64,6 +65,15 @@ class Loader:
     extensions: frozenset[str]
     read: Callable[[str, bytes], Extracted]
     paged: bool = False
+    version: str = ""
+    """Salts the content key (`content_key`): a loader's text, and the vectors made from
+    it, are never taken for another loader's (or an older version's) of the same bytes.
+    Empty for the loaders whose text is the file itself."""
+
+    def content_key(self, data: bytes) -> str:
+        """The hash a document's text and vectors are stored under."""
+        salt = f"{self.version}\0".encode() if self.version else b""
+        return hashlib.sha256(salt + data).hexdigest()
 
 
 def _extension(path: str) -> str:
@@ -334,7 +344,7 @@ def _read_html(path: str, data: bytes) -> Extracted:
     return Extracted(body, target.title or target.h1 or _stem(path))
 
 
-HTML = Loader("html", frozenset({"html", "htm", "xhtml"}), _read_html)
+HTML = Loader("html", frozenset({"html", "htm", "xhtml"}), _read_html, version="html-1")
 
 
 # -- PDF --------------------------------------------------------------------------
@@ -386,7 +396,7 @@ def _read_pdf(path: str, data: bytes) -> Extracted:
     return Extracted(body, title)
 
 
-PDF = Loader("pdf", frozenset({"pdf"}), _read_pdf, paged=True)
+PDF = Loader("pdf", frozenset({"pdf"}), _read_pdf, paged=True, version="pdf-1")
 
 
 # -- the registry -----------------------------------------------------------------

@@ -194,7 +194,17 @@ def _v3_metadata(conn: sqlite3.Connection) -> None:
     run_script(conn, METADATA_TABLES)
 
 
-MIGRATIONS: list[Migration] = [_v1_first_release, _v2_vector_tables, _v3_metadata]
+def _v4_reread_loaded_files(conn: sqlite3.Connection) -> None:
+    """HTML and PDF files are read by loaders now (HTML was indexed with its tags, PDF
+    skipped): their size is forgotten so the next update reads them again, and the
+    loader's salted content key makes that text, and its vectors, new."""
+    conn.execute(
+        "UPDATE documents SET size = -1 WHERE lower(path) LIKE '%.html' OR lower(path) LIKE '%.htm'"
+        " OR lower(path) LIKE '%.xhtml' OR lower(path) LIKE '%.pdf'"
+    )
+
+
+MIGRATIONS: list[Migration] = [_v1_first_release, _v2_vector_tables, _v3_metadata, _v4_reread_loaded_files]
 """MIGRATIONS[N - 1] takes an index from version N - 1 to N; append, never edit."""
 
 
