@@ -650,6 +650,8 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
                 for w in ev["warnings"]:
                     click.echo(f"  ⚠ {w}", err=True)
                 click.echo(f"  {ev['line']}")
+                if len(ev.get("loaded", {})) > 1 or set(ev.get("loaded", {})) - {"markdown"}:
+                    click.echo("  Read: " + ", ".join(f"{n} {kind}" for kind, n in sorted(ev["loaded"].items())))
                 for s in ev["skipped"][:20]:
                     click.echo(f"  ⚠ Skipped {s['path']}: {s['reason']}", err=True)
                 if len(ev["skipped"]) > 20:

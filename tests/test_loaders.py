@@ -440,6 +440,7 @@ def test_cli_indexes_pdf_and_html_by_mask(env: Env, daemon: Daemon, tmp_path: Pa
     )
     out = run(env, "collection", "add", str(root), "--name", "docs", "--mask", "**/*.{md,pdf,html}")
     assert out.counts == [(3, 0, 0, 0)], out.output
+    assert "Read: 1 html, 1 markdown, 1 pdf" in out.output  # what each loader read
     for path, reason in {
         "scan.pdf": "PDF has no text layer (scanned?)",
         "locked.pdf": "encrypted PDF (it needs a password to open)",

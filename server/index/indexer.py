@@ -155,6 +155,8 @@ class Loaded:
     title: str
     nbytes: int
     meta: metadata.Extracted
+    loader: str
+    """The loader that read it (`loaders.Loader.name`), for the run's report."""
 
 
 # One write `_apply` makes: deactivate a document id; record a new size and mtime for a
@@ -202,6 +204,7 @@ def load_file(found: Found, limit: int) -> Loaded:
         extracted.title,
         len(data),
         metadata.extract(found.rel, extracted.text),
+        loader.name,
     )
 
 
@@ -223,6 +226,9 @@ class Summary:
     bytes_read: int = 0
     metadata_extracted: int = 0
     """Unchanged documents whose metadata was extracted for the first time."""
+    loaded: dict[str, int] = field(default_factory=dict)
+    """Files read this run (new or changed), per loader (seed 001: what each loader did;
+    what each could not read is in `skipped`, with its reason)."""
 
     def line(self) -> str:
         return (
@@ -353,6 +359,7 @@ def index_collection(store: Store, coll: Collection, progress: Progress | None =
                     batch.append(("deactivate", old.id))
                     summary.removed += 1
             else:
+                summary.loaded[loaded.loader] = summary.loaded.get(loaded.loader, 0) + 1
                 summary.bytes_read += loaded.nbytes
                 batch_bytes += loaded.nbytes
                 if old is None:
