@@ -422,6 +422,11 @@ CHUNK_STRATEGIES = ("auto", "regex")
 imports by tree-sitter; `regex`: every file by the smart (markdown) chunker."""
 
 
+def chunk_strategy_option(help: str) -> Callable[[Callable], Callable]:  # noqa: A002 - click's word
+    """`--chunk-strategy` as `embed` and `query` take it (a typo is click's usage error)."""
+    return click.option("--chunk-strategy", type=click.Choice(CHUNK_STRATEGIES), default=None, help=help)
+
+
 @cli.command(help=_QUERY_HELP)
 @search_options(min_score_default=0.0)
 @click.option("--intent", default=None, help="What the search is for: steers passages and reranking.")
@@ -441,12 +446,9 @@ imports by tree-sitter; `regex`: every file by the smart (markdown) chunker."""
     help="Answer within this many ms: drop expansion, then reranking, then vectors as needed.",
 )
 @click.option("--explain", is_flag=True, help="Show how each score was made, and every stage's time.")
-@click.option(
-    "--chunk-strategy",
-    type=click.Choice(CHUNK_STRATEGIES),
-    default=None,
-    help="How candidates are cut to pick the passage reranked: auto keeps a code file's inside its "
-    "function or class [default: each collection's chunk_strategy].",
+@chunk_strategy_option(
+    "How candidates are cut to pick the passage reranked: auto keeps a code file's inside its "
+    "function or class [default: each collection's chunk_strategy]."
 )
 def query(
     c: Ctx,
@@ -691,12 +693,9 @@ def update(c: Ctx, collections: tuple[str, ...]) -> None:
 @click.option("-f", "--force", is_flag=True, help="Re-embed everything for the current model.")
 @click.option("--max-docs-per-batch", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-batch-mb", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True)
-@click.option(
-    "--chunk-strategy",
-    type=click.Choice(CHUNK_STRATEGIES),
-    default=None,
-    help="auto: cut code files at functions, classes and imports (tree-sitter); regex: as prose. "
-    "Saved as the collections' chunk_strategy in index.yml [default: theirs, else regex].",
+@chunk_strategy_option(
+    "auto: cut code files at functions, classes and imports (tree-sitter); regex: as prose. "
+    "Saved as the collections' chunk_strategy in index.yml [default: theirs, else regex]."
 )
 @pass_ctx
 def embed(

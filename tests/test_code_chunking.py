@@ -26,6 +26,7 @@ from qmd.server.index.chunking import CharEstimateTokenizer, Chunk, LlamaTokeniz
 from qmd.server.index.code_chunks import GRAMMARS, code_unit, grammar_status, language_for
 from qmd.server.index.config import Config
 from qmd.server.models.embedders import Embedder
+from qmd.server.models.remote import RemoteBackend
 from qmd.server.search.snippets import best_passage, passage_window
 
 MINILM = MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf"
@@ -475,6 +476,19 @@ def test_a_grammar_that_fails_on_a_file_falls_back(monkeypatch: pytest.MonkeyPat
     assert chunk_document(text, max_tokens=40, tokenizer=tok, language="go") == chunk_document(
         text, max_tokens=40, tokenizer=tok
     )
+
+
+def test_a_remote_embedder_chunks_code_in_the_daemon() -> None:
+    """No tokenizer is reachable for an endpoint: the daemon cuts code by the same syntax,
+    measured by the character estimate (nothing is sent to construct or chunk)."""
+    backend = RemoteBackend("http://127.0.0.1:9/v1", "m", environ={})
+    try:
+        text, _ = SAMPLES["rust"]
+        chunks = backend.chunk(text, 24, "rust")
+        assert chunks != backend.chunk(text, 24)
+        assert any(c.text.startswith("impl Cache {") for c in chunks)
+    finally:
+        backend.close()
 
 
 def test_markdown_and_small_files_are_unchanged() -> None:
