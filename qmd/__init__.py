@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from qmd.server.index.embed_job import EmbedReport
     from qmd.server.index.indexer import Summary
     from qmd.server.library import Index, open
+    from qmd.server.quality import BenchReport
     from qmd.server.search.discovery import KeyReport, MetadataReport, TypeReport
     from qmd.server.search.hybrid import HybridOutcome, Stage
     from qmd.server.search.pointers import DocumentRef, DocumentText, Pointer, Retrieved, SearchOutcome
@@ -54,6 +55,7 @@ _EXPORTS = {
     "Stage": "qmd.server.search.hybrid",
     "Summary": "qmd.server.index.indexer",
     "EmbedReport": "qmd.server.index.embed_job",
+    "BenchReport": "qmd.server.quality",
     "CollectionInfo": "qmd.server.status",
     "IndexStatus": "qmd.server.status",
     "VectorState": "qmd.server.status",
@@ -82,6 +84,7 @@ __all__ = [
     "Stage",
     "Summary",
     "EmbedReport",
+    "BenchReport",
     "CollectionInfo",
     "IndexStatus",
     "VectorState",

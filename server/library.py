@@ -18,6 +18,7 @@ config or cache, so embedding qmd in an application has no side effects on it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConf
 from qmd.server.index.embed_job import EmbedReport
 from qmd.server.index.indexer import Summary
 from qmd.server.index.store import Store
+from qmd.server.quality import BACKENDS, BenchReport, BenchSpec
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
@@ -258,6 +260,47 @@ class Index:
             min_count=min_count,
         )
         return self.engine.metadata(opts)
+
+    def bench(
+        self,
+        fixture: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        *,
+        beir: str | os.PathLike[str] | None = None,
+        collection: str | None = None,
+        backends: Sequence[str] = BACKENDS,
+        split: str = "test",
+        max_queries: int | None = None,
+        embed: bool = False,
+        keep: bool = False,
+    ) -> BenchReport:
+        """`qmd bench`: search quality per backend (bm25, vector, hybrid, full) on a fixture
+        (its parsed JSON, or its file) against an indexed collection, or on a BEIR-format
+        folder indexed into a collection of its own. `.summary[backend].means` holds the
+        averages (`ndcg_at_10`, `mrr`, ...); `.backends` says what was skipped and why."""
+        if (fixture is None) == (beir is None):
+            raise InvalidInput("give a fixture or a BEIR folder (beir=), not both and not neither")
+        unknown = sorted(set(backends) - set(BACKENDS))
+        if unknown:
+            raise InvalidInput(f"unknown backend(s) {', '.join(unknown)}: choose from {', '.join(BACKENDS)}")
+        source = "fixture"
+        if isinstance(fixture, str | os.PathLike):
+            path = Path(fixture)
+            try:
+                fixture, source = json.loads(path.read_text(encoding="utf-8")), path.name
+            except (OSError, ValueError) as e:
+                raise InvalidInput(f"cannot read the fixture {path}: {e}") from e
+        spec = BenchSpec(
+            fixture=dict(fixture) if fixture is not None else None,
+            source=source,
+            beir=str(Path(beir).resolve()) if beir is not None else None,
+            collection=collection,
+            backends=tuple(backends),
+            split=split,
+            max_queries=max_queries,
+            embed=embed,
+            keep=keep,
+        )
+        return self.engine.bench(spec)
 
     # -- retrieval ----------------------------------------------------------------------
 

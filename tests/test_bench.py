@@ -253,3 +253,21 @@ def test_bench_all_four_backends_with_real_models(with_models: Env) -> None:
     for backend, floor in floors.items():
         assert means[backend]["ndcg_at_10"] >= floor, (backend, means[backend])
         assert means[backend]["recall"] == 1.0, (backend, means[backend])
+
+
+def test_the_library_benches_in_process(tmp_path: Path) -> None:
+    """`import qmd`: the same bench without the daemon, from a fixture file or a BEIR folder."""
+    import qmd
+
+    docs = require(EVAL_DIR / "docs", "the eval corpus")
+    with qmd.open(tmp_path / "i.sqlite", collections={"eval-docs": {"path": str(docs)}}) as index:
+        index.update()
+        report = index.bench(EVAL_DIR / "example.json", backends=["bm25"])
+        assert isinstance(report, qmd.BenchReport) and report.summary["bm25"].means["ndcg_at_10"] >= 0.85
+        beir = index.bench(beir=eval_as_beir(tmp_path / "eval-beir"), backends=["bm25"], max_queries=3)
+        assert beir.kind == "beir" and len(beir.results) == 3
+        assert [c.name for c in index.collections()] == ["eval-docs"]
+        with pytest.raises(qmd.InvalidInput, match="unknown backend"):
+            index.bench(EVAL_DIR / "example.json", backends=["bm26"])
+        with pytest.raises(qmd.InvalidInput, match="not both and not neither"):
+            index.bench()
