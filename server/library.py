@@ -282,15 +282,15 @@ class Index:
         unknown = sorted(set(backends) - set(BACKENDS))
         if unknown:
             raise InvalidInput(f"unknown backend(s) {', '.join(unknown)}: choose from {', '.join(BACKENDS)}")
-        source = "fixture"
+        source, raw = "fixture", fixture
         if isinstance(fixture, str | os.PathLike):
             path = Path(fixture)
             try:
-                fixture, source = json.loads(path.read_text(encoding="utf-8")), path.name
+                raw, source = json.loads(path.read_text(encoding="utf-8")), path.name
             except (OSError, ValueError) as e:
                 raise InvalidInput(f"cannot read the fixture {path}: {e}") from e
         spec = BenchSpec(
-            fixture=dict(fixture) if fixture is not None else None,
+            fixture=raw,
             source=source,
             beir=str(Path(beir).resolve()) if beir is not None else None,
             collection=collection,
