@@ -560,13 +560,7 @@ def multi_get(
         sys.exit(1)
 
 
-def _fmt_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+_fmt_bytes = formats.fmt_bytes
 
 
 def _ago(iso: str | None) -> str:
@@ -853,6 +847,40 @@ def bench(
 
 
 @cli.command()
+@click.option("--dry-run", is_flag=True, help="Show what would be dropped; change nothing.")
+@click.option(
+    "--vacuum/--no-vacuum",
+    default=None,
+    help="VACUUM always / never [default: when free pages are 10% or more of the file].",
+)
+@click.option(
+    "--cache-days",
+    type=click.IntRange(min=0, max=36_500),
+    default=30,
+    show_default=True,
+    help="Drop cached model outputs older than this many days (0: all of them).",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0, max=3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for a running update or embed before refusing.",
+)
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@pass_ctx
+def cleanup(c: Ctx, dry_run: bool, vacuum: bool | None, cache_days: int, wait_s: float, as_json: bool) -> None:
+    """Drop orphaned documents, content and vectors, unused vector spaces and stale cache; optimize; VACUUM."""
+    body = {"dry_run": dry_run, "vacuum": vacuum, "cache_days": cache_days, "wait_s": wait_s}
+    for ev in c.daemon.stream("/v1/cleanup", body):
+        if ev["event"] == "step":
+            c.note(f"cleanup: {ev['step']}")
+        elif ev["event"] == "done":
+            _out(json.dumps(ev["report"], indent=2) if as_json else formats.render_cleanup(ev["report"]))
+
+
+@cli.command()
 @pass_ctx
 def doctor(c: Ctx) -> None:
     """Versions, SQLite and sqlite-vec, the llama.cpp build, each model, pending vectors."""
@@ -905,6 +933,7 @@ def doctor(c: Ctx) -> None:
         lines.append(
             f"{warn} {v['stale_contents']} documents have vectors from another model (re-embedded by 'qmd embed')"
         )
+    lines += formats.orphan_lines(d["orphans"])
     _out("\n".join(lines))
 
 
@@ -921,10 +950,23 @@ def _models_line(inf: dict) -> str:
 
 
 @cli.command()
+@click.argument("name", required=False, shell_complete=complete_collections)
 @click.option("--json", "as_json", is_flag=True, help="The status as JSON (the daemon's /v1/status).")
+@click.option(
+    "--files",
+    "files",
+    is_flag=True,
+    help="Each file by state: indexed, pending, skipped, failed (NAME: one collection).",
+)
 @pass_ctx
-def status(c: Ctx, as_json: bool) -> None:
-    """Index, daemon and collection health."""
+def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
+    """Index, daemon and collection health; with --files, what the index holds of each folder."""
+    if files:
+        got = c.call("GET", "/v1/coverage", params={"collection": name} if name else None)["collections"]
+        _out(json.dumps(got, indent=2) if as_json else formats.render_coverage(got))
+        return
+    if name:
+        raise click.UsageError(f"a collection name ({name}) goes with --files: qmd status --files {name}")
     s = c.call("GET", "/v1/status")
     if as_json:
         _out(json.dumps(s, indent=2))
@@ -941,6 +983,7 @@ def status(c: Ctx, as_json: bool) -> None:
         "Documents",
         f"  Total:    {s['documents']} files indexed",
         f"  Vectors:  {s['vector']['message']}",
+        *_orphaned_line(s["vector"]),
         *_grammar_lines(s.get("grammars") or []),
     ]
     if s["collections"]:
@@ -992,6 +1035,12 @@ def _metadata_lines(col: dict[str, Any]) -> list[str]:
     if meta["rejected"] > len(meta["examples"]):
         lines.append(f"      … and {meta['rejected'] - len(meta['examples'])} more")
     return lines
+
+
+def _orphaned_line(vector: dict[str, Any]) -> list[str]:
+    """`qmd status`: vector chunks no document holds any more (not counted as embedded)."""
+    n = vector["orphan_chunks"]
+    return [f"  Orphaned: {n} embedding chunks of old or deleted documents (run 'qmd cleanup')"] if n else []
 
 
 # -- collections -----------------------------------------------------------------

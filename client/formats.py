@@ -766,3 +766,129 @@ def render_document(
     body = doc.get("body") or ""
     lines += ["---", "", add_line_numbers(body, max(1, from_line)) if line_numbers else body]
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# Upkeep: orphans (doctor), cleanup, coverage (status --files)
+# ---------------------------------------------------------------------------
+
+
+def fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def orphan_items(orphans: Mapping[str, Any]) -> list[str]:
+    """What the index holds that nothing needs, one phrase per kind present (none: empty)."""
+    spaces = orphans["stale_spaces"]
+    models = ", ".join(f"{s['model']}: {s['chunks']} chunks" for s in spaces)
+    kinds = [
+        (orphans["unconfigured_documents"], "document", "documents", " of collections no longer in index.yml"),
+        (orphans["inactive_documents"], "inactive document record", None, " (files that left the index)"),
+        (orphans["orphan_contents"], "orphaned content body", "orphaned content bodies", ""),
+        (orphans["orphan_chunks"], "orphaned embedding chunk", None, ""),
+        (len(spaces), "vector space", None, f" of models no longer configured ({models})"),
+        (orphans["stale_cache_entries"], "stale cached model output", None, ""),
+    ]
+    return [_plural(n, one, many) + tail for n, one, many, tail in kinds if n]
+
+
+def orphan_lines(orphans: Mapping[str, Any]) -> list[str]:
+    """`qmd doctor`: the orphans, or that there are none."""
+    items = orphan_items(orphans)
+    lines = [f"⚠ orphans: {item} (run 'qmd cleanup')" for item in items] or ["✓ orphans: none"]
+    if orphans["unresolved"]:
+        lines.append(f"⚠ {orphans['unresolved']}")
+    return lines
+
+
+def render_cleanup(report: Mapping[str, Any]) -> str:
+    """`qmd cleanup`: what it dropped (or would), the vacuum, the bytes before and after."""
+    dry = report["dry_run"]
+    found = report["found"]
+    items = orphan_items(found)
+    lines = ["Dry run — no changes made."] if dry else []
+    verb = "Would remove" if dry else "✓ Removed"
+    lines += [f"{verb} {item}" for item in items] or ["No orphans found."]
+    if report["search_rows_removed"]:
+        lines.append(f"✓ Removed {_plural(report['search_rows_removed'], 'vector search row')} of moved documents")
+    if found["unresolved"]:
+        lines.append(f"⚠ {found['unresolved']}")
+    if not dry:
+        lines.append("✓ Keyword index optimized (FTS5 segments merged)")
+        vacuum = report["vacuum"]
+        if vacuum["ran"]:
+            lines.append(f"✓ Database vacuumed ({vacuum['reason']}) in {vacuum['seconds']:.1f}s")
+        else:
+            lines.append(f"  Not vacuumed: {vacuum['reason']}")
+        left = orphan_items(report["left"])
+        lines += [f"⚠ Still there (written meanwhile?): {item}" for item in left]
+        before, after = report["bytes_before"], report["bytes_after"]
+        lines.append(
+            f"Size: {fmt_bytes(before)} → {fmt_bytes(after)} (freed {fmt_bytes(max(before - after, 0))})"
+            f" in {report['seconds']:.1f}s"
+        )
+    return "\n".join(lines) + "\n"
+
+
+_UPDATE_TAGS = {"changed": "changed since the last update", "new": "not indexed yet", "missing": "gone from disk"}
+
+
+def render_coverage(collections: Sequence[Mapping[str, Any]]) -> str:
+    """`qmd status --files`: per collection, the counts in seed 001's words, then the files by state."""
+    lines: list[str] = []
+    for c in collections:
+        files = c["files"]
+        lines += [
+            f"{c['collection']} (qmd://{c['collection']}/)",
+            f"  Folder: {c['path']}" + ("  ⚠ missing or not a directory" if c["root_missing"] else ""),
+            "  "
+            + " · ".join(
+                f"{label} {c[key]}"
+                for label, key in (
+                    ("discovered", "discovered"),
+                    ("indexed", "indexed"),
+                    ("skipped", "skipped"),
+                    ("failed", "failed"),
+                    ("pending update", "pending_update"),
+                    ("pending vectors", "pending_vectors"),
+                    ("clipped", "clipped"),
+                    ("metadata errors", "metadata_errors"),
+                )
+            ),
+        ]
+        sections = [
+            ("Indexed", [f["path"] for f in files if f["state"] == "indexed"]),
+            (
+                "Pending update",
+                [f"{f['path']} ({_UPDATE_TAGS[f['state']]})" for f in files if f["state"] in _UPDATE_TAGS],
+            ),
+            ("Skipped", [f"{f['path']}: {f['reason']}" for f in files if f["state"] == "skipped"]),
+            ("Failed", [f"{f['path']}: {f['reason']}" for f in files if f["state"] == "failed"]),
+            ("Pending vectors", [f["path"] for f in files if f["pending_vectors"]]),
+            (
+                "Clipped",
+                [
+                    f"{f['path']}: {_plural(f['clipped_chunks'], 'chunk')} longer than the embedder reads"
+                    for f in files
+                    if f["clipped_chunks"]
+                ],
+            ),
+            ("Metadata errors", [f"{f['path']}: {f['metadata_error']}" for f in files if f["metadata_error"]]),
+        ]
+        for title, rows in sections:
+            if rows:
+                lines.append(f"  {title} ({len(rows)})")
+                lines += [f"    {row}" for row in rows]
+        if c["vectors_note"]:
+            lines.append(f"  ⚠ every file counts as pending vectors: {c['vectors_note']}")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n" if lines else "No collections yet.\n"

@@ -22,7 +22,7 @@ from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
 from qmd.server import quality
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
-from qmd.server.index import catalog, metadata, vectors
+from qmd.server.index import catalog, metadata, upkeep, vectors
 from qmd.server.index.chunking import CHUNK_STRATEGIES, ChunkStrategy
 from qmd.server.index.code_chunks import grammar_status
 from qmd.server.index.config import (
@@ -482,6 +482,7 @@ class Engine:
             pending=len(pending),
             embedded_chunks=embedded,
             stale_contents=counts.stale_contents,
+            orphan_chunks=counts.orphan_chunks,
             model=emb.uri if emb else None,
             fingerprint=emb.fingerprint if emb else None,
             message=message,
@@ -677,6 +678,81 @@ class Engine:
             ],
         }
 
+    # -- upkeep -------------------------------------------------------------
+
+    def _configured(self, cache_days: int = upkeep.CACHE_MAX_AGE_DAYS) -> upkeep.Configured:
+        """What the config uses now: the yardstick of orphans. The embedder is resolved
+        without loading or downloading anything, as status does; when it cannot be, its
+        spaces are all kept (a model not downloaded yet must not cost its vectors)."""
+        cfg = self.config
+        try:
+            emb = self.embedder()
+            fingerprints: frozenset[str] | None = frozenset(emb.fingerprint_for(s) for s in CHUNK_STRATEGIES)
+            unresolved = ""
+        except EmbedderUnavailable as e:
+            fingerprints, unresolved = None, f"vector spaces kept: {e.message}"
+        try:
+            models = self._models()
+            cache_models: tuple[str, ...] | None = (models["generate"].ref.uri, models["rerank"].ref.uri)
+        except QmdError:
+            cache_models = None
+        return upkeep.Configured(frozenset(cfg.collections), fingerprints, unresolved, cache_models, cache_days)
+
+    def orphans(self) -> upkeep.Orphans:
+        """What the index holds that nothing needs (doctor shows it; `cleanup` drops it)."""
+        with self.store.read() as conn:
+            return upkeep.survey(conn, self._configured())
+
+    def cleanup(
+        self,
+        *,
+        dry_run: bool = False,
+        vacuum: bool | None = None,
+        cache_days: int = upkeep.CACHE_MAX_AGE_DAYS,
+        wait_s: float = 30.0,
+        progress: Progress | None = None,
+    ) -> upkeep.CleanupReport:
+        """`qmd cleanup`. Updates and embeds are kept out while it runs: it waits up to
+        `wait_s` for one running now to finish, then refuses, saying which (a watcher's
+        short pass is waited for; a long embed is not silently raced)."""
+        if cache_days < 0:
+            raise InvalidInput(f"--cache-days must be 0 or more (got {cache_days})")
+        if wait_s < 0:
+            raise InvalidInput(f"--wait must be 0 or more seconds (got {wait_s:g})")
+        deadline = time.monotonic() + wait_s
+        for lock, job in ((self._update, "an update"), (self._embed, "an embed")):
+            if not lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+                if job == "an embed":
+                    self._update.release()
+                raise Conflict(
+                    f"{job} is running, so cleanup did not start (waited {wait_s:g}s). Run 'qmd cleanup' again"
+                    " when it has finished, or give it longer with --wait SECONDS."
+                )
+        try:
+            keep = self._configured(cache_days)
+            return upkeep.cleanup(
+                self.store,
+                keep,
+                dry_run=dry_run,
+                vacuum=vacuum,
+                step=(lambda name: progress({"event": "step", "step": name})) if progress else None,
+            )
+        finally:
+            self._embed.release()
+            self._update.release()
+
+    def coverage(self, name: str | None = None) -> list[upkeep.Coverage]:
+        """Each collection (or the one named): its folder walked now against the index."""
+        cfg = self.config
+        colls = [cfg.get(name)] if name is not None else list(cfg.collections.values())
+        try:
+            emb: Embedder | None = self.embedder()
+            note = ""
+        except EmbedderUnavailable as e:
+            emb, note = None, e.message
+        spaces = self._spaces(emb, [c.name for c in colls]) if emb else {}
+        return [upkeep.coverage(self.store, c, spaces.get(c.name), note) for c in colls]
+
     # -- models -------------------------------------------------------------
 
     def _models(self) -> dict:
@@ -778,6 +854,7 @@ class Engine:
             "inference": self.worker.status(),
             "models": models,
             "vector": asdict(self.vector_state()),
+            "orphans": asdict(self.orphans()),
             "config_path": str(self.paths.config),
             "index_path": str(self.paths.db),
         }

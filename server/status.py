@@ -24,6 +24,8 @@ class VectorState:
     embedded_chunks: int
     stale_contents: int
     """Contents with vectors from another embedder only (left by a model change)."""
+    orphan_chunks: int
+    """Vector chunks of contents no active document holds, until `qmd cleanup` drops them."""
     model: str | None
     fingerprint: str | None
     message: str

@@ -365,7 +365,7 @@ def test_expander_reads_the_legacy_cache_form(worker: WorkerClient, gemma: Model
     generate = real_generate(worker, gemma)
     expander = Expander(lambda p: calls.append(p) or generate(p), "model-a", "Gemma 3 270m", False, store)
     legacy = [{"type": "lex", "text": "sourdough starter"}, {"type": "vec", "text": "how to feed a starter"}]
-    llm_cache.put_many(store, {expander.key("sourdough bread"): json.dumps(legacy)})
+    llm_cache.put_many(store, {expander.key("sourdough bread"): json.dumps(legacy)}, model=expander.model_uri)
     settle(store)
     got = expander.expand("sourdough bread")
     assert got.cached and got.lines == [("lex", "sourdough starter"), ("vec", "how to feed a starter")]

@@ -97,6 +97,7 @@ def release_index(tmp_path: Path, *, with_vectors: bool = True) -> Path:
         conn.execute("DROP TABLE document_metadata")
         conn.execute("ALTER TABLE documents DROP COLUMN meta_state")
         conn.execute("ALTER TABLE documents DROP COLUMN meta_error")
+        conn.execute("ALTER TABLE llm_cache DROP COLUMN model")
         conn.execute("PRAGMA user_version = 1")
     return db
 
@@ -280,6 +281,7 @@ def test_html_indexed_before_the_loaders_is_read_again(tmp_path: Path) -> None:
     html = (root / "page.html").read_bytes()
     with raw(db) as conn:  # as version 3 left it: the file's bytes as text, under their plain hash
         conn.execute("UPDATE documents SET hash = ? WHERE path = 'page.html'", (hashlib.sha256(html).hexdigest(),))
+        conn.execute("ALTER TABLE llm_cache DROP COLUMN model")
         conn.execute("PRAGMA user_version = 3")
     store = Store(db)
     try:

@@ -34,6 +34,7 @@ from qmd.server.errors import InvalidInput, QmdError
 from qmd.server.http.wire import (
     CLI_SNIPPET_CHARS,
     BenchRequest,
+    CleanupRequest,
     CliGetRequest,
     CliMetadataResponse,
     CliMultiGetRequest,
@@ -339,6 +340,28 @@ def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
         return {"report": {**asdict(report), "line": report.line()}}
 
     return stream_job(request, "embed", run)
+
+
+@router.post("/v1/cleanup", tags=["cli"])
+def cleanup(body: CleanupRequest, request: Request) -> StreamingResponse:
+    """Streams a `step` event as each step starts, then `done` with the report (what was
+    found, dropped and left; bytes before and after; whether VACUUM ran and why), or
+    `error` (409 while an update or embed outlasts `waitS`)."""
+    e = engine_of(request)
+
+    def run(progress: Callable[[dict], None], _cancel: threading.Event) -> dict:
+        report = e.cleanup(
+            dry_run=body.dry_run, vacuum=body.vacuum, cache_days=body.cache_days, wait_s=body.wait_s, progress=progress
+        )
+        return {"report": report_out(report)}
+
+    return stream_job(request, "cleanup", run)
+
+
+@router.get("/v1/coverage", tags=["cli"])
+def coverage(request: Request, collection: str | None = None) -> dict:
+    """Each collection's folder against the index, file by file (`qmd status --files`)."""
+    return {"collections": [report_out(c) for c in engine_of(request).coverage(collection)]}
 
 
 @router.post("/v1/bench", tags=["cli"])

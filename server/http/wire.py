@@ -26,6 +26,7 @@ from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, Not
 from qmd.server.index.chunking import ChunkStrategy
 from qmd.server.index.config import unstorable
 from qmd.server.index.loaders import PageSpan
+from qmd.server.index.upkeep import CACHE_MAX_AGE_DAYS, CleanupReport, Coverage
 from qmd.server.quality import BACKENDS, BenchSpec
 from qmd.server.search import discovery
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
@@ -390,6 +391,17 @@ class UpdateRequest(Request):
     collections: list[str] | None = None
 
 
+class CleanupRequest(Request):
+    """`qmd cleanup`: drop what the index holds that nothing needs (`index.upkeep`)."""
+
+    dry_run: bool = Field(False, description="Count what would be dropped; change nothing.")
+    vacuum: bool | None = Field(None, description="VACUUM: always (true), never (false), when worth it (null).")
+    cache_days: int = Field(
+        CACHE_MAX_AGE_DAYS, ge=0, le=36_500, description="Drop model-cache entries older than this many days."
+    )
+    wait_s: float = Field(30.0, ge=0, le=3600, description="Seconds to wait for a running update or embed.")
+
+
 class ContextAdd(Request):
     target: str = Field(min_length=1)
     text: str
@@ -688,7 +700,7 @@ def mcp_result(p: Pointer) -> ResultOut:
     return result_out(p, file=p.doc.display_path)
 
 
-def report_out(report: IndexStatus | CollectionInfo | VectorState) -> dict[str, Any]:
+def report_out(report: IndexStatus | CollectionInfo | VectorState | Coverage | CleanupReport) -> dict[str, Any]:
     """The engine's reports as the CLI reads them: their fields, nested, in snake_case."""
     return asdict(report)
 

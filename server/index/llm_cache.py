@@ -4,6 +4,11 @@ Keys are content hashes of what produced the output (spec §12, §14.2), so the 
 never stale: a different model, query or passage is a different key. `qmd update`
 leaves the table alone (the original wiped it, §26), and a cache write does not bump
 `Store.generation`, since no document changed.
+
+What does go stale is the table's size: entries of a model no longer configured can
+never be hit again, and one-off queries leave entries nobody asks for twice. Each entry
+therefore names its model, and `qmd cleanup` (`index.upkeep`) drops those of other
+models and those older than a month (`prune`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 
+from qmd.server.index.db import sqlite3
 from qmd.server.index.store import Store
 
 
@@ -35,15 +41,16 @@ def get(store: Store, key: str) -> str | None:
     return get_many(store, [key]).get(key)
 
 
-def put_many(store: Store, items: dict[str, str]) -> None:
-    """Store results without waiting for the writer: a lost cache entry costs only a recomputation."""
+def put_many(store: Store, items: dict[str, str], *, model: str) -> None:
+    """Store results of `model` (its URI) without waiting for the writer: a lost cache
+    entry costs only a recomputation."""
     if not items:
         return
     now = datetime.now(UTC).isoformat()
-    rows = [(k, v, now) for k, v in items.items()]
+    rows = [(k, v, now, model) for k, v in items.items()]
     store.submit(
         lambda conn: conn.executemany(
-            "INSERT OR REPLACE INTO llm_cache(hash, result, created_at) VALUES (?, ?, ?)", rows
+            "INSERT OR REPLACE INTO llm_cache(hash, result, created_at, model) VALUES (?, ?, ?, ?)", rows
         ),
         bump=False,
     )
@@ -51,3 +58,26 @@ def put_many(store: Store, items: dict[str, str]) -> None:
 
 def delete(store: Store, key: str) -> None:
     store.submit(lambda conn: conn.execute("DELETE FROM llm_cache WHERE hash = ?", (key,)), bump=False)
+
+
+def _stale(models: list[str] | tuple[str, ...] | None, before: str) -> tuple[str, tuple[str, ...]]:
+    """An entry older than `before` (an ISO timestamp) or, when `models` (URIs) are known,
+    of another model. Entries made before they named their model are judged by age alone."""
+    old = "created_at IS NULL OR created_at < ?"
+    if models is None:
+        return old, (before,)
+    return f"{old} OR (model IS NOT NULL AND model NOT IN (SELECT value FROM json_each(?)))", (
+        before,
+        json.dumps(list(models)),
+    )
+
+
+def count_stale(conn: sqlite3.Connection, models: list[str] | tuple[str, ...] | None, before: str) -> int:
+    where, args = _stale(models, before)
+    return int(conn.execute(f"SELECT count(*) FROM llm_cache WHERE {where}", args).fetchone()[0])
+
+
+def prune(conn: sqlite3.Connection, models: list[str] | tuple[str, ...] | None, before: str) -> int:
+    """Drop what `count_stale` counts; returns how many (writer only)."""
+    where, args = _stale(models, before)
+    return conn.execute(f"DELETE FROM llm_cache WHERE {where}", args).rowcount

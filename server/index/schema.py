@@ -204,7 +204,19 @@ def _v4_reread_loaded_files(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Migration] = [_v1_first_release, _v2_vector_tables, _v3_metadata, _v4_reread_loaded_files]
+def _v5_cache_models(conn: sqlite3.Connection) -> None:
+    """Each model-cache entry names the model that made it, so `qmd cleanup` can drop the
+    entries of a model no longer configured. Older entries have none; they age out."""
+    conn.execute("ALTER TABLE llm_cache ADD COLUMN model TEXT")
+
+
+MIGRATIONS: list[Migration] = [
+    _v1_first_release,
+    _v2_vector_tables,
+    _v3_metadata,
+    _v4_reread_loaded_files,
+    _v5_cache_models,
+]
 """MIGRATIONS[N - 1] takes an index from version N - 1 to N; append, never edit."""
 
 

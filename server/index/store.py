@@ -126,7 +126,9 @@ class Store:
         for side in (Path(f"{path}-wal"), Path(f"{path}-shm")):
             if side.exists():
                 private_file(side)
-        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future, bool] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future, bool, bool] | None] = (
+            queue.Queue()
+        )
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -157,13 +159,15 @@ class Store:
             item = self._queue.get()
             if item is None:
                 break
-            fn, fut, bump = item
+            fn, fut, bump, transaction = item
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                if transaction:
+                    conn.execute("BEGIN IMMEDIATE")
                 result = fn(conn)
-                conn.execute("COMMIT")
+                if transaction:
+                    conn.execute("COMMIT")
                 if bump:
                     self._repair(conn)
                     self.generation += 1
@@ -194,15 +198,25 @@ class Store:
         """Queue `fn(conn)` to run in one transaction on the writer thread. `bump=False`
         for writes that change nothing derived from documents (the model cache), so
         `generation`-keyed caches survive them."""
+        return self._enqueue(fn, bump, transaction=True)
+
+    def _enqueue(self, fn: Callable[[sqlite3.Connection], T], bump: bool, *, transaction: bool) -> Future[T]:
         if self._closed:
             raise RuntimeError("the index is closed")
         fut: Future[T] = Future()
-        self._queue.put((fn, fut, bump))
+        self._queue.put((fn, fut, bump, transaction))
         return fut
 
     def write(self, fn: Callable[[sqlite3.Connection], T], *, bump: bool = True) -> T:
         """Like `submit`, and wait for the result (re-raising the writer's exception)."""
         return self.submit(fn, bump=bump).result()
+
+    def maintain(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(conn)` on the writer thread *outside* any transaction, and wait: for what
+        SQLite refuses inside one (VACUUM, a truncating WAL checkpoint). Nothing else writes
+        meanwhile, since every write waits its turn on this thread; `fn` must leave no
+        transaction open."""
+        return self._enqueue(fn, False, transaction=False).result()
 
     # -- reads --------------------------------------------------------------
 

@@ -85,10 +85,11 @@ def drop_space(conn: sqlite3.Connection, space: Space) -> None:
     conn.execute("DELETE FROM vector_spaces WHERE id = ?", (space.id,))
 
 
-def forget_hashes(conn: sqlite3.Connection, space: Space, hashes: Iterable[str]) -> None:
-    """Drop these contents' vectors from the space (`qmd embed -f -c NAME`), leaving the
-    other collections' vectors alone."""
+def forget_hashes(conn: sqlite3.Connection, space: Space, hashes: Iterable[str]) -> int:
+    """Drop these contents' vectors from the space (`qmd embed -f -c NAME`, orphans in
+    `qmd cleanup`), leaving the other collections' vectors alone; returns the chunks dropped."""
     table = _vec_table(space.id)
+    dropped = 0
     for h in hashes:
         chunk_ids = [
             r[0] for r in conn.execute("SELECT id FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h))
@@ -97,7 +98,8 @@ def forget_hashes(conn: sqlite3.Connection, space: Space, hashes: Iterable[str])
             for (rid,) in conn.execute("SELECT id FROM vector_rows WHERE chunk_id = ?", (chunk,)).fetchall():
                 conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (rid,))
             conn.execute("DELETE FROM vector_rows WHERE chunk_id = ?", (chunk,))
-        conn.execute("DELETE FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h))
+        dropped += conn.execute("DELETE FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)).rowcount
+    return dropped
 
 
 def collection_id(conn: sqlite3.Connection, name: str, *, create: bool) -> int | None:
@@ -246,15 +248,21 @@ def pending_hashes(conn: sqlite3.Connection, space: Space | None, collections: I
     return active - complete_hashes(conn, space) if space else active
 
 
+_HELD = "EXISTS (SELECT 1 FROM documents d WHERE d.hash = cv.hash AND d.active = 1)"
+"""Whether an active document holds the content of the vector row `cv`."""
+
+
 @dataclass(frozen=True)
 class VectorCounts:
     embedded_chunks: int
-    """Chunks with a vector in this space, of contents whose chunks are all written: those
-    the vec0 partitions hold (a content half-embedded when the daemon was killed is not
-    counted; it is pending). A content no active document holds any more still counts:
-    telling those apart is a scan of `documents`, as long again as the pending count's."""
+    """Chunks with a vector in the spaces in use, of contents an active document holds
+    and whose chunks are all written: those vector search can reach (a content
+    half-embedded when the daemon was killed is not counted; it is pending)."""
     stale_contents: int
     """Contents with vectors in other spaces: left by an embedder no longer configured."""
+    orphan_chunks: int
+    """Chunks, in the spaces in use, of contents no active document holds (an edited document's
+    old version, a deleted file): kept until `qmd cleanup` (`index.upkeep`)."""
 
 
 def count_vectors(conn: sqlite3.Connection, space: Space | None) -> VectorCounts:
@@ -263,20 +271,33 @@ def count_vectors(conn: sqlite3.Connection, space: Space | None) -> VectorCounts
 
 def count_spaces(conn: sqlite3.Connection, used: Sequence[Space]) -> VectorCounts:
     """`VectorCounts` over the spaces in use (one per chunk strategy the collections use):
-    the others' contents are stale."""
-    embedded = sum(
-        conn.execute(
-            "SELECT COALESCE(SUM(n), 0) FROM (SELECT COUNT(*) AS n, MAX(total_chunks) AS total"
-            " FROM content_vectors WHERE space_id = ? GROUP BY hash) WHERE n = total",
+    the others' contents are stale. One walk of each space's hash index, with one probe
+    of `documents` per content, tells embedded chunks from orphaned ones."""
+    embedded = orphans = 0
+    for space in used:
+        held, orphaned = conn.execute(
+            "SELECT COALESCE(SUM(n) FILTER (WHERE held AND n = total), 0), COALESCE(SUM(n) FILTER (WHERE NOT held), 0)"
+            f" FROM (SELECT COUNT(*) AS n, MAX(total_chunks) AS total, {_HELD} AS held"
+            " FROM content_vectors cv WHERE space_id = ? GROUP BY hash)",
             (space.id,),
-        ).fetchone()[0]
-        for space in used
-    )
+        ).fetchone()
+        embedded += held
+        orphans += orphaned
     ids = [s.id for s in used]
     stale = conn.execute(
         f"SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id NOT IN ({','.join('?' * len(ids))})", ids
     ).fetchone()[0]
-    return VectorCounts(embedded_chunks=embedded, stale_contents=stale)
+    return VectorCounts(embedded_chunks=embedded, stale_contents=stale, orphan_chunks=orphans)
+
+
+def orphan_hashes(conn: sqlite3.Connection, space: Space) -> list[str]:
+    """Contents with vectors in this space that no active document holds."""
+    return [
+        r[0]
+        for r in conn.execute(
+            f"SELECT hash FROM content_vectors cv WHERE space_id = ? AND NOT {_HELD} GROUP BY hash", (space.id,)
+        )
+    ]
 
 
 @dataclass(frozen=True)

@@ -366,7 +366,11 @@ class Expander:
             return Expansion(
                 lines=fallback(query), cached=False, fallback=True, raw=raw, seconds=time.monotonic() - start
             )
-        llm_cache.put_many(self.store, {self.key(query): json.dumps([{"type": t, "query": q} for t, q in lines])})
+        llm_cache.put_many(
+            self.store,
+            {self.key(query): json.dumps([{"type": t, "query": q} for t, q in lines])},
+            model=self.model_uri,
+        )
         return Expansion(lines=lines, cached=False, fallback=False, raw=raw, seconds=time.monotonic() - start)
 
     def forget(self, query: str) -> None:

@@ -519,7 +519,7 @@ class HybridQuery:
                 raw[d] = (s, False)
                 new[keys[d]] = repr(s)
             scored_new += len(batch)
-        llm_cache.put_many(self.store, new)
+        llm_cache.put_many(self.store, new, model=rr.uri)
         ms = (time.perf_counter() - t) * 1000
         if not raw:
             why = error or (
