@@ -993,6 +993,7 @@ def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
             lines.append(f"  {col['name']} (qmd://{col['name']}/){excluded}")
             lines.append(f"    Pattern:  {col['pattern']}")
             lines.append(f"    Files:    {col['files']} (updated {_ago(col['updated_at'])})")
+            lines += _watch_lines(col.get("watch"))
             if col.get("chunk_strategy", "regex") != "regex":
                 lines.append(f"    Chunking: {col['chunk_strategy']} (code files at functions, classes, imports)")
             if col["contexts"]:
@@ -1008,6 +1009,22 @@ def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
     else:
         lines += ["", "No collections yet. Add one with: qmd collection add <folder> --name <name>"]
     _out("\n".join(lines))
+
+
+def _watch_lines(watch: dict[str, Any] | None) -> list[str]:
+    """`qmd status`: does the daemon keep the collection fresh, how, and how far behind it is."""
+    if not watch:
+        return []
+    how = watch["mode"] + (f" ({watch['reason']})" if watch["reason"] else "")
+    if watch["mode"] != "off":
+        seen = f"last change {_ago(watch['last_change'])}" if watch["last_change"] else "no change seen yet"
+        how += f"; {seen}, {watch['queue']} queued, {watch['passes']} passes"
+    lines = [f"    Watch:    {how}"]
+    if watch["pending_vectors"]:
+        lines.append(
+            f"    Vectors:  {watch['pending_vectors']} documents pending (background embedding {watch['embedding']})"
+        )
+    return lines
 
 
 def _grammar_lines(grammars: list[dict[str, Any]]) -> list[str]:

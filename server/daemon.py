@@ -120,6 +120,7 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
     from qmd.server.errors import QmdError
     from qmd.server.http.app import create_app
     from qmd.server.http.guard import GuardSettings
+    from qmd.server.index.watcher import Watcher, WatchSettings
 
     guard, warnings = GuardSettings.from_env(host)
     for w in warnings:
@@ -128,6 +129,7 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
     private_dir(paths.config.parent)  # index.yml: collections and their commands
     try:
         engine = Engine(paths)
+        engine.watcher = Watcher(engine, WatchSettings.from_env())
     except QmdError as e:
         click.echo(f"qmdd: {e.message}", err=True)
         sys.exit(1)
@@ -140,6 +142,7 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: click.echo(f"qmdd: shutting down ({signal.Signals(s).name})", err=True))
     try:
+        engine.watcher.start()  # after the pidfile: a client that finds this daemon finds it watching
         config = uvicorn.Config(
             create_app(engine, guard, token),
             log_level=log_level,

@@ -44,10 +44,11 @@ from qmd.server.index.documents import (
     split_range,
 )
 from qmd.server.index.embed_job import EmbedReport, embed_pending, strategy_groups
-from qmd.server.index.indexer import Progress, Summary, index_collection, run_hook, split_mask
+from qmd.server.index.indexer import Progress, Scope, Summary, index_collection, run_hook, split_mask
 from qmd.server.index.loaders import Pages, split_page
 from qmd.server.index.store import Store
-from qmd.server.models.embedders import Embedder, Embedders, EmbedderUnavailable, embed_query
+from qmd.server.index.watcher import Watcher, off
+from qmd.server.models.embedders import Embedder, Embedders, EmbedderUnavailable, LocalBackend, embed_query
 from qmd.server.models.refs import (
     FileRef,
     HfRef,
@@ -101,6 +102,8 @@ class Engine:
         self._expanders: dict[str, Expander] = {}
         self._rerankers: dict[str, Reranker] = {}
         self._synced: Config | None = None
+        self.watcher: Watcher | None = None
+        """The daemon's (`qmdd` sets it); a library engine watches nothing."""
         self._mirror(self.config)  # validates the YAML and records it in the index at start
 
     # -- config -------------------------------------------------------------
@@ -128,6 +131,8 @@ class Engine:
         return None if self.paths.name == DEFAULT_INDEX else self.paths.name
 
     def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
         self.worker.close()
         self.store.close()
 
@@ -154,6 +159,7 @@ class Engine:
                     raise Conflict(f"Folder {root} is already collection '{other.name}' with mask '{pattern}'.")
             coll = Collection(name=name, path=str(root), pattern=pattern)
             self._save(cfg.with_collection(coll))
+        self._watch_changed()
         return coll
 
     def remove_collection(self, name: str) -> int:
@@ -161,6 +167,7 @@ class Engine:
             self.config.get(name)
             deleted = self.store.write(lambda conn: catalog.delete_collection(conn, name))
             self._save(self.config.without_collection(name))
+        self._watch_changed()
         return deleted
 
     def rename_collection(self, old: str, new: str) -> None:
@@ -172,6 +179,7 @@ class Engine:
                 raise Conflict(f"Collection '{new}' already exists.")
             self.store.write(lambda conn: catalog.rename_collection(conn, old, new))
             self._save(cfg.without_collection(old).with_collection(replace(coll, name=new)))
+        self._watch_changed()
 
     def set_collection(
         self, name: str, *, include: bool | None = None, update_cmd: str | None = None, clear_update: bool = False
@@ -312,6 +320,62 @@ class Engine:
                 if progress:
                     progress({"event": "summary", **summary_dict(summary)})
         return out
+
+    # -- watching -------------------------------------------------------------
+
+    def _watch_changed(self) -> None:
+        """A collection came, went or was renamed: its watch starts or stops now."""
+        if self.watcher is not None:
+            self.watcher.poke()
+
+    def index_watched(self, name: str, scope: Scope | None) -> Summary | None:
+        """The watcher's pass over one collection (the paths in `scope`, or all of it): under
+        the update lock, so it never races `qmd update` or the collection's removal, with the
+        config as it is then (None when the collection is gone or no longer watched). Never
+        runs the collection's update command: a saved file must not run a shell command."""
+        with self._update:
+            cfg = self.config
+            coll = cfg.collections.get(name)
+            if coll is None or not coll.watch:
+                return None
+            self._mirror(cfg)
+            return index_collection(self.store, coll, scope=scope)
+
+    def background_embedder(self) -> tuple[Embedder | None, str]:
+        """The embedder the watcher may use for what it indexed, or why there is none: only a
+        model already on this machine (never a download, never a remote endpoint's bill)."""
+        try:
+            emb = self.embedder()
+        except EmbedderUnavailable as e:
+            return None, f"off: {e.message}"
+        if not isinstance(emb.backend, LocalBackend):
+            return None, f"off: {emb.uri} is a remote endpoint (run 'qmd embed')"
+        return emb, "automatic"
+
+    def embed_watched(self, collections: list[str], cancel: threading.Event) -> EmbedReport | None:
+        """Embed what the watcher changed, in the worker's background lane (a query's calls go
+        first); None when no local embed model is ready."""
+        emb, _ = self.background_embedder()
+        if emb is None:
+            return None
+        names = [n for n in collections if n in self.config.collections]
+        if not names:
+            return None
+        with self._embed, background_lane():
+            return embed_pending(
+                self.store, emb, collections=names, strategies=self.chunk_strategies(names), cancel=cancel
+            )
+
+    def _with_watch(self, info: CollectionInfo, embedding: str) -> CollectionInfo:
+        coll = self.config.collections.get(info.name)
+        if coll is None:  # removed since it was described
+            return info
+        pending = self.vector_state([coll.name]).pending
+        if self.watcher is None:
+            watch = off("only the daemon (qmdd) watches folders", pending, embedding)
+        else:
+            watch = self.watcher.info(coll, pending, embedding)
+        return replace(info, watch=watch)
 
     # -- search and retrieval -----------------------------------------------
 
@@ -965,7 +1029,8 @@ class Engine:
     # -- status -------------------------------------------------------------
 
     def status(self) -> IndexStatus:
-        collections = self.describe_collections()
+        embedding = self.background_embedder()[1]
+        collections = [self._with_watch(c, embedding) for c in self.describe_collections()]
         with self.store.read() as conn:
             counts = catalog.document_counts(conn)
         try:

@@ -65,6 +65,9 @@ class Env:
             "XDG_CACHE_HOME": str(self.cache),
             "XDG_CONFIG_HOME": str(self.config),
             "QMD_PORT": str(self.port),
+            # A daemon that indexes what changes on its own would change what every other
+            # test's `qmd update` reports; tests/test_watcher.py turns watching on.
+            "QMD_WATCH": "0",
             "NO_COLOR": "1",
             "PYTHONUNBUFFERED": "1",
         }

@@ -81,6 +81,9 @@ class Collection:
     chunk_strategy: ChunkStrategy = DEFAULT_CHUNK_STRATEGY
     """How its documents are cut for embedding (`chunking.ChunkStrategy`); vectors of each
     strategy live in a space of their own."""
+    watch: bool = True
+    """Whether the daemon keeps it fresh as its files change (`index.watcher`); `watch: false`
+    leaves it to `qmd update` (a folder too big or too busy to watch, a network share)."""
 
     @property
     def root(self) -> Path:
@@ -98,6 +101,8 @@ class Collection:
             out["context"] = dict(self.context)
         if self.chunk_strategy != DEFAULT_CHUNK_STRATEGY:
             out["chunk_strategy"] = self.chunk_strategy
+        if not self.watch:
+            out["watch"] = False
         return out
 
     @classmethod
@@ -115,6 +120,9 @@ class Collection:
             raise InvalidInput(
                 f'{source}: collection {name!r}: chunk_strategy must be "auto" or "regex" (got {strategy!r})'
             )
+        watch = raw.get("watch", True)
+        if not isinstance(watch, bool):
+            raise InvalidInput(f"{source}: collection {name!r}: watch must be true or false (got {watch!r})")
         return cls(
             name=str(name),
             path=raw["path"],
@@ -124,6 +132,7 @@ class Collection:
             include_by_default=raw.get("includeByDefault", True) is not False,
             context={normalize_context_key(str(k)): str(v) for k, v in context.items()},
             chunk_strategy=strategy,
+            watch=watch,
         )
 
 

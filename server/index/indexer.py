@@ -16,7 +16,7 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Set
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -92,18 +92,70 @@ def _inside(real: str, real_root: str) -> bool:
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
-def discover(coll: Collection) -> Walk:
-    """List the collection's files: masks and ignores applied, dot- and built-in
-    folders pruned, symlinked folders not followed, file symlinks kept only when
-    they resolve inside the root."""
+class Rules:
+    """Which paths of a collection are its files: its mask and ignore globs, dot-names
+    and the built-in folders never entered. Discovery and the watcher (`watcher`) ask
+    the same object, so a path the watcher reacts to is one `qmd update` would index."""
+
+    def __init__(self, coll: Collection) -> None:
+        self.include = wglob.compile(split_mask(coll.pattern) or ["**/*.md"], flags=GLOB_FLAGS)
+        self.ignore = wglob.compile(list(coll.ignore), flags=GLOB_FLAGS) if coll.ignore else None
+
+    @staticmethod
+    def enters(dirname: str) -> bool:
+        """A folder discovery walks into (dot-folders and `BUILTIN_EXCLUDED_DIRS` are pruned)."""
+        return not dirname.startswith(".") and dirname not in BUILTIN_EXCLUDED_DIRS
+
+    def wants(self, rel: str) -> bool:
+        """A file (collection-relative, `/`-separated) the mask takes and no ignore glob drops."""
+        if rel.rsplit("/", 1)[-1].startswith("."):
+            return False
+        return bool(self.include.match(rel)) and not (self.ignore is not None and self.ignore.match(rel))
+
+    def reachable(self, rel: str) -> bool:
+        """Whether the walk can get to `rel` at all: no dot-name anywhere on it and no
+        pruned folder above it."""
+        parts = rel.split("/")
+        return all(self.enters(p) for p in parts[:-1]) and not parts[-1].startswith(".")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The paths one pass covers (the watcher's changed files and folders): a path is
+    covered when it is one of them or lies below one."""
+
+    paths: frozenset[str]
+
+    @classmethod
+    def of(cls, rels: Iterable[str]) -> Scope:
+        """`rels` without those below another (a folder's walk finds them)."""
+        kept: set[str] = set()
+        for rel in sorted(set(rels), key=lambda r: r.count("/")):
+            if not _within(rel, kept):
+                kept.add(rel)
+        return cls(frozenset(kept))
+
+    def covers(self, rel: str) -> bool:
+        return _within(rel, self.paths)
+
+
+def _within(rel: str, paths: Set[str]) -> bool:
+    """`rel` is one of `paths` or lies below one."""
+    parts = rel.split("/")
+    return any("/".join(parts[:n]) in paths for n in range(1, len(parts) + 1))
+
+
+def discover(coll: Collection, scope: Scope | None = None) -> Walk:
+    """List the collection's files (those in `scope` only, when given): masks and ignores
+    applied, dot- and built-in folders pruned, symlinked folders not followed, file
+    symlinks kept only when they resolve inside the root."""
     walk = Walk()
     root = coll.root
     if not root.is_dir():
         walk.root_missing = True
         return walk
     real_root = os.path.realpath(root)
-    include = wglob.compile(split_mask(coll.pattern) or ["**/*.md"], flags=GLOB_FLAGS)
-    ignore = wglob.compile(list(coll.ignore), flags=GLOB_FLAGS) if coll.ignore else None
+    rules = Rules(coll)
 
     def unlistable(err: OSError) -> None:
         rel = os.path.relpath(err.filename or root, root).replace(os.sep, "/")
@@ -113,34 +165,59 @@ def discover(coll: Collection) -> Walk:
             (rel or ".", f"folder could not be listed ({err.strerror or err}); its indexed files are kept")
         )
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in BUILTIN_EXCLUDED_DIRS)
-        reldir = os.path.relpath(dirpath, root)
-        reldir = "" if reldir == "." else reldir.replace(os.sep, "/") + "/"
-        for fname in sorted(filenames):
-            if fname.startswith("."):
-                continue
-            rel = reldir + fname
-            if not include.match(rel) or (ignore is not None and ignore.match(rel)):
-                continue
-            abs_path = os.path.join(dirpath, fname)
+    def consider(rel: str, abs_path: str) -> None:
+        if not rules.wants(rel):
+            return
+        try:
+            st = os.lstat(abs_path)
+        except OSError as e:
+            walk.skipped.append((rel, f"unreadable ({e.strerror or e})"))
+            return
+        # Folders are never followed, so only a file symlink can lead outside the root.
+        if stat.S_ISLNK(st.st_mode):
+            if not _inside(os.path.realpath(abs_path), real_root):
+                walk.skipped.append((rel, "outside the collection (symlink)"))
+                return
             try:
-                st = os.lstat(abs_path)
+                st = os.stat(abs_path)
             except OSError as e:
-                walk.skipped.append((rel, f"unreadable ({e.strerror or e})"))
-                continue
-            # Folders are never followed, so only a file symlink can lead outside the root.
-            if stat.S_ISLNK(st.st_mode):
-                if not _inside(os.path.realpath(abs_path), real_root):
-                    walk.skipped.append((rel, "outside the collection (symlink)"))
-                    continue
-                try:
-                    st = os.stat(abs_path)
-                except OSError as e:
-                    walk.skipped.append((rel, f"dangling symlink ({e.strerror or e})"))
-                    continue
-            if stat.S_ISREG(st.st_mode):
-                walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
+                walk.skipped.append((rel, f"dangling symlink ({e.strerror or e})"))
+                return
+        if stat.S_ISREG(st.st_mode):
+            walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
+
+    def tree(top: str) -> None:
+        for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if rules.enters(d))
+            reldir = os.path.relpath(dirpath, root)
+            reldir = "" if reldir == "." else reldir.replace(os.sep, "/") + "/"
+            for fname in sorted(filenames):
+                consider(reldir + fname, os.path.join(dirpath, fname))
+
+    if scope is None:
+        tree(str(root))
+        return walk
+    for rel in sorted(scope.paths):
+        if not rules.reachable(rel):
+            continue
+        abs_path = os.path.join(root, *rel.split("/"))
+        parent = os.path.dirname(abs_path)
+        # Below a symlinked folder (which the walk never follows) the parent resolves elsewhere.
+        if os.path.realpath(parent) != os.path.join(real_root, *rel.split("/")[:-1]):
+            continue
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(abs_path).st_mode)
+        except FileNotFoundError:
+            continue  # gone: its documents leave the index
+        except OSError as e:
+            walk.unlisted.append(rel)
+            walk.skipped.append((rel, f"unreadable ({e.strerror or e}); its indexed files are kept"))
+            continue
+        if is_dir:
+            if rules.enters(rel.rsplit("/", 1)[-1]):
+                tree(abs_path)
+        else:
+            consider(rel, abs_path)
     return walk
 
 
@@ -295,22 +372,34 @@ def run_hook(coll: Collection) -> str:
     return output
 
 
-def index_collection(store: Store, coll: Collection, progress: Progress | None = None) -> Summary:
-    """Bring the index in line with the collection's files on disk."""
+def _existing(store: Store, collection: str, scope: Scope | None) -> tuple[dict[str, _Existing], int]:
+    """The collection's document rows (those `scope` covers, when given) by path, and how
+    many of all its documents are active."""
+    with store.read() as conn:
+        rows = conn.execute(
+            "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?", (collection,)
+        ).fetchall()
+    existing = {
+        r["path"]: _Existing(r["id"], r["hash"], r["size"], r["mtime_ns"], r["title"], bool(r["active"]))
+        for r in rows
+        if scope is None or scope.covers(r["path"])
+    }
+    return existing, sum(1 for r in rows if r["active"])
+
+
+def index_collection(
+    store: Store, coll: Collection, progress: Progress | None = None, scope: Scope | None = None
+) -> Summary:
+    """Bring the index in line with the collection's files on disk: all of them, or only
+    the paths `scope` covers (the watcher's pass over what changed). A scoped pass that
+    would leave the collection without a document walks all of it instead, so the
+    empty-walk rule decides, as for `qmd update`."""
     t0 = time.monotonic()
     summary = Summary(coll.name)
-    walk = discover(coll)
+    walk = discover(coll, scope)
     summary.skipped.extend(walk.skipped)
-    with store.read() as conn:
-        existing = {
-            r["path"]: _Existing(r["id"], r["hash"], r["size"], r["mtime_ns"], r["title"], bool(r["active"]))
-            for r in conn.execute(
-                "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?",
-                (coll.name,),
-            )
-        }
-    active_count = sum(1 for e in existing.values() if e.active)
-    if not walk.files:
+    existing, active_count = _existing(store, coll.name, scope)
+    if not walk.files and (scope is None or walk.root_missing):
         if walk.root_missing:
             why = f"the folder {coll.root} is missing or not a directory"
         elif walk.skipped:
@@ -401,13 +490,15 @@ def index_collection(store: Store, coll: Collection, progress: Progress | None =
     gone = [
         e.id
         for p, e in existing.items()
-        if e.active and p not in seen and not any(p.startswith(d + "/") for d in walk.unlisted)
+        if e.active and p not in seen and not any(p == d or p.startswith(d + "/") for d in walk.unlisted)
     ]
+    if scope is not None and not seen and gone and len(gone) >= active_count:
+        return index_collection(store, coll, progress)
     summary.removed += len(gone)
     summary.files = total
     summary.orphans_cleaned = store.write(lambda conn: _finish(conn, gone))
     summary.seconds = time.monotonic() - t0
-    _record_run(store, summary, walk_empty=False)
+    _record_run(store, summary, walk_empty=False, scope=scope)
     return summary
 
 
@@ -497,11 +588,18 @@ def delete_orphan_content(conn: sqlite3.Connection) -> int:
     return conn.execute("DELETE FROM content WHERE hash NOT IN (SELECT DISTINCT hash FROM documents)").rowcount
 
 
-def _record_run(store: Store, summary: Summary, *, walk_empty: bool) -> None:
+def _record_run(store: Store, summary: Summary, *, walk_empty: bool, scope: Scope | None = None) -> None:
+    """Record the run's report; its skipped files replace those recorded for the paths it
+    walked (all of them, or those in `scope`)."""
+
     def fn(conn: sqlite3.Connection) -> None:
         now = utcnow()
         if not walk_empty:
-            conn.execute("DELETE FROM skipped_files WHERE collection = ?", (summary.collection,))
+            recorded = conn.execute("SELECT path FROM skipped_files WHERE collection = ?", (summary.collection,))
+            conn.executemany(
+                "DELETE FROM skipped_files WHERE collection = ? AND path = ?",
+                [(summary.collection, p) for (p,) in recorded.fetchall() if scope is None or scope.covers(p)],
+            )
         conn.executemany(
             "INSERT OR REPLACE INTO skipped_files(collection, path, reason, seen_at) VALUES (?, ?, ?, ?)",
             [(summary.collection, p, r, now) for p, r in summary.skipped],
