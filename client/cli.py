@@ -655,8 +655,8 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
                 total_skipped += len(ev["skipped"])
                 if ev["orphans_cleaned"]:
                     click.echo(f"  Cleaned up {ev['orphans_cleaned']} orphaned content hash(es)")
-                if ev["files"]:
-                    click.echo(f"  {ev['files']} files in {ev['seconds']:.2f}s")
+                if ev["discovered"]:
+                    click.echo(f"  {ev['discovered']} files in {ev['seconds']:.2f}s")
             elif kind == "done":
                 bar.clear()
                 n = len(ev["summaries"])
@@ -728,10 +728,10 @@ def embed(
                         "searched in that strategy's vector space from now on, embedded there where missing.",
                         err=True,
                     )
-                if r["clipped"]:
-                    names = ", ".join(sorted({x["file"] for x in r["clipped"]})[:10])
+                if r["truncated_count"]:
+                    names = ", ".join(sorted({x["file"] for x in r["truncated"]})[:10])
                     click.echo(
-                        f"⚠ {len(r['clipped'])} chunk(s) were longer than the embedder reads and were embedded "
+                        f"⚠ {r['truncated_count']} chunk(s) were longer than the embedder reads and were embedded "
                         f"clipped: {names}",
                         err=True,
                     )

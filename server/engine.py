@@ -1069,7 +1069,9 @@ def _size(p: Path) -> int:
 
 
 def summary_dict(s: Summary) -> dict:
+    """An update's report on the wire, its walk's count named `discovered` as in seed 001."""
     d = asdict(s)
+    d["discovered"] = d.pop("files")
     d["skipped"] = [{"path": p, "reason": r} for p, r in s.skipped]
     d["line"] = s.line()
     return d

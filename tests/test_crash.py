@@ -439,8 +439,8 @@ def test_kill_mid_embed_vectors_searchable_after_restart(env: Env, model: Path) 
         after = vector_view(env, d, "emb")
         check_vectors(after)
         assert after["complete"] == after["active"] == set(corpus.current) and not after["partial"]
-        assert done["chunks"] == after["written"] - before["written"], "resumed: no chunk embedded twice"
-        assert run_job(d, "/v1/embed", {})["report"]["chunks"] == 0
+        assert done["embedded"] == after["written"] - before["written"], "resumed: no chunk embedded twice"
+        assert run_job(d, "/v1/embed", {})["report"]["embedded"] == 0
     finally:
         d.stop()
     report("kill -9 mid-embed", rounds, lingering, t0)
@@ -504,7 +504,7 @@ def test_each_batch_is_searchable_as_it_commits(tmp_path: Path) -> None:
         report_ = embed_pending(store, Embedder("fake", Dying(None), 64, "f" * 64, 4, "fake"), collections=None)
         with store.read() as conn:
             total = conn.execute("SELECT COUNT(*) FROM content_vectors").fetchone()[0]
-            assert report_.chunks == total - 2 * EMBED_SUB_BATCH and report_.pending_after == 0
+            assert report_.embedded == total - 2 * EMBED_SUB_BATCH and report_.pending_after == 0
             assert conn.execute(f"SELECT COUNT(*) FROM vectors_s{space.id}").fetchone()[0] == total
             assert report_.partitions_added == total - in_vec0
             assert len(vectors.search(conn, space, [1.0, 0.5, 0.25, 0.0], "notes", 100)) == 60

@@ -146,7 +146,7 @@ def test_the_embed_job_packs_several_documents_into_one_request(tmp_path: Path) 
         index.update()
         report = embed_pending(index.engine.store, embedder, collections=None)
     sizes = [len(texts) for texts, _ in backend.requests]
-    assert report.documents == 5 and report.chunks == sum(sizes) and report.pending_after == 0
+    assert report.documents == 5 and report.embedded == report.chunks == sum(sizes) and report.pending_after == 0
     assert all(n == EMBED_SUB_BATCH for n in sizes[:-1]) and 0 < sizes[-1] <= EMBED_SUB_BATCH, "requests are full"
     mixed = [set(titles) for _, titles in backend.requests if len(set(titles)) > 1]
     assert mixed, "the small notes share a request (with the long one's tail, each with its own title)"

@@ -382,13 +382,16 @@ def test_get_page_errors(library: qmd.Index, name: str, message: str) -> None:
 
 # -- memory ---------------------------------------------------------------------------
 
+# VmHWM, the process's own peak: getrusage's ru_maxrss survives exec, so a child forked
+# from a pytest that grew to 700 MB over the whole suite would report that instead.
 _PEAK = """
-import resource, sys
+import re, sys
 from qmd.server.index import loaders
 path = sys.argv[1]
 data = open(path, "rb").read()
 text = loaders.load(path, data).text
-print(len(text), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+status = open("/proc/self/status").read()
+print(len(text), re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1))
 """
 
 

@@ -167,6 +167,7 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
         "rerank",
         "budgetMs",
         "filter",
+        "chunkStrategy",
     ]
     assert query["properties"]["limit"]["default"] == 8
     assert query["properties"]["budgetMs"]["default"] == 4000

@@ -265,6 +265,13 @@ def _para(topic: str) -> str:
     return f"{topic.capitalize()} matters in distributed systems because replicas must agree. " * 40
 
 
+def _job(d: Daemon, route: str) -> dict:
+    """A streamed job's `done` event."""
+    events = [json.loads(line) for line in d.http.post(route, json={}).text.splitlines()]
+    assert events[-1]["event"] == "done", events[-1]
+    return events[-1]
+
+
 @pytest.mark.slow
 def test_edit_after_embedding_then_cleanup_leaves_no_orphans(env: Env, model: Path, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", {f"{t}.md": f"# {t}\n\n{_para(t)}\n" for t in ("raft", "paxos", "gossip")})
@@ -276,14 +283,17 @@ def test_edit_after_embedding_then_cleanup_leaves_no_orphans(env: Env, model: Pa
         assert env.json("status", "--json")["vector"]["orphan_chunks"] == 0
         (notes / "raft.md").write_text(f"# raft\n\n{_para('leader election')}\n")
         (notes / "gossip.md").unlink()
-        env.ok("update")
+        [summary] = _job(d, "/v1/update")["summaries"]  # seed 001's names in the reports
+        assert (summary["discovered"], summary["updated"], summary["removed"]) == (2, 1, 1)
         vector = env.json("status", "--json")["vector"]
         # the old versions' chunks are orphans, never counted as embedded
         assert vector["orphan_chunks"] > 0 and vector["embedded_chunks"] < embedded
         assert "Orphaned:" in env.ok("status")
         doctor = env.ok("doctor")
         assert "orphaned embedding chunk" in doctor and "inactive document record" in doctor
-        env.ok("embed")
+        embed = _job(d, "/v1/embed")["report"]
+        assert embed["documents"] == 1 and embed["embedded"] == embed["chunks"] > 0 and embed["skipped"] == 0
+        assert embed["truncated"] == [] and embed["truncated_count"] == 0
         report = env.json("cleanup", "--json", "--vacuum")
         assert report["found"]["orphan_chunks"] == vector["orphan_chunks"]
         assert report["found"]["inactive_documents"] == 1 and report["vacuum"]["ran"]

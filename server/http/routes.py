@@ -337,7 +337,7 @@ def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
             progress=progress,
             cancel=cancel,
         )
-        return {"report": {**asdict(report), "line": report.line()}}
+        return {"report": {**asdict(report), "truncated_count": report.truncated_count, "line": report.line()}}
 
     return stream_job(request, "embed", run)
 

@@ -32,11 +32,20 @@ with parallel contexts (QMD_EMBED_PARALLELISM) embeds several small documents at
 
 @dataclass
 class EmbedReport:
+    """What one run did, in seed 001's names where it names them (`chunks`, `embedded`,
+    `skipped`, `truncated`, `truncated_count`)."""
+
     documents: int = 0
     chunks: int = 0
+    """Chunks of the documents this run took up: `embedded` + `skipped`."""
+    embedded: int = 0
+    """Chunks whose vectors this run wrote, counted from the batches committed, not from the plan."""
+    skipped: int = 0
+    """Chunks that had their vector already (a run resumed after a kill or Ctrl-C): not embedded again."""
     pending_before: int = 0
     pending_after: int = 0
-    clipped: list[dict] = field(default_factory=list)
+    truncated: list[dict] = field(default_factory=list)
+    """Chunks longer than the embedder reads, embedded clipped: `{file, chunk, tokens, limit}` each."""
     seconds: float = 0.0
     cancelled: bool = False
     model: str = ""
@@ -48,10 +57,15 @@ class EmbedReport:
     switched: list[str] = field(default_factory=list)
     """Collections this run moved to another chunk strategy (`--chunk-strategy`)."""
 
+    @property
+    def truncated_count(self) -> int:
+        """The number to assert on (seed 001)."""
+        return len(self.truncated)
+
     def line(self) -> str:
-        rate = self.chunks / self.seconds if self.seconds else 0.0
+        rate = self.embedded / self.seconds if self.seconds else 0.0
         return (
-            f"Embedded {self.chunks} chunks from {self.documents} documents in {self.seconds:.1f}s "
+            f"Embedded {self.embedded} chunks from {self.documents} documents in {self.seconds:.1f}s "
             f"({rate:.1f} chunks/s); {self.pending_after} pending"
         )
 
@@ -122,7 +136,7 @@ def embed_pending(
         report.documents += 1
         if progress:
             elapsed = max(time.monotonic() - t0, 1e-6)
-            rate = report.chunks / elapsed
+            rate = report.embedded / elapsed
             left = total - done_docs
             eta = left * (elapsed / done_docs)
             progress(
@@ -130,7 +144,7 @@ def embed_pending(
                     "event": "progress",
                     "done": done_docs,
                     "total": total,
-                    "chunks": report.chunks,
+                    "chunks": report.embedded,
                     "chunks_per_s": round(rate, 1),
                     "eta_s": round(eta, 1),
                 }
@@ -229,6 +243,8 @@ def _embed_documents(
                 )
             }
         todo = [(d, seq, c) for seq, c in enumerate(chunks) if seq not in have]
+        report.chunks += len(chunks)
+        report.skipped += len(chunks) - len(todo)
         queue += todo
         totals.append(len(chunks))
         left.append(len(todo))
@@ -246,7 +262,7 @@ def _embed_documents(
                 seq, c.start, c.end, c.start_line, c.end_line, embs.n_tokens[k], c.clipped or k in embs.clipped, embs[k]
             )
             if row.clipped:
-                report.clipped.append({"file": docs[d].name, "chunk": seq, "tokens": row.tokens, "limit": embs.limit})
+                report.truncated.append({"file": docs[d].name, "chunk": seq, "tokens": row.tokens, "limit": embs.limit})
             rows.setdefault(d, []).append(row)
 
         def write(conn: sqlite3.Connection, rows: dict[int, list[vectors.ChunkVector]] = rows) -> int:
@@ -259,7 +275,7 @@ def _embed_documents(
             return vectors.add_partitions(conn, space, done)
 
         report.partitions_added += store.write(write)
-        report.chunks += len(part)
+        report.embedded += len(part)
         for d, chunk_rows in rows.items():
             left[d] -= len(chunk_rows)
             if left[d] == 0:
