@@ -1033,16 +1033,12 @@ class Engine:
         collections = [self._with_watch(c, embedding) for c in self.describe_collections()]
         with self.store.read() as conn:
             counts = catalog.document_counts(conn)
-        try:
-            size = self.paths.db.stat().st_size + _size(Path(str(self.paths.db) + "-wal"))
-        except OSError:
-            size = 0
         return IndexStatus(
             version=__version__,
             index=self.paths.name,
             index_path=str(self.paths.db),
             config_path=str(self.paths.config),
-            size_bytes=size,
+            size_bytes=upkeep.index_bytes(self.paths.db),
             documents=counts.documents,
             unique_contents=counts.unique_contents,
             sqlite_version=self.store.sqlite_version,
@@ -1059,13 +1055,6 @@ def check_strategy(strategy: str | None) -> None:
     """A chunk strategy from a caller that pydantic did not check (the library)."""
     if strategy is not None and strategy not in CHUNK_STRATEGIES:
         raise InvalidInput(f'--chunk-strategy must be "auto" or "regex" (got "{strategy}")')
-
-
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except OSError:
-        return 0
 
 
 def summary_dict(s: Summary) -> dict:

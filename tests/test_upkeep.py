@@ -21,6 +21,7 @@ from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, InvalidInput
 from qmd.server.index import llm_cache, upkeep
+from qmd.server.index.db import sqlite3
 from qmd.server.index.store import Store
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
@@ -172,6 +173,32 @@ def test_cache_entries_of_unconfigured_models_and_old_ones_are_pruned(engine: En
         left = {r[0] for r in conn.execute("SELECT hash FROM llm_cache")}
     assert left == {"expansion", "rerank", "legacy-fresh", "put"}
     assert engine.cleanup(cache_days=0).cache_entries_removed == 4  # 0 days: the whole cache
+
+
+def test_cache_entries_from_before_schema_5_survive_the_upgrade_and_age_out(tmp_path: Path) -> None:
+    db = tmp_path / "index.sqlite"
+    Store(db).close()
+    conn = sqlite3.connect(db)
+    try:  # as schema 4 left it: entries without a model
+        conn.execute("ALTER TABLE llm_cache DROP COLUMN model")
+        now, old = datetime.now(UTC), datetime.now(UTC) - timedelta(days=31)
+        conn.executemany(
+            "INSERT INTO llm_cache VALUES (?, '[1]', ?)", [("new", now.isoformat()), ("old", old.isoformat())]
+        )
+        conn.execute("PRAGMA user_version = 4")
+        conn.commit()
+    finally:
+        conn.close()
+    store = Store(db)
+    try:
+        assert llm_cache.get(store, "new") == "[1]"
+        cutoff = (now - timedelta(days=upkeep.CACHE_MAX_AGE_DAYS)).isoformat()
+        with store.read() as reader:
+            assert reader.execute("SELECT count(*) FROM llm_cache WHERE model IS NULL").fetchone()[0] == 2
+            assert llm_cache.count_stale(reader, ["hf:any/model.gguf"], cutoff) == 1
+        assert store.write(lambda w: llm_cache.prune(w, None, cutoff)) == 1
+    finally:
+        store.close()
 
 
 def test_cleanup_waits_for_a_running_update_or_refuses(engine: Engine, tmp_path: Path) -> None:
