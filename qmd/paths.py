@@ -16,6 +16,10 @@ DEFAULT_PORT = 8181
 DEFAULT_HOST = "localhost"
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
 _INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+PROJECT_DIR = ".qmd"
+PROJECT_CONFIGS = ("index.yml", "index.yaml")
+PROJECT_PREFIX = "project:"
+"""A project-local index's name: `project:/absolute/root` (a named index never has ':')."""
 
 
 def home() -> Path:
@@ -105,3 +109,57 @@ class IndexPaths(NamedTuple):
         cache = cache_root(environ)
         db = Path(environ["INDEX_PATH"]) if environ.get("INDEX_PATH") else cache / f"{name}.sqlite"
         return cls(name=name, db=db, config=config_root(environ) / f"{name}.yml", cache_dir=cache)
+
+    @classmethod
+    def for_project(cls, root: Path | str) -> IndexPaths:
+        """A project-local index (`qmd init`): config and index both in `<root>/.qmd/`, so
+        the config can be checked in beside the notes it indexes (the index is ignored)."""
+        root = Path(os.path.normpath(root))
+        folder = root / PROJECT_DIR
+        return cls(
+            name=PROJECT_PREFIX + str(root),
+            db=folder / "index.sqlite",
+            config=project_config(root) or folder / PROJECT_CONFIGS[0],
+            cache_dir=folder,
+        )
+
+    @property
+    def project_root(self) -> Path | None:
+        """The project folder of a project-local index (None for a named one)."""
+        return Path(self.name[len(PROJECT_PREFIX) :]) if self.name.startswith(PROJECT_PREFIX) else None
+
+
+def project_config(root: Path) -> Path | None:
+    """The config file of the project at `root`, `index.yml` before `index.yaml`."""
+    for name in PROJECT_CONFIGS:
+        path = root / PROJECT_DIR / name
+        if path.is_file():
+            return path
+    return None
+
+
+def is_project_root(path: Path | str, environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    """Whether `path` is an absolute folder holding `.qmd/index.yml` (or `.yaml`) that is
+    not the user's own config folder: a `QMD_CONFIG_DIR` named `.qmd` holds the user's
+    configs, never a project's (and those are never gated)."""
+    path = Path(path)
+    if not path.is_absolute() or project_config(path) is None:
+        return False
+    try:
+        return (path / PROJECT_DIR).resolve() != config_root(environ).resolve()
+    except OSError:
+        return False
+
+
+def find_project(start: Path, environ: dict[str, str] | os._Environ = os.environ) -> Path | None:
+    """The nearest folder at or above `start` that is a project root, or None. The walk
+    stops below the home folder's parent: a `.qmd` in /home (another user's, or one
+    planted in a shared parent) must not capture every command run under $HOME."""
+    here = Path(os.path.realpath(start))
+    stop = Path(os.path.realpath(home())).parent
+    for folder in (here, *here.parents):
+        if folder == stop:
+            return None
+        if is_project_root(folder, environ):
+            return folder
+    return None
