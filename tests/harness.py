@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,13 +154,17 @@ class Daemon:
     """A `qmdd` process started the way a user would, stopped with SIGTERM; ready once
     `/health` answers, which `startup_s` times."""
 
-    def __init__(self, env: Env, *args: str, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, env: Env, *args: str, extra_env: dict[str, str] | None = None, wrapper: Sequence[str] = ()
+    ) -> None:
+        """`wrapper` is a command that execs the rest (`unshare ...`): a daemon under limits
+        of its own."""
         self.env = env
         self.output = env.base / f"qmdd-{env.port}.out"
         t0 = time.perf_counter()
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                env.qmdd_command(*args),
+                [*wrapper, *env.qmdd_command(*args)],
                 cwd=env.home,
                 env={**env.vars, **(extra_env or {})},
                 stdout=out,

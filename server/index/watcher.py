@@ -1,7 +1,7 @@
 """The watcher: the daemon keeps every watched collection's index fresh as its files change.
 
-Each watched collection has a listener thread running `watchfiles.watch` (inotify, or
-polling when watches cannot be added or `QMD_WATCH_POLL=1`) over its folder. What it hears
+Each watched collection has a listener thread running watchfiles' Rust backend (inotify,
+or polling when watches cannot be added or `QMD_WATCH_POLL=1`) over its folder. What it hears
 is filtered by the indexer's own `Rules` (mask, ignore globs, dot-names, built-in folders)
 and queued as changed paths. One pass thread waits for a collection's queue to go quiet
 (`QMD_WATCH_QUIET_MS`, or `QMD_WATCH_MAX_WAIT_MS` during a long burst), then runs the
@@ -38,8 +38,6 @@ from qmd.server.index.store import utcnow
 from qmd.server.status import WatchInfo, WatchMode
 
 if TYPE_CHECKING:
-    from watchfiles import Change
-
     from qmd.server.engine import Engine
 
 log = logging.getLogger("qmd.watcher")
@@ -57,7 +55,9 @@ RECONCILE_S = 2.0
 ROOT_CHECK_MS = 1000
 """How often a listener checks that its folder is still the one it watches."""
 STEP_MS = 50
-"""watchfiles' quiet step: a batch ends after this long without a change."""
+"""watchfiles' step, and the longest it groups changes: a steady stream (a checkout) reaches
+the queue every ~2 steps, so a quiet period of 3 steps or more is never found between two of
+its batches (`QMD_WATCH_QUIET_MS` may not be shorter)."""
 
 
 def _number(environ: Mapping[str, str], name: str, default: float, low: float) -> float:
@@ -87,7 +87,7 @@ class WatchSettings:
         """The settings from `QMD_WATCH*`; a bad value is a clear error at start."""
         return cls(
             enabled=environ.get("QMD_WATCH", "1").strip() not in ("0", "false", "no", "off"),
-            quiet_s=_number(environ, "QMD_WATCH_QUIET_MS", 300, 10) / 1000,
+            quiet_s=_number(environ, "QMD_WATCH_QUIET_MS", 300, 3 * STEP_MS) / 1000,
             max_wait_s=_number(environ, "QMD_WATCH_MAX_WAIT_MS", 2000, 10) / 1000,
             sweep_s=_number(environ, "QMD_WATCH_SWEEP_S", 600, 1),
             force_polling=environ.get("QMD_WATCH_POLL", "").strip() in ("1", "true", "yes", "on"),
@@ -119,7 +119,9 @@ class _Watch:
         self.mode: WatchMode = "polling" if settings.force_polling else "watching"
         self.reason = "QMD_WATCH_POLL=1" if settings.force_polling else ""
         self.trouble = ""
-        """What is wrong with the folder now (shown instead of `reason` while it lasts)."""
+        """Why nothing watches the folder now (it is missing, say), while that lasts."""
+        self.live = False
+        """The OS watches (or the poller) are in place."""
         self.pending: set[str] = set()
         self.first_at = 0.0
         self.last_at = 0.0
@@ -127,6 +129,7 @@ class _Watch:
         self.last_change: str | None = None
         self.passes = 0
         self.last_pass: str | None = None
+        self.pass_end = 0.0
         self.thread = threading.Thread(target=self._listen, name=f"qmd-watch-{coll.name}", daemon=True)
 
     def key(self) -> tuple[str, str, tuple[str, ...]]:
@@ -135,9 +138,9 @@ class _Watch:
 
     # -- the listener thread ----------------------------------------------------
 
-    def relevant(self, _change: Change, path: str) -> bool:
-        """watchfiles' filter: a file the indexer would take, or a folder that may hold some
-        (one that exists now, or a path gone already, which may have been a folder)."""
+    def relevant(self, path: str) -> bool:
+        """A changed path worth a pass: a file the indexer would take, or a folder that may
+        hold some (one that exists now, or a path gone already, which may have been one)."""
         if not path.startswith(self.root + os.sep):
             return False
         rel = path[len(self.root) + 1 :].replace(os.sep, "/")
@@ -166,64 +169,67 @@ class _Watch:
         self.wake()
 
     def _listen(self) -> None:
-        import watchfiles
+        # watchfiles' own backend rather than `watchfiles.watch`, whose generator adds the
+        # watches only when first resumed: status must not say "watching" before they are.
+        from watchfiles._rust_notify import RustNotify
 
         polling = self.settings.force_polling
-        missing = restarted = False
+        restarted = False
         while not self.stop.is_set():
             ident = _identity(self.root)
             if ident is None:
-                if not missing:
-                    missing = True
-                    self._trouble(f"folder {self.root} is missing; its documents are kept until it is back")
+                self._trouble(f"folder {self.root} is missing; its documents are kept until it is back")
                 self.stop.wait(ROOT_CHECK_MS / 1000)
                 continue
-            if missing:
-                missing = False
-                self._trouble("")
             if restarted:  # what changed while nothing listened is found by walking
                 self.request_sweep()
             restarted = True
             try:
-                for changes in watchfiles.watch(
-                    self.root,
-                    watch_filter=self.relevant,
-                    debounce=int(self.settings.max_wait_s * 1000),
-                    step=STEP_MS,
-                    stop_event=self.stop,
-                    rust_timeout=ROOT_CHECK_MS,
-                    yield_on_timeout=True,
-                    force_polling=polling,
-                    poll_delay_ms=self.settings.poll_ms,
-                    ignore_permission_denied=True,
-                ):
-                    self._heard([path[len(self.root) + 1 :].replace(os.sep, "/") for _, path in changes])
-                    if _identity(self.root) != ident:
-                        break  # moved, replaced or gone: watch the folder that is there now
-            except (FileNotFoundError, PermissionError):
+                # Permission errors are not ignored: watchfiles then also swallows the watch
+                # limit, leaving folders silently unwatched where polling would see them.
+                with RustNotify([self.root], False, polling, self.settings.poll_ms, True, False) as notify:
+                    self._trouble("", live=True)
+                    while not self.stop.is_set():
+                        raw = notify.watch(STEP_MS, STEP_MS, ROOT_CHECK_MS, self.stop)
+                        if isinstance(raw, set):
+                            self._heard(
+                                [
+                                    path[len(self.root) + 1 :].replace(os.sep, "/")
+                                    for _, path in raw
+                                    if self.relevant(path)
+                                ]
+                            )
+                        elif raw != "timeout":
+                            break
+                        if _identity(self.root) != ident:
+                            break  # moved, replaced or gone: watch the folder that is there now
+            except FileNotFoundError:  # gone between the check and the watch
                 self.stop.wait(ROOT_CHECK_MS / 1000)
             except OSError as e:
                 if polling:
-                    self._set("off", f"the folder cannot be watched, even by polling: {e}")
+                    self._trouble(f"the folder cannot be watched, even by polling: {e}")
                     log.warning("cannot watch %s: %s", self.root, e)
                     self.stop.wait(self.settings.sweep_s)
                     continue
-                # inotify's watch limit (fs.inotify.max_user_watches, ENOSPC) or its
-                # instance limit: polling needs neither.
+                # inotify's watch limit (fs.inotify.max_user_watches, ENOSPC), its instance
+                # limit, or a folder inotify may not watch: polling needs none of them.
                 polling = True
                 self._set(
                     "polling",
                     f"inotify watches could not be added ({e}); polling every {self.settings.poll_ms} ms",
                 )
                 log.warning("watching %s by polling: %s", self.root, e)
+            finally:
+                with self.lock:
+                    self.live = False
 
     def _set(self, mode: WatchMode, reason: str) -> None:
         with self.lock:
             self.mode, self.reason = mode, reason
 
-    def _trouble(self, trouble: str) -> None:
+    def _trouble(self, trouble: str, *, live: bool = False) -> None:
         with self.lock:
-            self.trouble = trouble
+            self.trouble, self.live = trouble, live
 
     # -- the pass thread --------------------------------------------------------
 
@@ -239,7 +245,10 @@ class _Watch:
         if not self.pending:
             return self.sweep_at
         max_wait = self.settings.max_wait_s * (BURST_WAIT_FACTOR if len(self.pending) > FULL_PASS_AT else 1)
-        return min(self.sweep_at, self.last_at + self.settings.quiet_s, self.first_at + max_wait)
+        # Quiet counts from the end of the last pass too: a pass holds the GIL, so what the
+        # listener heard meanwhile may not have been queued yet.
+        quiet_from = max(self.last_at, self.pass_end)
+        return min(self.sweep_at, quiet_from + self.settings.quiet_s, self.first_at + max_wait)
 
     def take(self, now: float, sweep_s: float) -> tuple[Scope | None, int] | None:
         """The pass due now, if one is: (a scope, or None for a sweep; paths it covers)."""
@@ -257,16 +266,20 @@ class _Watch:
         with self.lock:
             return max(0.0, self._due() - now)
 
-    def passed(self, summary: Summary) -> None:
+    def passed(self, summary: Summary | None) -> None:
         with self.lock:
+            self.pass_end = time.monotonic()
+            if summary is None:
+                return
             self.passes += 1
             self.last_pass = summary.line()
 
     def info(self, pending_vectors: int, embedding: str) -> WatchInfo:
         with self.lock:
+            mode, reason = (self.mode, self.reason) if self.live else ("off", self.trouble or "starting")
             return WatchInfo(
-                mode=self.mode,
-                reason=self.trouble or self.reason,
+                mode=mode,
+                reason=reason,
                 last_change=self.last_change,
                 queue=len(self.pending),
                 passes=self.passes,
@@ -390,10 +403,10 @@ class Watcher:
             summary = self.engine.index_watched(name, scope)
         except Exception:  # the daemon keeps serving; the next change or sweep tries again
             log.exception("watcher: indexing %s failed", name)
-            return
+            summary = None
+        w.passed(summary)
         if summary is None:
             return
-        w.passed(summary)
         log.info(
             "watcher: %s %s (%d paths, %.0f ms): %s",
             name,
