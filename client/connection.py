@@ -125,7 +125,8 @@ class Daemon:
         host = connect_host(self.bind_host)
         self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
         self.host = host
-        self.headers = {"Accept": "application/json"}
+        # One daemon serves every index: this names the one this client means (server/indexes.py).
+        self.headers = {"Accept": "application/json", "x-qmd-index": self.paths.name}
         try:
             token = load_token()
         except TokenError as e:
@@ -169,8 +170,9 @@ class Daemon:
                 "Stop it, or give qmd another port with QMD_PORT."
             )
         return (
-            f"the qmd daemon at {self.url} serves index '{index}', not '{self.paths.name}'. "
-            "Give this index its own port with QMD_PORT."
+            f"the qmd daemon at {self.url} serves index '{index}', not '{self.paths.name}': it is an older "
+            "qmdd, which serves only the index it started with. Restart it ('qmd daemon stop'), or give "
+            "this index its own port with QMD_PORT."
         )
 
     def _send(self, method: str, path: str, body: Any) -> Response:

@@ -121,15 +121,27 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
     from qmd.server.http.app import create_app
     from qmd.server.http.guard import GuardSettings
     from qmd.server.index.watcher import Watcher, WatchSettings
+    from qmd.server.indexes import Indexes
+    from qmd.server.models.worker import WorkerClient
 
     guard, warnings = GuardSettings.from_env(host)
     for w in warnings:
         click.echo(w, err=True)
     private_dir(paths.cache_dir)  # the index, its log and pidfile
     private_dir(paths.config.parent)  # index.yml: collections and their commands
+
+    def open_index(index: IndexPaths, worker: WorkerClient | None = None) -> Engine:
+        """An index as the daemon serves it: its engine, watching its collections."""
+        engine = Engine(index, worker=worker)
+        engine.watcher = Watcher(engine, watch)
+        if worker is not None:  # the default one starts watching once the pidfile is written
+            engine.watcher.start()
+        return engine
+
     try:
-        engine = Engine(paths)
-        engine.watcher = Watcher(engine, WatchSettings.from_env())
+        watch = WatchSettings.from_env()
+        engine = open_index(paths)
+        indexes = Indexes(engine, open_index)
     except QmdError as e:
         click.echo(f"qmdd: {e.message}", err=True)
         sys.exit(1)
@@ -142,9 +154,10 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: click.echo(f"qmdd: shutting down ({signal.Signals(s).name})", err=True))
     try:
+        assert engine.watcher is not None
         engine.watcher.start()  # after the pidfile: a client that finds this daemon finds it watching
         config = uvicorn.Config(
-            create_app(engine, guard, token),
+            create_app(engine, guard, token, indexes),
             log_level=log_level,
             access_log=log_level == "debug",
             timeout_graceful_shutdown=10,
@@ -152,7 +165,7 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
         )
         uvicorn.Server(config).run(sockets=[sock])
     finally:
-        engine.close()
+        indexes.close()
         remove_pidfile(paths)
         click.echo("qmdd: stopped", err=True)
 

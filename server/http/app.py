@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -12,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qmd import __version__
+from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
 from qmd.server.http.auth import BearerAuth
@@ -20,6 +22,7 @@ from qmd.server.http.mcp import McpEndpoint
 from qmd.server.http.peer import SameUser
 from qmd.server.http.routes import model_threads, router
 from qmd.server.http.wire import http_status
+from qmd.server.indexes import INDEX_HEADER, PROJECT_HEADER, Indexes, requested
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("qmd.server")
@@ -81,25 +84,71 @@ async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _requested(scope: Scope) -> IndexPaths | None:
+    return requested(_header(scope, INDEX_HEADER.encode()), _header(scope, PROJECT_HEADER.encode()))
+
+
 class IndexHeader:
     """Name the served index on every response (`x-qmd-index`), so a client that meant
-    another index notices without a separate /health round trip."""
+    another index notices without a separate /health round trip. It sits outside the
+    token check (a 401 names the index too) and so never opens one: it only reads the
+    request's headers (a malformed one names the default; `IndexRouter` refuses it)."""
 
-    def __init__(self, app: ASGIApp, index: str) -> None:
+    def __init__(self, app: ASGIApp, default: str) -> None:
         self.app = app
-        self.header = (b"x-qmd-index", index.encode())
+        self.default = default
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        try:
+            paths = _requested(scope)
+        except QmdError:
+            paths = None
+        header = (b"x-qmd-index", (paths.name if paths else self.default).encode())
 
         async def send_with_header(msg: Message) -> None:
             if msg["type"] == "http.response.start":
-                msg = {**msg, "headers": [*msg.get("headers", []), self.header]}
+                msg = {**msg, "headers": [*msg.get("headers", []), header]}
             await send(msg)
 
         await self.app(scope, receive, send_with_header)
+
+
+class IndexRouter:
+    """Serve each request from the index its headers name (`server/indexes.py`): the
+    engine is opened if need be (off the event loop: opening migrates and reads the
+    config), held for the whole request, streamed answers included, and handed to the
+    routes as `request.state.engine`."""
+
+    def __init__(self, app: ASGIApp, indexes: Indexes) -> None:
+        self.app = app
+        self.indexes = indexes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            paths = _requested(scope)
+            engine = await anyio.to_thread.run_sync(self.indexes.acquire, paths)
+        except QmdError as exc:
+            response = JSONResponse({"error": exc.message, **exc.detail}, status_code=http_status(exc))
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})["engine"] = engine
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.indexes.release(paths)
 
 
 def _describe(errors: list[dict[str, Any]]) -> str:
@@ -120,20 +169,25 @@ def _describe(errors: list[dict[str, Any]]) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
-def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -> ASGIApp:
+def create_app(
+    engine: Engine, guard: GuardSettings, token: str | None = None, indexes: Indexes | None = None
+) -> ASGIApp:
+    """The daemon's app over `engine`, its default index, and whatever other indexes
+    requests name (`indexes`; by default opened plainly, without watchers)."""
+    indexes = indexes or Indexes(engine, lambda paths, worker: Engine(paths, worker=worker))
     app = FastAPI(
         title="qmd",
         version=__version__,
         description="On-device search for markdown: keyword search now, vectors and reranking next.",
     )
-    app.state.engine = engine
+    app.state.indexes = indexes
     app.state.log = log
     model_threads()  # a bad QMD_MODEL_THREADS is an error at start-up, not at the first vector search
     app.include_router(router)
     # MCP (spec §20) is a route of this app, so every middleware and the guard screen it too.
     # An ASGI app is a valid endpoint (Starlette's Route serves any non-function callable
     # as ASGI), but add_route's annotation only names request handlers.
-    app.add_route("/mcp", McpEndpoint(engine), methods=["POST"], include_in_schema=False)  # type: ignore[arg-type]
+    app.add_route("/mcp", McpEndpoint(), methods=["POST"], include_in_schema=False)  # type: ignore[arg-type]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -169,5 +223,6 @@ def create_app(engine: Engine, guard: GuardSettings, token: str | None = None) -
     # CLI expects).
     # Without a token, only the daemon's own user may use it (peer uid of loopback
     # connections); a token is how it is shared on purpose, and replaces that check.
-    inner = BearerAuth(BodyLimit(app), token) if token is not None else SameUser(BodyLimit(app))
+    routed = BodyLimit(IndexRouter(app, indexes))
+    inner = BearerAuth(routed, token) if token is not None else SameUser(routed)
     return OriginHostGuard(IndexHeader(inner, engine.paths.name), guard)

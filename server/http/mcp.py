@@ -26,6 +26,7 @@ import difflib
 import json
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -635,13 +636,19 @@ class McpEndpoint:
     own DNS-rebinding check is off: one guard, one set of rules (and of allowlists).
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self.mcp = QmdMcp(engine)
+    def __init__(self) -> None:
+        self.servers: weakref.WeakKeyDictionary[Engine, QmdMcp] = weakref.WeakKeyDictionary()
+        """One MCP server per engine, made on its first exchange; an index closed when idle
+        takes its server with it."""
         self.security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        engine: Engine = scope["state"]["engine"]  # the index the request names (`IndexRouter`)
+        mcp = self.servers.get(engine)
+        if mcp is None:
+            mcp = self.servers[engine] = QmdMcp(engine)
         manager = StreamableHTTPSessionManager(
-            self.mcp.server, json_response=True, stateless=True, security_settings=self.security
+            mcp.server, json_response=True, stateless=True, security_settings=self.security
         )
         async with manager.run():
             await manager.handle_request(scope, receive, send)

@@ -18,7 +18,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import TypeVar
 
@@ -69,6 +70,7 @@ from qmd.server.http.wire import (
     retrieved_out,
     search_response,
 )
+from qmd.server.indexes import linked_index
 from qmd.server.quality import parse_fixture
 from qmd.server.quality import render as render_bench
 from qmd.server.search.discovery import render_key_names, render_overview
@@ -156,14 +158,21 @@ async def run_query(e: Engine, doc: QueryDoc, opts: QueryOptions, shape: Callabl
 
 
 def engine_of(request: Request) -> Engine:
-    return request.app.state.engine
+    """The engine of the index the request names (`IndexRouter` put it there)."""
+    engine: Engine = request.state.engine
+    return engine
 
 
 @router.get("/health", response_model=Health, tags=["public"])
 def health(request: Request) -> Health:
     e = engine_of(request)
     return Health(
-        status="ok", uptime=int(time.time() - e.started), pid=os.getpid(), version=__version__, index=e.paths.name
+        status="ok",
+        uptime=int(time.time() - e.started),
+        pid=os.getpid(),
+        version=__version__,
+        index=e.paths.name,
+        indexes=request.app.state.indexes.served(),
     )
 
 
@@ -420,11 +429,22 @@ def remove_context(body: ContextRemove, request: Request) -> dict:
     return engine_of(request).remove_context(body.target, body.cwd)
 
 
+@contextmanager
+def engine_for(request: Request, name: str) -> Iterator[Engine]:
+    """The engine a document name points into: the index of a `qmd://…?index=NAME` link
+    (results from another index carry one), else the request's own."""
+    linked = linked_index(name)
+    if linked is None:
+        yield engine_of(request)
+        return
+    with request.app.state.indexes.use(linked) as engine:
+        yield engine
+
+
 @router.post("/v1/get", tags=["cli"])
 def get(body: CliGetRequest, request: Request) -> dict:
-    return document_out(
-        engine_of(request).get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd)
-    )
+    with engine_for(request, body.file) as e:
+        return document_out(e.get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd))
 
 
 @router.post("/v1/multi-get", tags=["cli"])

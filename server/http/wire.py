@@ -432,6 +432,9 @@ class Health(Response):
     pid: int
     version: str
     index: str
+    """The index this request named (the daemon's default when it named none)."""
+    indexes: list[str]
+    """Every index open in this daemon now, its default first."""
 
 
 class StageOut(Response):
