@@ -22,7 +22,7 @@ from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
 from qmd.server import quality
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
-from qmd.server.index import catalog, metadata, upkeep, vectors
+from qmd.server.index import catalog, metadata, trust, upkeep, vectors
 from qmd.server.index.chunking import CHUNK_STRATEGIES, ChunkStrategy
 from qmd.server.index.code_chunks import grammar_status
 from qmd.server.index.config import (
@@ -87,15 +87,11 @@ class Engine:
     library opens its own). `config` is where the collections live: the YAML file at
     `paths.config` unless the caller holds them itself (`MemoryConfig`)."""
 
-    def __init__(
-        self, paths: IndexPaths, config: ConfigSource | None = None, *, worker: WorkerClient | None = None
-    ) -> None:
+    def __init__(self, paths: IndexPaths, config: ConfigSource | None = None) -> None:
         self.paths = paths
-        self.config_file: ConfigSource = config or ConfigFile(paths.config)
+        self.config_file: ConfigSource = config or ConfigFile(paths.config, base=paths.project_root)
         self.store = Store(paths.db)
-        self.worker = worker or WorkerClient()
-        self._owns_worker = worker is None
-        """A daemon's other indexes share its default index's worker; the owner closes it."""
+        self.worker = WorkerClient()
         self.embedders = Embedders(self.worker)
         self.started = time.time()
         self._mutate = threading.RLock()
@@ -108,6 +104,8 @@ class Engine:
         self._synced: Config | None = None
         self.watcher: Watcher | None = None
         """The daemon's (`qmdd` sets it); a library engine watches nothing."""
+        self.trust = trust.TrustFile()
+        """The user's approvals of project configs (`index.trust`), read on each use."""
         self._mirror(self.config)  # validates the YAML and records it in the index at start
 
     # -- config -------------------------------------------------------------
@@ -129,6 +127,20 @@ class Engine:
         self.config_file.save(cfg)
         self._mirror(cfg)
 
+    def gate(self, cfg: Config | None = None) -> trust.Gate:
+        """What of a project-local config may be used now (`index.trust`): computed from the
+        config and the user's approvals on every use, so an edit is gated at once. The
+        user's own config (any index that is not a project's) is never gated."""
+        root = self.paths.project_root
+        if root is None:
+            return trust.OPEN
+        return trust.gate(cfg or self.config, root, self.paths.config.parent, self.trust)
+
+    def _usable_models(self, cfg: Config) -> dict[str, str]:
+        """The config's `models:` that may be used; an untrusted project's own choice falls
+        back to the default, which is all that is ever loaded or downloaded for it."""
+        return self.gate(cfg).models(cfg.models)
+
     @property
     def index_label(self) -> str | None:
         """The index name shown in `qmd://…?index=NAME` links (None for the default)."""
@@ -137,8 +149,7 @@ class Engine:
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
-        if self._owns_worker:
-            self.worker.close()
+        self.worker.close()
         self.store.close()
 
     # -- collections --------------------------------------------------------
@@ -162,10 +173,18 @@ class Engine:
             for other in cfg.collections.values():
                 if os.path.realpath(other.root) == str(root) and other.pattern == pattern:
                     raise Conflict(f"Folder {root} is already collection '{other.name}' with mask '{pattern}'.")
-            coll = Collection(name=name, path=str(root), pattern=pattern)
+            coll = Collection(name=name, path=self._stored_path(root), pattern=pattern, base=self.paths.project_root)
             self._save(cfg.with_collection(coll))
         self._watch_changed()
         return coll
+
+    def _stored_path(self, root: Path) -> str:
+        """A folder as index.yml records it: relative to a project's folder when inside it
+        (the checked-in config then works wherever the project is cloned), else absolute."""
+        project = self.paths.project_root
+        if project is not None and (root == project or project in root.parents):
+            return root.relative_to(project).as_posix() or "."
+        return str(root)
 
     def remove_collection(self, name: str) -> int:
         with self._mutate, self._update:
@@ -300,9 +319,14 @@ class Engine:
         with self._update:
             cfg = self.config
             self._mirror(cfg)
+            gate = self.gate(cfg)
             names = collections or list(cfg.collections)
             colls = [cfg.get(n) for n in names]
             for i, coll in enumerate(colls, 1):
+                if gate.blocks("path", coll.name):
+                    if progress:
+                        progress({"event": "gated", "collection": coll.name, "note": _note(gate, "path", coll)})
+                    continue
                 if progress:
                     progress(
                         {
@@ -314,13 +338,16 @@ class Engine:
                             "path": str(coll.root),
                         }
                     )
-                if coll.update:
+                gated = coll.update is not None and gate.blocks("update", coll.name)
+                if coll.update and not gated:
                     if progress:
                         progress({"event": "hook", "collection": coll.name, "command": coll.update})
                     output = run_hook(coll)
                     if progress:
                         progress({"event": "hook_done", "collection": coll.name, "output": output})
                 summary = index_collection(self.store, coll, progress)
+                if gated:
+                    summary.warnings.insert(0, _note(gate, "update", coll))
                 out.append(summary)
                 if progress:
                     progress({"event": "summary", **summary_dict(summary)})
@@ -341,7 +368,7 @@ class Engine:
         with self._update:
             cfg = self.config
             coll = cfg.collections.get(name)
-            if coll is None or not coll.watch:
+            if coll is None or not coll.watch or self.gate(cfg).blocks("path", name):
                 return None
             self._mirror(cfg)
             return index_collection(self.store, coll, scope=scope)
@@ -376,7 +403,9 @@ class Engine:
         if coll is None:  # removed since it was described
             return info
         pending = self.vector_state([coll.name]).pending
-        if self.watcher is None:
+        if self.gate().blocks("path", coll.name):
+            watch = off("outside the project: untrusted project config (run 'qmd trust')", pending, embedding)
+        elif self.watcher is None:
             watch = off("only the daemon (qmdd) watches folders", pending, embedding)
         else:
             watch = self.watcher.info(coll, pending, embedding)
@@ -436,7 +465,7 @@ class Engine:
         """The query expander, or why there is none (announced as a skipped stage)."""
         try:
             self.worker.require_models()
-            uri, path = local_model("generate", cfg.models, self.paths.config.parent)
+            uri, path = local_model("generate", self._usable_models(cfg), self.paths.config.parent)
             key = f"{uri}|{path}"
             if key not in self._expanders:
                 spec = ModelSpec(role="generate", path=str(path))
@@ -451,7 +480,7 @@ class Engine:
     def _reranker(self, cfg: Config) -> tuple[Reranker | None, str]:
         try:
             self.worker.require_models()
-            uri, path = local_model("rerank", cfg.models, self.paths.config.parent)
+            uri, path = local_model("rerank", self._usable_models(cfg), self.paths.config.parent)
             key = f"{uri}|{path}"
             if key not in self._rerankers:
                 self._rerankers[key] = make_reranker(self.worker, str(path), uri)
@@ -478,7 +507,9 @@ class Engine:
     # -- vectors ------------------------------------------------------------
 
     def embedder(self, *, download: bool = False, progress: Progress | None = None) -> Embedder:
-        return self.embedders.get(self.config, self.paths.config.parent, download=download, progress=progress)
+        cfg = self.config
+        usable = replace(cfg, models=self._usable_models(cfg))
+        return self.embedders.get(usable, self.paths.config.parent, download=download, progress=progress)
 
     def chunk_strategies(self, collections: list[str] | None = None) -> dict[str, ChunkStrategy]:
         """Each collection named (all when None) → how its documents are cut for vectors."""
@@ -755,6 +786,9 @@ class Engine:
         spaces are all kept (a model not downloaded yet must not cost its vectors)."""
         cfg = self.config
         try:
+            if self.gate(cfg).blocks("model", "embed"):
+                # Its vectors are kept for when it is approved again, not dropped for a lapse.
+                raise EmbedderUnavailable("the project's embed model is not trusted now (run 'qmd trust')")
             emb = self.embedder()
             fingerprints: frozenset[str] | None = frozenset(emb.fingerprint_for(s) for s in CHUNK_STRATEGIES)
             unresolved = ""
@@ -825,7 +859,7 @@ class Engine:
     # -- models -------------------------------------------------------------
 
     def _models(self) -> dict:
-        return resolve_models(self.config.models, config_dir=self.paths.config.parent)
+        return resolve_models(self._usable_models(self.config), config_dir=self.paths.config.parent)
 
     def pull(self, *, refresh: bool = False, progress: Progress | None = None) -> list[dict]:
         """Download every configured `hf:` model (resumable); check local files. Each role
@@ -1053,6 +1087,7 @@ class Engine:
             collections=collections,
             global_context=self.config.global_context,
             grammars=grammar_status(),
+            warnings=self.gate().notes(),
         )
 
 
@@ -1060,6 +1095,11 @@ def check_strategy(strategy: str | None) -> None:
     """A chunk strategy from a caller that pydantic did not check (the library)."""
     if strategy is not None and strategy not in CHUNK_STRATEGIES:
         raise InvalidInput(f'--chunk-strategy must be "auto" or "regex" (got "{strategy}")')
+
+
+def _note(gate: trust.Gate, kind: trust.Kind, coll: Collection) -> str:
+    """Why a gated item of `coll` was not used, as the answer says it."""
+    return next(i.skipped() for i in gate.items if i.kind == kind and i.name == coll.name)
 
 
 def summary_dict(s: Summary) -> dict:

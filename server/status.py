@@ -101,3 +101,5 @@ class IndexStatus:
     global_context: str | None
     grammars: list[GrammarStatus] = field(default_factory=list)
     """The code grammars of `--chunk-strategy auto`: which load here, and why others do not."""
+    warnings: list[str] = field(default_factory=list)
+    """What of a project-local config is not used now, and why (`index.trust`)."""

@@ -7,6 +7,7 @@ disk (so a hand edit takes effect without a restart) and writes it atomically
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -17,8 +18,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from qmd.paths import home
-from qmd.server.errors import InvalidInput, NotFound
+from qmd.paths import PROJECT_CONFIGS, PROJECT_DIR, config_root, home, project_config
+from qmd.server.errors import Conflict, InvalidInput, NotFound
 from qmd.server.index.chunking import CHUNK_STRATEGIES, DEFAULT_CHUNK_STRATEGY, ChunkStrategy
 
 DEFAULT_PATTERN = "**/*.md"
@@ -64,6 +65,25 @@ def expand_path(raw: str, base: Path | None = None) -> Path:
     return Path(os.path.normpath(p))
 
 
+def write_whole(path: Path, data: bytes, *, mode: int = 0o600, clobber: bool = True) -> None:
+    """Write `path` so that a reader (or a crash) only ever sees all of `data` or the file
+    as it was: a temp file beside it, synced, then renamed over it; with `clobber=False`
+    linked instead, which fails with FileExistsError when `path` exists."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        if clobber:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def normalize_context_key(key: str) -> str:
     """Context keys are stored without leading/trailing slashes; '' is the collection root."""
     return key.strip().strip("/")
@@ -84,10 +104,13 @@ class Collection:
     watch: bool = True
     """Whether the daemon keeps it fresh as its files change (`index.watcher`); `watch: false`
     leaves it to `qmd update` (a folder too big or too busy to watch, a network share)."""
+    base: Path | None = field(default=None, compare=False, repr=False)
+    """What a relative `path` is relative to: a project config's folder (`path: .` is the
+    project, wherever it was cloned), else None for the home folder. Not written to YAML."""
 
     @property
     def root(self) -> Path:
-        return expand_path(self.path)
+        return expand_path(self.path, self.base)
 
     def to_yaml(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "pattern": self.pattern}
@@ -106,7 +129,7 @@ class Collection:
         return out
 
     @classmethod
-    def from_yaml(cls, name: str, raw: Any, source: Path) -> Collection:
+    def from_yaml(cls, name: str, raw: Any, source: Path, base: Path | None = None) -> Collection:
         if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
             raise InvalidInput(f"{source}: collection {name!r} needs a 'path' string")
         ignore = raw.get("ignore") or []
@@ -133,6 +156,7 @@ class Collection:
             context={normalize_context_key(str(k)): str(v) for k, v in context.items()},
             chunk_strategy=strategy,
             watch=watch,
+            base=base,
         )
 
 
@@ -185,7 +209,8 @@ class Config:
         return out
 
     @classmethod
-    def from_yaml(cls, raw: Any, source: Path) -> Config:
+    def from_yaml(cls, raw: Any, source: Path, base: Path | None = None) -> Config:
+        """`base`: the project folder relative collection paths start from (None: home)."""
         if raw is None:
             return cls()
         if not isinstance(raw, dict):
@@ -200,7 +225,7 @@ class Config:
                 editor = editor or raw.pop(alias)
         models = raw.pop("models", None) or {}
         return cls(
-            collections={str(n): Collection.from_yaml(str(n), c, source) for n, c in colls_raw.items()},
+            collections={str(n): Collection.from_yaml(str(n), c, source, base) for n, c in colls_raw.items()},
             global_context=raw.pop("global_context", None),
             editor_uri=editor,
             models={str(k): str(v) for k, v in models.items() if v is not None} if isinstance(models, dict) else {},
@@ -217,10 +242,12 @@ class ConfigSource(Protocol):
 
 
 class ConfigFile:
-    """Loads `index.yml` when it changed on disk; saves atomically."""
+    """Loads `index.yml` when it changed on disk; saves atomically. A project's config
+    (`.qmd/index.yml`) has its folder as `base`, for relative collection paths."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, base: Path | None = None) -> None:
         self.path = path
+        self.base = base
         self._lock = threading.RLock()
         self._stamp: tuple[int, int] | None = None
         self._config = Config()
@@ -245,7 +272,7 @@ class ConfigFile:
             raw = yaml.safe_load(self.path.read_text(encoding="utf-8"))
         except yaml.YAMLError as e:
             raise InvalidInput(f"Failed to parse {self.path}: {e}") from e
-        return Config.from_yaml(raw, self.path)
+        return Config.from_yaml(raw, self.path, self.base)
 
     def save(self, config: Config) -> None:
         """Write `config` atomically, and only if reading the file back gives `config`:
@@ -261,21 +288,12 @@ class ConfigFile:
             text = yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=10**6, indent=2)
             try:
                 data = text.encode("utf-8")
-                back = Config.from_yaml(yaml.safe_load(data.decode("utf-8")), self.path)
+                back = Config.from_yaml(yaml.safe_load(data.decode("utf-8")), self.path, self.base)
             except (UnicodeError, yaml.YAMLError, InvalidInput) as e:
                 raise InvalidInput(f"this change cannot be saved to {self.path}: {e}; nothing was changed") from e
             if back != config:
                 raise InvalidInput(f"this change cannot be saved to {self.path} as written; nothing was changed")
-            fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".yml", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_whole(self.path, data)
             self._config = config
             self._stamp = self._current_stamp()
 
@@ -296,3 +314,59 @@ class MemoryConfig:
     def save(self, config: Config) -> None:
         with self._lock:
             self._config = config
+
+
+PROJECT_GITIGNORE = """\
+# qmd (qmd init): index.yml is the project's config, to check in; the index is
+# rebuilt from the files by 'qmd update' and stays on each machine.
+index.sqlite*
+bench/
+.index.*.yml
+"""
+
+
+def init_project(root: Path, models: dict[str, str]) -> Path:
+    """`qmd init`: write `<root>/.qmd/index.yml`, the `models:` block pre-filled with
+    `models` (the defaults as resolved now) and one collection, the project folder (`.`),
+    plus a `.gitignore` that keeps the index out of version control. Refuses when the
+    folder already has a project config; never overwrites one (the file appears whole,
+    by link, or not at all)."""
+    if not root.is_absolute():
+        raise InvalidInput(f"qmd init needs an absolute folder, got {str(root)!r}")
+    if not root.is_dir():
+        raise InvalidInput(f"Not a folder: {root}" if root.exists() else f"Folder not found: {root}")
+    if (found := project_config(root)) is not None:
+        raise Conflict(f"{root} is already a qmd project: {found} exists (edit it, or remove it to start over)")
+    folder = root / PROJECT_DIR
+    if folder.exists() and folder.resolve() == config_root().resolve():
+        raise InvalidInput(f"{folder} is your own qmd config folder (QMD_CONFIG_DIR), not a project's")
+    name = re.sub(r"[^\w.\-]+", "-", root.name).strip(".-") or "project"
+    validate_collection_name(name)
+    lines = [
+        "# qmd project index (written by 'qmd init'). Check this file in: anyone who runs qmd",
+        "# inside this folder uses it, with the index kept beside it in .qmd/ (not checked in).",
+        "# Collection paths are relative to the project folder.",
+        "#",
+        "# On another machine, update commands, collection paths outside the project and models",
+        "# other than the defaults are not used until its user approves them ('qmd trust').",
+        "models:",
+        *(f"  {role}: {json.dumps(uri)}" for role, uri in models.items()),
+        "",
+        "collections:",
+        f"  {name}:",
+        "    path: .",
+        f"    pattern: {json.dumps(DEFAULT_PATTERN)}",
+        "",
+    ]
+    text = "\n".join(lines)
+    Config.from_yaml(yaml.safe_load(text), folder / PROJECT_CONFIGS[0], root)  # what is written reads back
+    folder.mkdir(exist_ok=True)
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text(PROJECT_GITIGNORE, encoding="utf-8")
+    target = folder / PROJECT_CONFIGS[0]
+    try:  # 0644: a file to check in, not one of qmd's private ones
+        write_whole(target, text.encode("utf-8"), mode=0o644, clobber=False)
+    except FileExistsError:
+        raise Conflict(f"{root} is already a qmd project: {target} exists") from None
+    return target
