@@ -87,11 +87,15 @@ class Engine:
     library opens its own). `config` is where the collections live: the YAML file at
     `paths.config` unless the caller holds them itself (`MemoryConfig`)."""
 
-    def __init__(self, paths: IndexPaths, config: ConfigSource | None = None) -> None:
+    def __init__(
+        self, paths: IndexPaths, config: ConfigSource | None = None, *, worker: WorkerClient | None = None
+    ) -> None:
         self.paths = paths
         self.config_file: ConfigSource = config or ConfigFile(paths.config, base=paths.project_root)
         self.store = Store(paths.db)
-        self.worker = WorkerClient()
+        self.worker = worker or WorkerClient()
+        self._owns_worker = worker is None
+        """A daemon's other indexes share its default index's worker; the owner closes it."""
         self.embedders = Embedders(self.worker)
         self.started = time.time()
         self._mutate = threading.RLock()
@@ -149,7 +153,8 @@ class Engine:
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
-        self.worker.close()
+        if self._owns_worker:
+            self.worker.close()
         self.store.close()
 
     # -- collections --------------------------------------------------------
