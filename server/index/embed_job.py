@@ -42,6 +42,9 @@ class EmbedReport:
     """Chunks whose vectors this run wrote, counted from the batches committed, not from the plan."""
     skipped: int = 0
     """Chunks that had their vector already (a run resumed after a kill or Ctrl-C): not embedded again."""
+    reused: int = 0
+    """Chunks of changed documents whose title and text an earlier version (or a copy) had
+    embedded: their vectors were copied, not computed (counted in `chunks`, not `embedded`)."""
     pending_before: int = 0
     pending_after: int = 0
     truncated: list[dict] = field(default_factory=list)
@@ -64,9 +67,10 @@ class EmbedReport:
 
     def line(self) -> str:
         rate = self.embedded / self.seconds if self.seconds else 0.0
+        reused = f", {self.reused} unchanged chunks reused" if self.reused else ""
         return (
             f"Embedded {self.embedded} chunks from {self.documents} documents in {self.seconds:.1f}s "
-            f"({rate:.1f} chunks/s); {self.pending_after} pending"
+            f"({rate:.1f} chunks/s{reused}); {self.pending_after} pending"
         )
 
 
@@ -233,8 +237,10 @@ def _embed_documents(
     queue: list[tuple[int, int, Chunk]] = []  # (document, seq, chunk)
     totals: list[int] = []
     left: list[int] = []
+    copied: dict[int, list[vectors.ChunkVector]] = {}  # document → rows reused from identical chunks
     for d, doc in enumerate(docs):
         chunks = embedder.backend.chunk(doc.body, embedder.chunk_tokens, doc.language)
+        keys = [vectors.chunk_key(doc.title, doc.body[c.start : c.end]) for c in chunks]
         with store.read() as conn:
             have = {
                 r[0]
@@ -242,13 +248,34 @@ def _embed_documents(
                     "SELECT seq FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, doc.content_hash)
                 )
             }
-        todo = [(d, seq, c) for seq, c in enumerate(chunks) if seq not in have]
+            todo = [(d, seq, c) for seq, c in enumerate(chunks) if seq not in have]
+            known = vectors.reusable(conn, space, [keys[seq] for _, seq, _ in todo])
+        for _, seq, c in todo:
+            if keys[seq] in known:
+                tokens, clipped, blob = known[keys[seq]]
+                row = vectors.ChunkVector(
+                    seq, c.start, c.end, c.start_line, c.end_line, tokens, clipped, blob, keys[seq]
+                )
+                copied.setdefault(d, []).append(row)  # a clipped one was reported when it was embedded
+        fresh = [(d, seq, c) for _, seq, c in todo if keys[seq] not in known]
         report.chunks += len(chunks)
         report.skipped += len(chunks) - len(todo)
-        queue += todo
+        report.reused += len(todo) - len(fresh)
+        queue += [(d, seq, c) for d, seq, c in fresh]
         totals.append(len(chunks))
-        left.append(len(todo))
-        if not todo:
+        left.append(len(fresh))
+    if copied:
+
+        def write_copies(conn: sqlite3.Connection) -> int:
+            for d, chunk_rows in copied.items():
+                vectors.write_document(
+                    conn, space=space, content_hash=docs[d].content_hash, chunks=chunk_rows, total=totals[d]
+                )
+            return vectors.add_partitions(conn, space, [docs[d].content_hash for d in copied if left[d] == 0])
+
+        report.partitions_added += store.write(write_copies)
+    for d in range(len(docs)):
+        if left[d] == 0:
             document_done()
     for j in range(0, len(queue), EMBED_SUB_BATCH):
         if cancel is not None and cancel.is_set():
@@ -259,7 +286,15 @@ def _embed_documents(
         rows: dict[int, list[vectors.ChunkVector]] = {}
         for k, (d, seq, c) in enumerate(part):
             row = vectors.ChunkVector(
-                seq, c.start, c.end, c.start_line, c.end_line, embs.n_tokens[k], c.clipped or k in embs.clipped, embs[k]
+                seq,
+                c.start,
+                c.end,
+                c.start_line,
+                c.end_line,
+                embs.n_tokens[k],
+                c.clipped or k in embs.clipped,
+                embs[k],
+                vectors.chunk_key(docs[d].title, texts[k]),
             )
             if row.clipped:
                 report.truncated.append({"file": docs[d].name, "chunk": seq, "tokens": row.tokens, "limit": embs.limit})

@@ -210,12 +210,25 @@ def _v5_cache_models(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE llm_cache ADD COLUMN model TEXT")
 
 
+def _v6_chunk_keys(conn: sqlite3.Connection) -> None:
+    """Each chunk vector records a key of exactly what was embedded (title and text), so an
+    edited document's unchanged chunks take their vectors from its previous version
+    instead of the model. Rows from before have none, and are never reused."""
+    if "chunk_key" not in {row[1] for row in conn.execute("PRAGMA table_info(content_vectors)")}:
+        conn.execute("ALTER TABLE content_vectors ADD COLUMN chunk_key TEXT")
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS idx_content_vectors_chunk_key ON content_vectors(space_id, chunk_key)"
+        " WHERE chunk_key IS NOT NULL"
+    )
+
+
 MIGRATIONS: list[Migration] = [
     _v1_first_release,
     _v2_vector_tables,
     _v3_metadata,
     _v4_reread_loaded_files,
     _v5_cache_models,
+    _v6_chunk_keys,
 ]
 """MIGRATIONS[N - 1] takes an index from version N - 1 to N; append, never edit."""
 

@@ -16,6 +16,7 @@ filter, no KNN at all: `vec_distance_cosine` over the eligible chunks' stored ve
 from __future__ import annotations
 
 import array
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -125,7 +126,32 @@ class ChunkVector:
     end_line: int
     tokens: int
     clipped: bool
-    embedding: Sequence[float]
+    embedding: Sequence[float] | bytes
+    """The vector, or its packed bytes when it is reused from another row (`reusable`)."""
+    key: str | None = None
+    """`chunk_key` of what was embedded; None writes a row that is never reused."""
+
+
+def chunk_key(title: str | None, text: str) -> str:
+    """What a chunk's vector depends on within one space: the title and text the embedder
+    read (the space's fingerprint covers the model and its prompt format)."""
+    return hashlib.sha256(f"{title or ''}\0{text}".encode()).hexdigest()
+
+
+def reusable(conn: sqlite3.Connection, space: Space, keys: Sequence[str]) -> dict[str, tuple[int, bool, bytes]]:
+    """Of these chunk keys, those the space already holds a vector for: key → (tokens,
+    clipped, packed embedding), from any content (an earlier version of the document, a
+    copy elsewhere)."""
+    found: dict[str, tuple[int, bool, bytes]] = {}
+    for i in range(0, len(keys), 500):
+        part = list(keys[i : i + 500])
+        for key, tokens, clipped, blob in conn.execute(
+            "SELECT chunk_key, tokens, clipped, embedding FROM content_vectors"
+            f" WHERE space_id = ? AND chunk_key IN ({','.join('?' * len(part))})",
+            (space.id, *part),
+        ):
+            found.setdefault(key, (tokens, bool(clipped), blob))
+    return found
 
 
 def write_document(
@@ -136,7 +162,8 @@ def write_document(
     for c in chunks:
         conn.execute(
             "INSERT OR REPLACE INTO content_vectors(space_id, hash, seq, pos, end_pos, start_line, end_line, tokens,"
-            " clipped, total_chunks, embed_fingerprint, embedded_at, embedding) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " clipped, total_chunks, embed_fingerprint, embedded_at, embedding, chunk_key)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 space.id,
                 content_hash,
@@ -150,7 +177,8 @@ def write_document(
                 total,
                 space.fingerprint,
                 now,
-                pack(c.embedding),
+                c.embedding if isinstance(c.embedding, bytes) else pack(c.embedding),
+                c.key,
             ),
         )
 
