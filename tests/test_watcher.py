@@ -22,6 +22,10 @@ import yaml
 from conftest import MODELS_DIR, require, unavailable, write
 from harness import Daemon, Env
 
+from qmd.server.index.config import Collection
+from qmd.server.index.indexer import Scope, index_collection
+from qmd.server.index.store import Store
+
 FAST = {"QMD_WATCH": "1", "QMD_WATCH_QUIET_MS": "200", "QMD_WATCH_MAX_WAIT_MS": "1000"}
 
 
@@ -315,6 +319,28 @@ def test_add_and_remove_while_running(env: Env, live: Daemon, tmp_path: Path) ->
     eventually(lambda: paths_for(live, "whimbrel") == ["s.md", "t.md"], what="the new collection's watch")
     assert paths_for(live, "godwit") == []
     assert "Traceback" not in live.output.read_text()
+
+
+def test_a_scoped_pass_touches_only_its_paths(tmp_path: Path) -> None:
+    """The watcher's pass (`index_collection` with a `Scope`): a folder gone takes its files
+    with it and no neighbour whose name merely starts the same (`a-b` beside `a`); the
+    last document of a collection is kept (the empty-walk rule, via a whole walk)."""
+    root = write(tmp_path / "c", {"a/x.md": "# X\n", "a-b/y.md": "# Y\n", "ab.md": "# AB\n"})
+    coll = Collection("c", str(root))
+    store = Store(tmp_path / "index.sqlite")
+    try:
+        assert index_collection(store, coll).indexed == 3
+        shutil.rmtree(root / "a")
+        (root / "ab.md").write_text("# AB, edited\n")
+        s = index_collection(store, coll, scope=Scope.of(["a", "a/x.md"]))
+        assert (s.removed, s.updated, s.unchanged) == (1, 0, 0)  # ab.md is outside the scope
+        assert index_collection(store, coll, scope=Scope.of(["ab.md"])).updated == 1
+        (root / "a-b" / "y.md").unlink()
+        (root / "ab.md").unlink()
+        s = index_collection(store, coll, scope=Scope.of(["a-b/y.md", "ab.md"]))
+        assert s.removed == 0 and "an empty walk never prunes" in s.warnings[0]
+    finally:
+        store.close()
 
 
 def test_bad_settings_are_clear_errors(env: Env, tmp_path: Path) -> None:

@@ -375,16 +375,26 @@ def run_hook(coll: Collection) -> str:
 def _existing(store: Store, collection: str, scope: Scope | None) -> tuple[dict[str, _Existing], int]:
     """The collection's document rows (those `scope` covers, when given) by path, and how
     many of all its documents are active."""
+    select = "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?"
     with store.read() as conn:
-        rows = conn.execute(
-            "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?", (collection,)
-        ).fetchall()
+        if scope is None:
+            rows = conn.execute(select, (collection,)).fetchall()
+        else:
+            # Each path's range in the (collection, path) index: the path itself and all below
+            # it ('/' sorts just before '0'), and a few neighbours (`a-b` for `a`) the filter drops.
+            rows = [
+                r
+                for p in sorted(scope.paths)
+                for r in conn.execute(select + " AND path >= ? AND path < ?", (collection, p, p + "0"))
+                if scope.covers(r["path"])
+            ]
+        active = conn.execute(
+            "SELECT COUNT(*) FROM documents WHERE collection = ? AND active = 1", (collection,)
+        ).fetchone()[0]
     existing = {
-        r["path"]: _Existing(r["id"], r["hash"], r["size"], r["mtime_ns"], r["title"], bool(r["active"]))
-        for r in rows
-        if scope is None or scope.covers(r["path"])
+        r["path"]: _Existing(r["id"], r["hash"], r["size"], r["mtime_ns"], r["title"], bool(r["active"])) for r in rows
     }
-    return existing, sum(1 for r in rows if r["active"])
+    return existing, active
 
 
 def index_collection(
