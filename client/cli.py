@@ -20,6 +20,7 @@ import click
 
 from qmd.client import formats
 from qmd.client.connection import ClientError, Daemon
+from qmd.paths import find_project
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
 
@@ -112,7 +113,7 @@ def complete_collections(ctx: click.Context, _param: click.Parameter, incomplete
         r = d.connect(read_timeout=COMPLETION_TIMEOUT_S).request("GET", "/v1/collections")
     except (ClientError, OSError):
         return []
-    if r.status != 200 or r.index != d.paths.name:
+    if r.status != 200 or not d.serves(r.index):
         return []
     return [c["name"] for c in r.json()["collections"] if c["name"].startswith(incomplete)]
 
@@ -295,6 +296,8 @@ def run_search(
     fmt = pick_format(fmt, flags)
     limit = limit or (20 if fmt in ("json", "files") else 5)
     body.update(collections=list(collections) or None, min_score=min_score, all=all_results, filter=metadata_filter)
+    if endpoint != "/v1/keyword":  # the models: a project's own are asked about first
+        ask_trust(c)
     res = c.call("POST", endpoint, {"query": " ".join(query), "limit": limit, "full": full, **body})
     _warn(res.get("warnings", []))
     text, warnings = formats.render_search(
@@ -624,6 +627,7 @@ class ProgressBar:
 
 
 def run_update(c: Ctx, collections: list[str] | None) -> None:
+    ask_trust(c)
     bar = ProgressBar()
     t0 = time.monotonic()
     total_skipped = 0
@@ -636,6 +640,9 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
             elif kind == "hook":
                 bar.clear()
                 click.echo(f"    Running update command: {ev['command']}")
+            elif kind == "gated":
+                bar.clear()
+                click.echo(f"⚠ {ev['note']}", err=True)
             elif kind == "hook_done":
                 if ev["output"].strip():
                     click.echo("\n".join("    " + line for line in ev["output"].rstrip().splitlines()))
@@ -709,6 +716,7 @@ def embed(
         "max_batch_mb": max_batch_mb,
         "chunk_strategy": chunk_strategy,
     }
+    _model_notes(c)
     try:
         for ev in c.daemon.stream("/v1/embed", body):
             if ev["event"] == "download":
@@ -751,6 +759,7 @@ def pull(c: Ctx, refresh: bool) -> None:
     """Download the configured models now (resumable), instead of on first use."""
     bar = ProgressBar()
     failed = False
+    _model_notes(c)
     for ev in c.daemon.stream("/v1/pull", {"refresh": refresh}):
         if ev["event"] == "model":
             click.echo(f"{ev['role']}: {ev['uri']} ({ev['source']})")
@@ -985,6 +994,8 @@ def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
         f"  Vectors:  {s['vector']['message']}",
         *_orphaned_line(s["vector"]),
         *_grammar_lines(s.get("grammars") or []),
+        *(["", "Project config"] if s.get("warnings") else []),
+        *(f"  ⚠ {w}" for w in s.get("warnings") or []),
     ]
     if s["collections"]:
         lines += ["", "Collections"]
@@ -1307,6 +1318,127 @@ def context_rm(c: Ctx, target: str) -> None:
 
 
 context.add_command(context_rm, "remove")
+
+
+# -- projects and trust ------------------------------------------------------------
+
+
+def _interactive() -> bool:
+    """A person at a terminal who can answer a question (not an agent, CI or MCP)."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def _gated_lines(t: dict[str, Any]) -> list[str]:
+    lines = [f"  - {i['shown']}" for i in t["items"]]
+    if t["override"]:
+        lines.append(f"  ({t['override']} is set in the daemon's environment: what it covers is trusted)")
+    return lines
+
+
+def ask_trust(c: Ctx) -> list[str]:
+    """Before a command that would use a project config's gated items: on a terminal, list
+    the untrusted ones and ask (y/N), recording a yes through the daemon; anywhere else
+    the daemon skips them. Returns what is skipped (empty outside a project)."""
+    if c.daemon.project is None:
+        return []
+    t = c.call("GET", "/v1/trust")
+    if not t["skipped"] or not _interactive():
+        return list(t["skipped"])
+    click.echo(f"This project's config ({t['project']}/.qmd) asks for what qmd does not do unapproved:", err=True)
+    _warn(_gated_lines(t))
+    if not click.confirm("Trust these for this project?", default=False, err=True):
+        click.echo("Not approved: they are skipped this time ('qmd trust' to approve later).", err=True)
+        return list(t["skipped"])
+    c.call("POST", "/v1/trust", {"fingerprint": t["fingerprint"]})
+    click.echo(
+        "Approved (recorded in trusted.json; an edit of them asks again; 'qmd trust revoke' undoes it).", err=True
+    )
+    return []
+
+
+def _model_notes(c: Ctx) -> None:
+    """`embed` and `pull` without a terminal: say which project models fall back to the defaults."""
+    _warn([f"⚠ {n}" for n in ask_trust(c) if " model " in n])
+
+
+@cli.command()
+@click.argument("path", required=False, type=click.Path(file_okay=False, path_type=Path))
+@pass_ctx
+def init(c: Ctx, path: Path | None) -> None:
+    """Make a folder (default: here) a project with its own index in .qmd/ (index.yml to check in)."""
+    root = os.path.realpath(path or os.getcwd())
+    made = c.call("POST", "/v1/init", {"path": root})
+    click.echo(f"Initialized a qmd project in {made['root']}")
+    click.echo(f"  Config:     {made['config']} (check it in; .qmd/.gitignore keeps the index out)")
+    click.echo(f"  Collection: {made['collection']} (the project folder, **/*.md)")
+    for role, uri in made["models"].items():
+        click.echo(f"  Model:      {role} {uri}")
+    click.echo("Every qmd command run in this folder now uses it. Next: qmd update, then qmd embed.")
+
+
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def trust(ctx: click.Context) -> None:
+    """Approve this project's gated config (update commands, paths outside it, models); list, revoke."""
+    if ctx.invoked_subcommand is not None:
+        return
+    c = ctx.find_object(Ctx)
+    assert c is not None
+    if c.index:
+        raise ClientError("--index names one of your own configs, which are never gated: nothing to approve")
+    if c.daemon.project is None:
+        raise ClientError("not inside a qmd project (no .qmd/index.yml here or above; 'qmd init' makes one)")
+    t = c.call("GET", "/v1/trust")
+    where = f"{t['project']}/.qmd"
+    if not t["items"]:
+        click.echo(f"Nothing to approve in {where}: no update commands, no paths outside it, default models.")
+        return
+    if t["approved"]:
+        click.echo(f"Approved for {t['project']} on {t['approved_at']}:")
+        _out("\n".join(_gated_lines(t)))
+        return
+    click.echo(f"{where} asks for what qmd does not do unapproved:")
+    _out("\n".join(_gated_lines(t)))
+    if not _interactive():
+        raise ClientError(
+            "qmd trust asks at a terminal, and there is none here; until someone approves at one, these are "
+            "skipped (CI: set QMD_TRUST_LOCAL_CONFIG=1 or QMD_TRUST_UPDATE_HOOKS=1 for the daemon)"
+        )
+    if not click.confirm("Trust these for this project?", default=False):
+        click.echo("Not approved.")
+        sys.exit(1)
+    c.call("POST", "/v1/trust", {"fingerprint": t["fingerprint"]})
+    click.echo("Approved (recorded in trusted.json; any edit of them asks again).")
+
+
+@trust.command("list")
+@pass_ctx
+def trust_list(c: Ctx) -> None:
+    """Every approved project, and whether its config still has the approved set."""
+    approvals = c.call("GET", "/v1/trust/approvals")["approvals"]
+    if not approvals:
+        click.echo("No project config is approved.")
+        return
+    states = {"current": "approved", "changed": "changed since (asks again)", "no project": "no .qmd config there now"}
+    for a in approvals:
+        click.echo(f"{a['root']}  {states[a['state']]}  (approved {a['approved_at']})")
+        _out("\n".join(f"  - {item}" for item in a["items"]))
+
+
+@trust.command("revoke")
+@click.argument("path", required=False, type=click.Path(file_okay=False, path_type=Path))
+@pass_ctx
+def trust_revoke(c: Ctx, path: Path | None) -> None:
+    """Drop the approval of this project (or the one at PATH)."""
+    if path is not None:
+        real = Path(os.path.realpath(path))
+        root = find_project(real) or real
+    elif c.daemon.project is not None:
+        root = c.daemon.project
+    else:
+        raise ClientError("not inside a qmd project: give its folder, 'qmd trust revoke PATH' ('qmd trust list')")
+    gone = c.call("POST", "/v1/trust/revoke", {"root": str(root)})
+    click.echo(f"Revoked the approval of {gone['root']}: its gated items are skipped until approved again.")
 
 
 # -- MCP and daemon lifecycle ----------------------------------------------------------

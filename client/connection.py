@@ -17,10 +17,11 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from qmd.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths, connect_host
+from qmd.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths, connect_host, find_project
 from qmd.token import TokenError, load_token
 
 CONNECT_TIMEOUT_S = 2.0
@@ -110,13 +111,35 @@ class Http:
             self._conn = None
 
 
+def _latin1(text: str) -> str:
+    """`text` as http.client sends and reads header values (latin-1): its UTF-8 bytes, so
+    a project folder named in any script arrives whole."""
+    return text.encode("utf-8").decode("latin-1")
+
+
+def current_project() -> Path | None:
+    """The project the working directory is in (`.qmd/index.yml` here or above), if any."""
+    try:
+        return find_project(Path.cwd())
+    except OSError:  # the working directory was deleted
+        return None
+
+
 class Daemon:
+    """The one daemon, and which of its indexes this client means: `index` (`--index
+    NAME`) when given, else the project the working directory is in (sent as
+    `x-qmd-project`), else the default index. `paths` is always the daemon's own (its
+    pidfile, log and start lock), whichever index is asked for."""
+
     def __init__(self, index: str | None = None) -> None:
         try:
             self.paths = IndexPaths.resolve(index)
         except ValueError as e:
             raise ClientError(str(e)) from e
         self.index_arg = index
+        self.project = None if index else current_project()
+        self.target = IndexPaths.for_project(self.project).name if self.project else self.paths.name
+        """The index name the daemon must say it served (`x-qmd-index` of every answer)."""
         self.bind_host = os.environ.get("QMD_HOST") or DEFAULT_HOST
         port = os.environ.get("QMD_PORT") or str(DEFAULT_PORT)
         if not port.isdigit() or not 0 < int(port) < 65536:
@@ -126,7 +149,11 @@ class Daemon:
         self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
         self.host = host
         # One daemon serves every index: this names the one this client means (server/indexes.py).
-        self.headers = {"Accept": "application/json", "x-qmd-index": self.paths.name}
+        self.headers = {"Accept": "application/json"}
+        if self.project is not None:
+            self.headers["x-qmd-project"] = _latin1(str(self.project))
+        else:
+            self.headers["x-qmd-index"] = self.paths.name
         try:
             token = load_token()
         except TokenError as e:
@@ -157,8 +184,12 @@ class Daemon:
         except ValueError:
             raise ClientError(f"{self.url} is not a qmd daemon (bad /health answer)") from None
 
+    def serves(self, index: str | None) -> bool:
+        """Whether an answer's `x-qmd-index` is the index this client asked for."""
+        return index == _latin1(self.target)
+
     def _check_index(self, index: str | None) -> None:
-        if index != self.paths.name:
+        if not self.serves(index):
             raise ClientError(self.wrong_index(index))
 
     def wrong_index(self, index: str | None) -> str:
@@ -170,7 +201,7 @@ class Daemon:
                 "Stop it, or give qmd another port with QMD_PORT."
             )
         return (
-            f"the qmd daemon at {self.url} serves index '{index}', not '{self.paths.name}': it is an older "
+            f"the qmd daemon at {self.url} serves index '{index}', not '{self.target}': it is an older "
             "qmdd, which serves only the index it started with. Restart it ('qmd daemon stop'), or give "
             "this index its own port with QMD_PORT."
         )

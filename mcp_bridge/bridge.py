@@ -198,7 +198,7 @@ class Bridge:
                 self.daemon.autostart()
                 r = conn.open("POST", MCP_PATH, message, self.headers_for(message))
             index = r.getheader("x-qmd-index")
-            if index is not None and index != self.daemon.paths.name:
+            if index is not None and not self.daemon.serves(index):
                 r.read()
                 self._fail(ids, self.daemon.wrong_index(index))
             elif r.status == 200 and (r.getheader("content-type") or "").startswith("text/event-stream"):

@@ -434,7 +434,13 @@ class Engine:
             *(self._expander(cfg) if doc.mode == "expand" else unused),
             *(self._reranker(cfg) if opts.rerank else unused),
         )
-        return HybridQuery(self.store, cfg, legs, self.costs, index_name=self.index_label).run(doc, opts)
+        out = HybridQuery(self.store, cfg, legs, self.costs, index_name=self.index_label).run(doc, opts)
+        out.warnings += self._model_notes(cfg)
+        return out
+
+    def _model_notes(self, cfg: Config) -> list[str]:
+        """Which of a project's own models a search did not use (the defaults answered)."""
+        return [i.skipped() for i in self.gate(cfg).skipped if i.kind == "model"]
 
     def _vector_leg(self, collections: list[str] | None) -> tuple[VectorLeg | None, str]:
         state = self.vector_state(collections)
@@ -611,12 +617,13 @@ class Engine:
     def vsearch(self, query: str, opts: SearchOptions = SearchOptions()) -> SearchOutcome:
         """Vector search; when it cannot run, keyword results with the reason (never silence)."""
         try:
-            return self._vector_or_raise(query, opts)
+            out = self._vector_or_raise(query, opts)
         except VectorUnavailable as e:
             out = self.search(query, replace(opts, min_score=0.0))
             out.warnings.insert(0, f"{e.message}; showing keyword results instead")
             out.degraded = True
-            return out
+        out.warnings += self._model_notes(self.config)
+        return out
 
     def embed(
         self,

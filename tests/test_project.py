@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import Daemon, Env, write
 
 from qmd.paths import IndexPaths, find_project, is_project_root
+from qmd.server.models.refs import DEFAULT_MODELS, parse_model_ref
 
 
 def project(root: Path, name: str = "index.yml") -> Path:
@@ -75,3 +78,57 @@ def test_a_projects_files_live_in_its_dot_qmd(home: Path) -> None:
     assert IndexPaths.resolve("work").project_root is None
     project(root)  # both: index.yml wins
     assert IndexPaths.for_project(root).config == root / ".qmd" / "index.yml"
+
+
+# -- through the real CLI and daemon ---------------------------------------------------
+
+
+def test_init_makes_a_project_that_every_command_inside_it_adopts(env: Env, daemon: Daemon) -> None:
+    repo = write(env.home / "repo", {"README.md": "# Widget\n\nThe zanzibar widget.\n", "docs/use.md": "# Use\n"})
+    out = env.ok("init", cwd=repo)
+    assert f"Initialized a qmd project in {repo}" in out
+    config = repo / ".qmd" / "index.yml"
+    cfg = yaml.safe_load(config.read_text())
+    assert cfg["models"] == {role: parse_model_ref(uri).uri for role, uri in DEFAULT_MODELS.items()}
+    assert cfg["collections"] == {"repo": {"path": ".", "pattern": "**/*.md"}}
+    assert "index.sqlite*" in (repo / ".qmd" / ".gitignore").read_text().splitlines()
+
+    sub = repo / "docs"
+    assert "Indexed: 2 new" in env.ok("update", cwd=sub)
+    assert "repo/README.md" in env.ok("search", "zanzibar", "--files", cwd=sub)
+    status = env.json("status", "--json", cwd=sub)
+    assert status["index"] == f"project:{repo}"
+    assert status["index_path"] == str(repo / ".qmd" / "index.sqlite") and status["warnings"] == []
+    # the user's own index is another one, and --index wins inside the tree
+    assert env.json("status", "--json")["collections"] == []
+    assert env.json("--index", "index", "status", "--json", cwd=sub)["collections"] == []
+    assert env.ok("search", "zanzibar", "--files", cwd=env.home).strip() == ""
+
+
+def test_init_refuses_a_folder_that_is_a_project_or_not_a_folder(env: Env, daemon: Daemon) -> None:
+    repo = write(env.home / "repo", {"a.md": "# A\n"})
+    env.ok("init", str(repo))
+    before = (repo / ".qmd" / "index.yml").read_text()
+    r = env.qmd("init", str(repo))
+    assert r.returncode == 1 and "already a qmd project" in r.stderr and "Traceback" not in r.stderr
+    assert (repo / ".qmd" / "index.yml").read_text() == before
+    (env.home / "plain").mkdir()
+    (env.home / "plain" / ".qmd").mkdir()
+    (env.home / "plain" / ".qmd" / "index.yaml").write_text("collections: {}\n")
+    r = env.qmd("init", str(env.home / "plain"))
+    assert r.returncode == 1 and "index.yaml exists" in r.stderr
+    r = env.qmd("init", str(env.home / "missing"))
+    assert r.returncode == 1 and "Folder not found" in r.stderr
+
+
+def test_a_collection_added_inside_a_project_is_stored_relative(env: Env, daemon: Daemon) -> None:
+    repo = write(env.home / "repo", {"a.md": "# A\n", "notes/n.md": "# N\n"})
+    env.ok("init", cwd=repo)
+    env.ok("collection", "add", "notes", "--name", "notes", cwd=repo)
+    cfg = yaml.safe_load((repo / ".qmd" / "index.yml").read_text())
+    assert cfg["collections"]["notes"]["path"] == "notes"
+    moved = env.home / "moved"
+    repo.rename(moved)  # a clone elsewhere: the checked-in config still finds its folders
+    env.ok("update", cwd=moved)
+    files = env.ok("search", "N", "--files", "-c", "notes", cwd=moved)
+    assert "notes/n.md" in files

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import stat
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import write
+from conftest import Daemon, Env, write
+from test_mcp import INITIALIZE
 
 from qmd.paths import IndexPaths, config_root
 from qmd.server.engine import Engine
@@ -257,3 +262,191 @@ def test_a_corrupt_trust_file_trusts_nothing_and_is_not_overwritten(engine: Engi
     with pytest.raises(InvalidInput, match="not a valid trust file"):
         approve(engine)
     assert path.read_text() == "{not json"
+
+
+# -- through the real CLI and daemon ---------------------------------------------------
+
+
+def cloned_in(env: Env, outside: bool = False) -> tuple[Path, Path]:
+    """A cloned project under the test's HOME, and the marker its hook would create."""
+    marker = env.base / "hook-ran"
+    out = write(env.base / "private", {"diary.md": "# Diary\n\nzanzibar secrets.\n"}) if outside else None
+    return cloned(env.home / "repo", marker, outside=out), marker
+
+
+def test_no_terminal_update_skips_the_hook_and_says_so(env: Env, daemon: Daemon) -> None:
+    repo, marker = cloned_in(env, outside=True)
+    r = env.qmd("update", cwd=repo / "docs")
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists()
+    assert "skipped: update command of collection docs (untrusted project config; run 'qmd trust')" in r.stderr
+    assert "skipped: collection secrets at" in r.stderr and "Running update command" not in r.stdout
+    assert "Indexed: 2 new" in r.stdout
+    assert env.ok("search", "zanzibar", "--files", cwd=repo).strip() == ""  # the outside folder was not read
+    status = env.ok("status", cwd=repo)
+    assert "⚠ skipped: update command of collection docs" in status
+    assert env.json("status", "--json", cwd=repo)["warnings"][0].startswith("skipped: update command of")
+    r = env.qmd("trust", cwd=repo)
+    assert r.returncode == 1 and "asks at a terminal" in r.stderr
+    assert f"update command of collection docs: touch {marker}" in r.stdout
+    assert not (env.config / "qmd" / trust.TRUST_FILE).exists()
+
+
+def test_the_daemons_environment_overrides(env: Env, tmp_path: Path) -> None:
+    repo, marker = cloned_in(env, outside=True)
+    d = Daemon(env, extra_env={trust.TRUST_HOOKS_VAR: "1"})
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    try:
+        r = env.qmd("update", cwd=repo)
+        assert marker.exists(), r.stderr
+        assert "skipped: collection secrets" in r.stderr  # hooks only
+    finally:
+        d.stop()
+    marker.unlink()
+    d = Daemon(env, extra_env={trust.TRUST_ALL_VAR: "1"})
+    try:
+        r = env.qmd("update", cwd=repo)
+        assert marker.exists() and "skipped" not in r.stderr
+        assert "private/diary.md" in env.ok("search", "zanzibar", "--files", "--full-path", cwd=repo)
+    finally:
+        d.stop()
+
+
+def on_a_terminal(env: Env, args: list[str], cwd: Path, answer: str, timeout: float = 60) -> tuple[int, str]:
+    """Run the CLI under a pseudo-terminal, answer its question, return (exit code, output)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: become the CLI, with this installation's environment
+        os.chdir(cwd)
+        os.execve(sys.executable, [sys.executable, "-m", "qmd.client.cli", *args], env.vars)
+    out = b""
+    answered = False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if not answered and b"[y/N]" in out:
+                os.write(fd, answer.encode() + b"\n")
+                answered = True
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode("utf-8", "replace")
+
+
+def test_on_a_terminal_no_skips_and_yes_approves(env: Env, daemon: Daemon) -> None:
+    repo, marker = cloned_in(env)
+    code, out = on_a_terminal(env, ["update"], repo, "n")
+    assert code == 0, out
+    assert f"update command of collection docs: touch {marker}" in out and "Not approved" in out
+    assert not marker.exists()
+    code, out = on_a_terminal(env, ["update"], repo / "docs", "y")
+    assert code == 0 and "Approved" in out, out
+    assert marker.exists()
+    saved = json.loads((env.config / "qmd" / trust.TRUST_FILE).read_text())
+    assert list(saved["projects"]) == [str(repo)]
+    marker.unlink()
+    assert "[y/N]" not in env.ok("update", cwd=repo)  # approved: no question, the hook runs
+    assert marker.exists()
+
+
+def test_trust_approve_list_edit_and_revoke(env: Env, daemon: Daemon) -> None:
+    repo, marker = cloned_in(env)
+    code, out = on_a_terminal(env, ["trust"], repo, "y")
+    assert code == 0 and "Approved" in out, out
+    assert "Approved for" in env.ok("trust", cwd=repo)
+    listed = env.ok("trust", "list")
+    assert f"{repo}  approved" in listed and f"update command of collection docs: touch {marker}" in listed
+
+    cfg_file = repo / ".qmd" / "index.yml"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["collections"]["docs"]["update"] = "rm -rf ~"
+    cfg_file.write_text(json.dumps(cfg))
+    assert f"{repo}  changed since (asks again)" in env.ok("trust", "list")
+    r = env.qmd("update", cwd=repo)
+    assert "skipped: update command of collection docs" in r.stderr
+
+    assert "Revoked" in env.ok("trust", "revoke", str(repo / "docs"))  # a folder inside names its project
+    assert env.ok("trust", "list").strip() == "No project config is approved."
+    r = env.qmd("trust", "revoke", cwd=repo)
+    assert r.returncode == 1 and "no approval is recorded" in r.stderr
+    r = env.qmd("trust", "revoke")  # from HOME: no project here
+    assert r.returncode == 1 and "not inside a qmd project" in r.stderr
+
+
+def test_trust_with_nothing_gated_or_outside_a_project(env: Env, daemon: Daemon) -> None:
+    repo = write(env.home / "plain", {"a.md": "# A\n"})
+    env.ok("init", cwd=repo)
+    assert "Nothing to approve" in env.ok("trust", cwd=repo)
+    r = env.qmd("trust")
+    assert r.returncode == 1 and "not inside a qmd project" in r.stderr
+    r = env.qmd("--index", "work", "trust", cwd=repo)
+    assert r.returncode == 1 and "never gated" in r.stderr
+
+
+def test_an_approval_for_a_set_not_shown_is_refused(env: Env, daemon: Daemon) -> None:
+    repo, _ = cloned_in(env)
+    headers = {"x-qmd-project": str(repo)}
+    shown = daemon.http.get("/v1/trust", headers=headers).json()
+    assert shown["project"] == str(repo) and not shown["approved"]
+    r = daemon.http.post("/v1/trust", json={"fingerprint": "f" * 64}, headers=headers)
+    assert r.status_code == 409 and "changed since" in r.json()["error"]
+    r = daemon.http.post("/v1/trust", json={"fingerprint": "nope"}, headers=headers)
+    assert r.status_code == 400
+    r = daemon.http.post("/v1/trust", json={"fingerprint": shown["fingerprint"]}, headers=headers)
+    assert r.status_code == 200 and r.json()["root"] == str(repo)
+    assert daemon.http.get("/v1/trust", headers=headers).json()["approved"]
+
+
+@pytest.mark.slow
+def test_mcp_in_a_cloned_project_serves_it_and_runs_no_hook(env: Env, daemon: Daemon) -> None:
+    repo, marker = cloned_in(env)
+    env.ok("update", cwd=repo)
+    messages = [
+        INITIALIZE,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "query", "arguments": {"searches": [{"type": "lex", "query": "widget"}]}},
+        },
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "status", "arguments": {}}},
+    ]
+    out = env.run(
+        [sys.executable, "-m", "qmd.client.cli", "mcp"],
+        cwd=repo / "docs",
+        input="".join(json.dumps(m) + "\n" for m in messages),
+    )
+    answers = {m["id"]: m for m in map(json.loads, out.stdout.splitlines()) if "id" in m}
+    assert "docs/guide.md" in answers[2]["result"]["content"][0]["text"], out
+    assert "error" not in answers[3]
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_the_watcher_indexes_a_cloned_project_and_runs_no_hook(env: Env) -> None:
+    repo, marker = cloned_in(env, outside=True)
+    env.vars["QMD_WATCH"] = "1"
+    d = Daemon(env)
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    try:
+        env.ok("status", cwd=repo)  # opens the project's index, and its watcher
+        write(repo, {"docs/new.md": "# New\n\nThe quokka appendix.\n"})
+        write(env.base / "private", {"more.md": "# More\n\nquokka secrets.\n"})
+        deadline = time.monotonic() + 30
+        while "docs/new.md" not in env.ok("search", "quokka", "--files", cwd=repo):
+            assert time.monotonic() < deadline, "the watcher did not index the new note"
+            time.sleep(0.2)
+        time.sleep(1)
+        assert "more.md" not in env.ok("search", "quokka", "--files", cwd=repo)
+        assert not marker.exists()
+    finally:
+        d.stop()

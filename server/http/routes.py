@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import TypeVar
 
 import anyio
@@ -31,9 +32,10 @@ from fastapi.responses import StreamingResponse
 
 from qmd import __version__
 from qmd.server.engine import Engine, summary_dict
-from qmd.server.errors import InvalidInput, QmdError
+from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.http.wire import (
     CLI_SNIPPET_CHARS,
+    ApprovalOut,
     BenchRequest,
     CleanupRequest,
     CliGetRequest,
@@ -48,6 +50,8 @@ from qmd.server.http.wire import (
     EmbedRequest,
     Health,
     HitOut,
+    InitOut,
+    InitRequest,
     MetadataRequest,
     MetadataResponse,
     PullRequest,
@@ -57,7 +61,11 @@ from qmd.server.http.wire import (
     ResultOut,
     SearchRequest,
     SearchResponse,
+    TrustApprove,
+    TrustOut,
+    TrustRevoke,
     UpdateRequest,
+    approval_out,
     document_out,
     hit_out,
     http_status,
@@ -69,7 +77,10 @@ from qmd.server.http.wire import (
     report_out,
     retrieved_out,
     search_response,
+    trust_out,
 )
+from qmd.server.index import trust
+from qmd.server.index.config import init_project
 from qmd.server.indexes import linked_index
 from qmd.server.quality import parse_fixture
 from qmd.server.quality import render as render_bench
@@ -399,6 +410,42 @@ def pull(body: PullRequest, request: Request) -> StreamingResponse:
         return {"models": e.pull(refresh=body.refresh, progress=progress)}
 
     return stream_job(request, "pull", run)
+
+
+@router.get("/v1/trust", response_model=TrustOut, **CLI_ANSWER)
+def trust_status(request: Request) -> TrustOut:
+    """The request's project config: its gated items, and which are trusted now."""
+    return trust_out(engine_of(request).gate())
+
+
+@router.post("/v1/trust", response_model=ApprovalOut, **CLI_ANSWER)
+def trust_approve(body: TrustApprove, request: Request) -> ApprovalOut:
+    """Record the user's approval of the gated set they were shown (`qmd trust`, or yes
+    at a command's prompt)."""
+    e = engine_of(request)
+    return approval_out(e.trust.approve(e.gate(), body.fingerprint))
+
+
+@router.get("/v1/trust/approvals", tags=["cli"])
+def trust_approvals(request: Request) -> dict:
+    return {"approvals": [approval_out(r).model_dump() for r in trust.review(engine_of(request).trust)]}
+
+
+@router.post("/v1/trust/revoke", response_model=ApprovalOut, **CLI_ANSWER)
+def trust_revoke(body: TrustRevoke, request: Request) -> ApprovalOut:
+    gone = engine_of(request).trust.revoke(Path(body.root))
+    if gone is None:
+        raise NotFound(f"no approval is recorded for {body.root} (see 'qmd trust list')")
+    return approval_out(gone)
+
+
+@router.post("/v1/init", response_model=InitOut, status_code=201, **CLI_ANSWER)
+def init(body: InitRequest) -> InitOut:
+    """`qmd init`: make a folder a project, its models block pre-filled with the defaults
+    as this daemon resolves them."""
+    models = trust.default_models()
+    made = init_project(Path(body.path), models)
+    return InitOut(root=str(made.root), config=str(made.config), collection=made.collection, models=models)
 
 
 @router.get("/v1/doctor", tags=["cli"])

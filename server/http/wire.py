@@ -26,6 +26,7 @@ from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, Not
 from qmd.server.index.chunking import ChunkStrategy
 from qmd.server.index.config import unstorable
 from qmd.server.index.loaders import PageSpan
+from qmd.server.index.trust import Approval, ApprovalState, Gate, Kind, Reviewed
 from qmd.server.index.upkeep import CACHE_MAX_AGE_DAYS, CleanupReport, Coverage
 from qmd.server.quality import BACKENDS, BenchSpec
 from qmd.server.search import discovery
@@ -371,6 +372,25 @@ class PullRequest(Request):
     refresh: bool = False
 
 
+class TrustApprove(Request):
+    """`qmd trust`: approve a project's gated items, named by the fingerprint of the set
+    the user was shown (an edit since then is refused, not approved blind)."""
+
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class TrustRevoke(Request):
+    """`qmd trust revoke`: the project folder whose approval goes."""
+
+    root: str = Field(min_length=1)
+
+
+class InitRequest(Request):
+    """`qmd init`: the folder that becomes a project (absolute)."""
+
+    path: str = Field(min_length=1)
+
+
 class CollectionCreate(Request):
     path: str = Field(min_length=1)
     name: str | None = None
@@ -701,6 +721,63 @@ def public_result(p: Pointer) -> ResultOut:
 def mcp_result(p: Pointer) -> ResultOut:
     """MCP: files as `collection/path`, which is what its `get` tool takes back."""
     return result_out(p, file=p.doc.display_path)
+
+
+class GatedOut(Response):
+    """One gated item of a project config (`index.trust.Gated`)."""
+
+    kind: Kind
+    name: str
+    value: str
+    shown: str
+    trusted: bool
+
+
+class TrustOut(Response):
+    """`GET /v1/trust`: the request's project, its gated items, and whether they are trusted."""
+
+    project: str | None
+    items: list[GatedOut]
+    fingerprint: str
+    approved: bool
+    approved_at: str | None
+    override: str | None
+    skipped: list[str]
+
+
+class ApprovalOut(Response):
+    root: str
+    fingerprint: str
+    approved_at: str
+    items: list[str]
+    state: ApprovalState | None = None
+
+
+class InitOut(Response):
+    root: str
+    config: str
+    collection: str
+    models: dict[str, str]
+
+
+def trust_out(gate: Gate) -> TrustOut:
+    return TrustOut(
+        project=str(gate.root) if gate.root else None,
+        items=[
+            GatedOut(kind=i.kind, name=i.name, value=i.value, shown=i.shown, trusted=not gate.blocks(i.kind, i.name))
+            for i in gate.items
+        ],
+        fingerprint=gate.fingerprint,
+        approved=gate.approved,
+        approved_at=gate.approved_at,
+        override=gate.override,
+        skipped=gate.notes(),
+    )
+
+
+def approval_out(a: Approval | Reviewed) -> ApprovalOut:
+    approval, state = (a.approval, a.state) if isinstance(a, Reviewed) else (a, None)
+    return ApprovalOut(**asdict(approval), state=state)
 
 
 def report_out(report: IndexStatus | CollectionInfo | VectorState | Coverage | CleanupReport) -> dict[str, Any]:

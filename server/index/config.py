@@ -325,7 +325,16 @@ bench/
 """
 
 
-def init_project(root: Path, models: dict[str, str]) -> Path:
+@dataclass(frozen=True)
+class NewProject:
+    """What `qmd init` wrote."""
+
+    root: Path
+    config: Path
+    collection: str
+
+
+def init_project(root: Path, models: dict[str, str]) -> NewProject:
     """`qmd init`: write `<root>/.qmd/index.yml`, the `models:` block pre-filled with
     `models` (the defaults as resolved now) and one collection, the project folder (`.`),
     plus a `.gitignore` that keeps the index out of version control. Refuses when the
@@ -369,4 +378,4 @@ def init_project(root: Path, models: dict[str, str]) -> Path:
         write_whole(target, text.encode("utf-8"), mode=0o644, clobber=False)
     except FileExistsError:
         raise Conflict(f"{root} is already a qmd project: {target} exists") from None
-    return target
+    return NewProject(root, target, name)

@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal
 
-from qmd.paths import config_root, private_dir
+from qmd.paths import config_root, private_dir, project_config
 from qmd.server.errors import Conflict, InvalidInput, QmdError
-from qmd.server.index.config import Config, write_whole
+from qmd.server.index.config import Config, ConfigFile, write_whole
 from qmd.server.models.refs import ROLES, parse_model_ref, resolve_model
 
 log = logging.getLogger("qmd.server")
@@ -123,7 +123,7 @@ def gated_items(config: Config, root: Path, config_dir: Path, environ: dict[str,
     it (a checked-in symlink to /etc is outside). A model is default when it is what the
     role resolves to without the config (the built-in default, or the user's own
     `QMD_<ROLE>_MODEL`); a setting that does not parse is gated as written."""
-    env = dict(os.environ if environ is None else environ)
+    defaults = default_models(environ)
     inside = os.path.realpath(root)
     items: list[Gated] = []
     for coll in config.collections.values():
@@ -139,9 +139,16 @@ def gated_items(config: Config, root: Path, config_dir: Path, environ: dict[str,
             value = parse_model_ref(uri.strip(), config_dir).uri
         except QmdError:
             value = uri
-        if value != resolve_model(role, None, env).ref.uri:
+        if value != defaults[role]:
             items.append(Gated("model", role, value))
     return items
+
+
+def default_models(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Each role's model without any config: the built-in default, or the user's own
+    `QMD_<ROLE>_MODEL`. These are never gated, and `qmd init` pre-fills them."""
+    env = dict(os.environ if environ is None else environ)
+    return {role: resolve_model(role, None, env).ref.uri for role in ROLES}
 
 
 def fingerprint(root: Path, items: list[Gated]) -> str:
@@ -272,3 +279,34 @@ def gate(config: Config, root: Path, config_dir: Path, trust: TrustFile) -> Gate
         override(),
         approval.approved_at if approved and approval else None,
     )
+
+
+ApprovalState = Literal["current", "changed", "no project"]
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    """An approval as `qmd trust list` shows it: still covering the project's gated items
+    (`current`), not any more (`changed`: the next command asks again), or of a folder
+    that is no project now."""
+
+    approval: Approval
+    state: ApprovalState
+
+
+def review(trust: TrustFile) -> list[Reviewed]:
+    """Every recorded approval, each checked against its project's config as it is now."""
+    out: list[Reviewed] = []
+    for root, approval in sorted(trust.approvals().items()):
+        folder = Path(root)
+        found = project_config(folder)
+        if found is None:
+            out.append(Reviewed(approval, "no project"))
+            continue
+        try:
+            items = gated_items(ConfigFile(found, base=folder).load(), folder, found.parent)
+        except QmdError:  # a config that does not read covers nothing
+            out.append(Reviewed(approval, "changed"))
+            continue
+        out.append(Reviewed(approval, "current" if fingerprint(folder, items) == approval.fingerprint else "changed"))
+    return out
