@@ -1344,16 +1344,30 @@ def ask_trust(c: Ctx) -> list[str]:
     t = c.call("GET", "/v1/trust")
     if not t["skipped"] or not _interactive():
         return list(t["skipped"])
-    click.echo(f"This project's config ({t['project']}/.qmd) asks for what qmd does not do unapproved:", err=True)
-    _warn(_gated_lines(t))
-    if not click.confirm("Trust these for this project?", default=False, err=True):
+    if not _approve(c, t, err=True):
         click.echo("Not approved: they are skipped this time ('qmd trust' to approve later).", err=True)
         return list(t["skipped"])
+    return []
+
+
+def _approve(c: Ctx, t: dict[str, Any], *, err: bool) -> bool:
+    """List a project's gated items, ask, and record a yes (on stderr when a command's own
+    output follows on stdout)."""
+    click.echo(f"This project's config ({t['project']}/.qmd) asks for what qmd does not do unapproved:", err=err)
+    for line in _gated_lines(t):
+        click.echo(line, err=err)
+    if not _interactive():
+        raise ClientError(
+            "qmd trust asks at a terminal, and there is none here; until someone approves at one, these are "
+            "skipped (CI: set QMD_TRUST_LOCAL_CONFIG=1 or QMD_TRUST_UPDATE_HOOKS=1 for the daemon)"
+        )
+    if not click.confirm("Trust these for this project?", default=False, err=err):
+        return False
     c.call("POST", "/v1/trust", {"fingerprint": t["fingerprint"]})
     click.echo(
-        "Approved (recorded in trusted.json; an edit of them asks again; 'qmd trust revoke' undoes it).", err=True
+        "Approved (recorded in trusted.json; an edit of them asks again; 'qmd trust revoke' undoes it).", err=err
     )
-    return []
+    return True
 
 
 def _model_notes(c: Ctx) -> None:
@@ -1397,18 +1411,9 @@ def trust(ctx: click.Context) -> None:
         click.echo(f"Approved for {t['project']} on {t['approved_at']}:")
         _out("\n".join(_gated_lines(t)))
         return
-    click.echo(f"{where} asks for what qmd does not do unapproved:")
-    _out("\n".join(_gated_lines(t)))
-    if not _interactive():
-        raise ClientError(
-            "qmd trust asks at a terminal, and there is none here; until someone approves at one, these are "
-            "skipped (CI: set QMD_TRUST_LOCAL_CONFIG=1 or QMD_TRUST_UPDATE_HOOKS=1 for the daemon)"
-        )
-    if not click.confirm("Trust these for this project?", default=False):
+    if not _approve(c, t, err=False):
         click.echo("Not approved.")
         sys.exit(1)
-    c.call("POST", "/v1/trust", {"fingerprint": t["fingerprint"]})
-    click.echo("Approved (recorded in trusted.json; any edit of them asks again).")
 
 
 @trust.command("list")

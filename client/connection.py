@@ -214,7 +214,8 @@ class Daemon:
             self.http.close()
             self.autostart()
             r = self.http.request(method, path, body)
-        self._check_index(r.index)
+        if not (r.status == 400 and r.index is not None):  # a refused index header: its error says why
+            self._check_index(r.index)
         return r
 
     def autostart(self) -> dict:

@@ -393,3 +393,13 @@ def test_changed_documents_are_embedded_in_the_background(env: Env, tmp_path: Pa
         assert [h["path"] for h in r.json()["results"]] == ["b.md"]
     finally:
         d.stop()
+    # QMD_WATCH_EMBED=0: indexed at once, embedding left to `qmd embed`.
+    d = watched(env, {"QMD_WATCH_EMBED": "0"})
+    try:
+        (notes / "c.md").write_text("# C\n\nmigrating geese over the estuary\n")
+        eventually(lambda: paths_for(d, "estuary") == ["c.md"], what="the start sweep")
+        time.sleep(1.0)
+        w = watch_of(d, "notes")
+        assert (w["pending_vectors"], w["embedding"]) == (1, "off: QMD_WATCH_EMBED=0 (run 'qmd embed')")
+    finally:
+        d.stop()

@@ -80,6 +80,8 @@ class WatchSettings:
     max_wait_s: float = 2.0
     sweep_s: float = 600.0
     force_polling: bool = False
+    embed: bool = True
+    """Embed what the watcher indexed, and a sweep's backlog (`QMD_WATCH_EMBED=0`: leave it to `qmd embed`)."""
     poll_ms: int = 1000
 
     @classmethod
@@ -91,6 +93,7 @@ class WatchSettings:
             max_wait_s=_number(environ, "QMD_WATCH_MAX_WAIT_MS", 2000, 10) / 1000,
             sweep_s=_number(environ, "QMD_WATCH_SWEEP_S", 600, 1),
             force_polling=environ.get("QMD_WATCH_POLL", "").strip() in ("1", "true", "yes", "on"),
+            embed=environ.get("QMD_WATCH_EMBED", "1").strip() not in ("0", "false", "no", "off"),
             poll_ms=int(_number(environ, "QMD_WATCH_POLL_MS", 1000, 50)),
         )
 
@@ -335,6 +338,8 @@ class Watcher:
         self._wake.set()
 
     def info(self, coll: Collection, pending_vectors: int, embedding: str) -> WatchInfo:
+        if not self.settings.embed:
+            embedding = "off: QMD_WATCH_EMBED=0 (run 'qmd embed')"
         with self._lock:
             w = self._watches.get(coll.name)
         if w is not None and w.key() == (str(coll.root), coll.pattern, coll.ignore):
@@ -416,7 +421,7 @@ class Watcher:
             summary.line(),
         )
         # A sweep also embeds the backlog (what `qmd update` indexed, what a stopped daemon left).
-        if summary.indexed or summary.updated or scope is None:
+        if self.settings.embed and (summary.indexed or summary.updated or scope is None):
             with self._lock:
                 self._to_embed.add(name)
             self._embed_wake.set()
