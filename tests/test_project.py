@@ -134,13 +134,10 @@ def test_a_collection_added_inside_a_project_is_stored_relative(env: Env, daemon
     assert "notes/n.md" in files
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/http/app.py reads x-qmd-project as latin-1; the CLI sends the folder's UTF-8 bytes",
-)
-def test_a_project_folder_named_in_any_script(env: Env, daemon: Daemon) -> None:
-    repo = write(env.home / "café-notes", {"a.md": "# A\n\nzanzibar\n"})
+@pytest.mark.parametrize("name", ["café-notes", "笔记"])
+def test_a_project_folder_named_in_any_script(env: Env, daemon: Daemon, name: str) -> None:
+    repo = write(env.home / name, {"a.md": "# A\n\nzanzibar\n"})
     env.ok("init", cwd=repo)
     r = env.qmd("update", cwd=repo)
-    assert r.returncode == 0, r.stderr  # today: "x-qmd-project: '.../cafÃ©-notes' is not a project"
+    assert r.returncode == 0, r.stderr
     assert "Indexed: 1 new" in r.stdout

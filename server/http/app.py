@@ -87,7 +87,7 @@ async def _no_receive() -> Message:
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key == name:
-            return value.decode("latin-1")
+            return value.decode("utf-8", "surrogateescape")  # a folder's name as the client's filesystem has it
     return None
 
 
