@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
-from qmd.paths import IndexPaths, is_project_root
+from qmd.paths import PROJECT_PREFIX, IndexPaths, is_project_root
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
 from qmd.server.models.worker import WorkerClient
@@ -67,9 +68,13 @@ def linked_index(name: str) -> IndexPaths | None:
     other than the default carry one), or None."""
     if not name.strip().startswith(("qmd:", "//")) or "?" not in name:
         return None
-    query = parse_qs(name.split("?", 1)[1].split(":", 1)[0])
+    query = parse_qs(re.sub(r"(:\d+){1,2}$", "", name.split("?", 1)[1]))  # a `:from[:count]` suffix
     index = query.get("index", [None])[0]
-    return requested(index, None) if index else None
+    if not index:
+        return None
+    if index.startswith(PROJECT_PREFIX):  # a project's index is named by its folder
+        return requested(None, index[len(PROJECT_PREFIX) :])
+    return requested(index, None)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from conftest import MODELS_DIR, NOTES, require, write
@@ -42,6 +43,11 @@ def test_links_name_their_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert linked_index("qmd://notes/a.md?index=work") == IndexPaths.resolve("work")
     assert linked_index("qmd://notes/a.md?index=work:10:5") == IndexPaths.resolve("work")
     assert linked_index("qmd://notes/a.md") is None and linked_index("notes/a.md?index=work") is None
+    project = tmp_path / "proj"
+    (project / ".qmd").mkdir(parents=True)
+    (project / ".qmd" / "index.yml").write_text("collections: {}\n")
+    link = f"qmd://notes/a.md?index={quote(f'project:{project}')}:3:1"
+    assert linked_index(link) == IndexPaths.for_project(project)
     with pytest.raises(InvalidInput):
         linked_index("qmd://notes/a.md?index=no%20spaces")
 
@@ -159,3 +165,16 @@ def test_indexes_share_one_model_worker(env: Env, tmp_path: Path) -> None:
         assert len(pids) == 1 and None not in pids
     finally:
         daemon.stop()
+
+
+@pytest.mark.slow
+def test_a_project_link_reads_from_anywhere(env: Env, daemon: Daemon) -> None:
+    """A result from a project's index links to it; `get` on the link works outside the project."""
+    repo = write(env.home / "proj", {"a.md": "# A\n\nzanzibar harbour\n"})
+    env.ok("init", cwd=repo)
+    env.ok("update", cwd=repo)
+    [hit] = env.json("search", "zanzibar", "--json", cwd=repo)
+    assert "?index=project%3A" in hit["file"]
+    got = env.ok("get", f"{hit['file']}:3:1")  # from HOME, outside the project
+    assert "zanzibar harbour" in got
+    assert env.json("search", "zanzibar", "--json") == []  # the default index is another one
