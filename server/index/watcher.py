@@ -98,6 +98,11 @@ class WatchSettings:
         )
 
 
+def _key(coll: Collection) -> tuple[str, str, tuple[str, ...]]:
+    """What a listener depends on: another folder, mask or ignore list is a new watch."""
+    return (str(coll.root), coll.pattern, coll.ignore)
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """The folder's (device, inode), or None when it is not a folder now: a watch follows
     the inode, so a folder moved away and another put in its place must be watched anew."""
@@ -136,8 +141,7 @@ class _Watch:
         self.thread = threading.Thread(target=self._listen, name=f"qmd-watch-{coll.name}", daemon=True)
 
     def key(self) -> tuple[str, str, tuple[str, ...]]:
-        """What the listener depends on: another folder, mask or ignore list is a new watch."""
-        return (self.root, self.coll.pattern, self.coll.ignore)
+        return _key(self.coll)
 
     # -- the listener thread ----------------------------------------------------
 
@@ -342,7 +346,7 @@ class Watcher:
             embedding = "off: QMD_WATCH_EMBED=0 (run 'qmd embed')"
         with self._lock:
             w = self._watches.get(coll.name)
-        if w is not None and w.key() == (str(coll.root), coll.pattern, coll.ignore):
+        if w is not None and w.key() == _key(coll):
             return w.info(pending_vectors, embedding)
         if not self.settings.enabled:
             reason = "QMD_WATCH=0"
@@ -366,10 +370,12 @@ class Watcher:
         now = time.monotonic()
         started: list[_Watch] = []
         with self._lock:
+            if self._stop.is_set():  # stopping: no watch may start after `stop` took the list
+                return
             rewatch: set[str] = set()
             for name, w in list(self._watches.items()):
                 c = wanted.get(name)
-                if c is None or w.key() != (str(c.root), c.pattern, c.ignore):
+                if c is None or w.key() != _key(c):
                     w.stop.set()
                     del self._watches[name]
                     rewatch.add(name)
