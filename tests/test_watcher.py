@@ -4,7 +4,9 @@ not take stays out; a vanished folder never prunes; bursts are coalesced; hooks 
 
 The harness turns watching off for every other test (their `qmd update` reports count what
 they changed); these turn it on, with short quiet periods so a change lands in well under
-a second."""
+a second. The fast run keeps the core (saves, renames, deletions, a vanished folder, nested
+collections, symlinks, adding and removing); each test that waits out a sweep, a restart or
+a setting is slow."""
 
 from __future__ import annotations
 
@@ -128,6 +130,7 @@ def test_create_edit_rename_atomic_save_delete(env: Env, live: Daemon, tmp_path:
     assert "Watch:    watching; last change" in text and "0 queued" in text
 
 
+@pytest.mark.slow
 def test_mask_ignores_and_builtin_folders_are_not_watched(env: Env, live: Daemon, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", {"a.md": "# A\n\nalpha\n"})
     for folder in ("drafts", "node_modules/pkg", ".hidden"):
@@ -206,6 +209,7 @@ def test_collection_inside_another(env: Env, live: Daemon, tmp_path: Path) -> No
     eventually(lambda: not paths_for(live, "gannet"), what="a deletion seen by both")
 
 
+@pytest.mark.slow
 def test_hook_never_runs(env: Env, live: Daemon, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", {"a.md": "# A\n\nplover\n"})
     marker = tmp_path / "hook-ran"
@@ -219,6 +223,7 @@ def test_hook_never_runs(env: Env, live: Daemon, tmp_path: Path) -> None:
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_daemon_killed_and_restarted_sweeps_what_changed(env: Env, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", {"a.md": "# A\n\ncurlew\n", "b.md": "# B\n\ncurlew\n"})
     d = watched(env)
@@ -239,6 +244,7 @@ def test_daemon_killed_and_restarted_sweeps_what_changed(env: Env, tmp_path: Pat
         assert d.stop() == 0  # the watcher stops with the daemon
 
 
+@pytest.mark.slow
 def test_polling_fallback_is_reported(env: Env, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", {"a.md": "# A\n\nlapwing\n"})
     d = watched(env, {"QMD_WATCH_POLL": "1", "QMD_WATCH_POLL_MS": "100"})
@@ -253,6 +259,7 @@ def test_polling_fallback_is_reported(env: Env, tmp_path: Path) -> None:
         d.stop()
 
 
+@pytest.mark.slow
 def test_watch_limit_falls_back_to_polling(env: Env, tmp_path: Path) -> None:
     """inotify's watch limit, for real: the daemon runs in a user namespace of its own whose
     limit (`/proc/sys/user/max_inotify_watches`) is 4, so 8 folders cannot all be watched."""
@@ -275,6 +282,7 @@ def test_watch_limit_falls_back_to_polling(env: Env, tmp_path: Path) -> None:
         d.stop()
 
 
+@pytest.mark.slow
 def test_watch_false_in_index_yml(env: Env, live: Daemon, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", {"a.md": "# A\n\ndunlin\n"})
     add(env, notes, "notes")
@@ -291,6 +299,7 @@ def test_watch_false_in_index_yml(env: Env, live: Daemon, tmp_path: Path) -> Non
     assert paths_for(live, "dunlin") == ["a.md", "b.md"]
 
 
+@pytest.mark.slow
 def test_qmd_watch_0_turns_it_off(env: Env, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", {"a.md": "# A\n\nruff\n"})
     d = watched(env, {"QMD_WATCH": "0"})
