@@ -366,7 +366,8 @@ class Watcher:
         except InvalidInput as e:
             log.warning("watcher: the config cannot be read, watches unchanged: %s", e.message)
             return
-        wanted = {c.name: c for c in cfg.collections.values() if c.watch}
+        gate = self.engine.gate(cfg)  # an untrusted project's outside folders are not even listened to
+        wanted = {c.name: c for c in cfg.collections.values() if c.watch and not gate.blocks("path", c.name)}
         now = time.monotonic()
         started: list[_Watch] = []
         with self._lock:
