@@ -428,6 +428,7 @@ def test_mcp_in_a_cloned_project_serves_it_and_runs_no_hook(env: Env, daemon: Da
     answers = {m["id"]: m for m in map(json.loads, out.stdout.splitlines()) if "id" in m}
     assert "docs/guide.md" in answers[2]["result"]["content"][0]["text"], out
     assert "error" not in answers[3]
+    assert "Not used: " in answers[3]["result"]["content"][0]["text"]  # the untrusted hook, said
     assert not marker.exists()
 
 

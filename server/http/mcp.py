@@ -362,6 +362,7 @@ def run_status(engine: Engine, _args: StatusRequest) -> types.CallToolResult:
         *([] if vector.available else [f"    {vector.message}"]),
         f"  Collections: {len(collections)}",
         *(f"    - {c.name}: {c.path} ({c.documents} docs){_key_summary(c)}" for c in collections),
+        *(f"  Not used: {w}" for w in st.warnings),  # what of a project's own config is untrusted
     ]
     answer = McpStatus(
         total_documents=st.documents,
