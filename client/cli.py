@@ -1461,14 +1461,21 @@ def _exec_qmdd(c: Ctx, *args: str) -> None:
 
 
 def _stop(c: Ctx) -> None:
-    """Stop by pidfile alone: no connection, so no token is needed to stop your own daemon."""
+    """Stop by pidfile: no authenticated connection, so no token is needed to stop your own daemon
+    (an index served by a daemon that started for another is found by its unauthenticated /health)."""
     from qmd.paths import IndexPaths
-    from qmd.pidfile import stop_daemon
+    from qmd.pidfile import read_pidfile, stop_daemon
+    from qmd.spawn import probe_health
 
     try:
         paths = IndexPaths.resolve(c.index)
     except ValueError as e:
         raise ClientError(str(e)) from e
+    if read_pidfile(paths) is None:
+        # One daemon serves every index: the one on the port may have started for another.
+        health = probe_health(c.daemon.host, c.daemon.port)
+        if health and paths.name in health.get("indexes", []):
+            paths = IndexPaths.resolve(health["indexes"][0])
     code, message = stop_daemon(paths)
     click.echo(message, err=code != 0)
     sys.exit(code)

@@ -107,6 +107,9 @@ def test_two_indexes_one_daemon(env: Env, daemon: Daemon, tmp_path: Path) -> Non
     # a bad index name is a clear 400, before anything opens
     r = daemon.http.get("/health", headers={"x-qmd-index": "bad name!"})
     assert r.status_code == 400 and "invalid index name" in r.json()["error"]
+    # stopping 'work' stops the daemon serving it, though it started for the default index
+    assert "Stopped qmdd" in env.ok("--index", "work", "daemon", "stop")
+    assert daemons_on(env.port) == []
 
 
 @pytest.mark.slow
