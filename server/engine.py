@@ -427,6 +427,8 @@ class Engine:
         cfg = self.config
         resolve_scope(cfg, opts.collections)  # an unknown collection is the caller's error, before any model loads
         check_strategy(opts.chunk_strategy)
+        if opts.budget_ms is None and cfg.query_budget_ms is not None:  # index.yml's default; a request's own wins
+            opts = replace(opts, budget_ms=cfg.query_budget_ms)
         # Only the models this query can use are resolved (a local model's file is checked on each resolve).
         unused: tuple[None, str] = (None, "")
         legs = Legs(

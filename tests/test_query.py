@@ -43,6 +43,18 @@ def test_plain_query_without_models_answers_and_explains_itself(env: Env, daemon
     assert answer["results"][0]["rerank"] is None
 
 
+def test_index_yml_sets_a_default_budget_a_request_overrides(env: Env, daemon: Daemon, notes: Path) -> None:
+    env.ok("collection", "add", str(notes), "--name", "notes")
+    yml = env.config / "qmd" / "index.yml"
+    yml.write_text(yml.read_text() + "query_budget_ms: 1500\n")
+    assert daemon.http.post("/query", json={"query": "angel investors"}).json()["budgetMs"] == 1500
+    assert daemon.http.post("/query", json={"query": "angel", "budgetMs": 9000}).json()["budgetMs"] == 9000
+    assert daemon.http.post("/v1/query", json={"query": "angel"}).json()["budget_ms"] == 1500  # the CLI's route
+    yml.write_text(yml.read_text().replace("query_budget_ms: 1500", "query_budget_ms: soon"))
+    r = daemon.http.post("/query", json={"query": "angel"})
+    assert r.status_code == 400 and "query_budget_ms must be a whole number of milliseconds" in r.json()["error"]
+
+
 def test_typed_document_and_explain(env: Env, daemon: Daemon, notes: Path) -> None:
     env.ok("collection", "add", str(notes), "--name", "notes")
     r = env.qmd("query", "lex: sourdough\nlex: flour water", "--explain", "--no-rerank")

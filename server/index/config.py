@@ -166,6 +166,8 @@ class Config:
     global_context: str | None = None
     editor_uri: str | None = None
     models: dict[str, str] = field(default_factory=dict)
+    query_budget_ms: int | None = None
+    """The hybrid query's budget when a request gives none (`query_budget_ms:`)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def get(self, name: str) -> Collection:
@@ -205,6 +207,8 @@ class Config:
             out["editor_uri"] = self.editor_uri
         if self.models:
             out["models"] = dict(self.models)
+        if self.query_budget_ms is not None:
+            out["query_budget_ms"] = self.query_budget_ms
         out["collections"] = {n: c.to_yaml() for n, c in self.collections.items()}
         return out
 
@@ -224,11 +228,19 @@ class Config:
             if alias in raw:
                 editor = editor or raw.pop(alias)
         models = raw.pop("models", None) or {}
+        budget = raw.pop("query_budget_ms", None)
+        if budget is not None and (
+            not isinstance(budget, int) or isinstance(budget, bool) or not 1 <= budget <= 600_000
+        ):
+            raise InvalidInput(
+                f"{source}: query_budget_ms must be a whole number of milliseconds from 1 to 600000, got {budget!r}"
+            )
         return cls(
             collections={str(n): Collection.from_yaml(str(n), c, source, base) for n, c in colls_raw.items()},
             global_context=raw.pop("global_context", None),
             editor_uri=editor,
             models={str(k): str(v) for k, v in models.items() if v is not None} if isinstance(models, dict) else {},
+            query_budget_ms=budget,
             extra=raw,
         )
 
