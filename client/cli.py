@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from qmd.client import formats
-from qmd.client.connection import ClientError, Daemon
+from qmd.client.connection import ClientError, Daemon, address
 from qmd.paths import find_project
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
@@ -1473,7 +1473,7 @@ def _stop(c: Ctx) -> None:
         raise ClientError(str(e)) from e
     if read_pidfile(paths) is None:
         # One daemon serves every index: the one on the port may have started for another.
-        health = probe_health(c.daemon.host, c.daemon.port)
+        health = probe_health(*address())
         if health and paths.name in health.get("indexes", []):
             paths = IndexPaths.resolve(health["indexes"][0])
     code, message = stop_daemon(paths)

@@ -117,6 +117,14 @@ def _latin1(text: str) -> str:
     return text.encode("utf-8").decode("latin-1")
 
 
+def address() -> tuple[str, int]:
+    """Where the daemon is reached: the host to connect to and the port (`QMD_HOST`, `QMD_PORT`)."""
+    port = os.environ.get("QMD_PORT") or str(DEFAULT_PORT)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClientError(f"QMD_PORT must be a port number, got {port!r}")
+    return connect_host(os.environ.get("QMD_HOST") or DEFAULT_HOST), int(port)
+
+
 def current_project() -> Path | None:
     """The project the working directory is in (`.qmd/index.yml` here or above), if any."""
     try:
@@ -141,11 +149,7 @@ class Daemon:
         self.target = IndexPaths.for_project(self.project).name if self.project else self.paths.name
         """The index name the daemon must say it served (`x-qmd-index` of every answer)."""
         self.bind_host = os.environ.get("QMD_HOST") or DEFAULT_HOST
-        port = os.environ.get("QMD_PORT") or str(DEFAULT_PORT)
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ClientError(f"QMD_PORT must be a port number, got {port!r}")
-        self.port = int(port)
-        host = connect_host(self.bind_host)
+        host, self.port = address()
         self.url = f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
         self.host = host
         # One daemon serves every index: this names the one this client means (server/indexes.py).
