@@ -57,12 +57,13 @@ from qmd.server.models.refs import (
     ensure_local,
     fetch,
     local_model,
+    resolve_model,
     resolve_models,
 )
 from qmd.server.models.worker import ModelSpec, WorkerClient, background_lane
 from qmd.server.quality import BenchSpec
 from qmd.server.search.discovery import CollectionKeys, MetadataOptions, MetadataReport, discover, top_keys
-from qmd.server.search.expansion import Expander, worker_generate
+from qmd.server.search.expansion import Expander, remote_expander, worker_generate
 from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
 from qmd.server.search.keyword import search
 from qmd.server.search.pointers import (
@@ -475,10 +476,17 @@ class Engine:
         )
 
     def _expander(self, cfg: Config) -> tuple[Expander | None, str]:
-        """The query expander, or why there is none (announced as a skipped stage)."""
+        """The query expander, or why there is none (announced as a skipped stage). An endpoint's
+        needs no local worker: llama.cpp need not even be installed."""
         try:
+            models = self._usable_models(cfg)
+            ref = resolve_model("generate", models, config_dir=self.paths.config.parent).ref
+            if isinstance(ref, RemoteRef):
+                if ref.uri not in self._expanders:
+                    self._expanders[ref.uri] = remote_expander(ref, self.store)
+                return self._expanders[ref.uri], ""
             self.worker.require_models()
-            uri, path = local_model("generate", self._usable_models(cfg), self.paths.config.parent)
+            uri, path = local_model("generate", models, self.paths.config.parent)
             key = f"{uri}|{path}"
             if key not in self._expanders:
                 spec = ModelSpec(role="generate", path=str(path))

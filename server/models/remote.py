@@ -1,27 +1,32 @@
-"""An OpenAI-compatible `/v1/embeddings` endpoint as the embed model.
+"""OpenAI-compatible endpoints as models: `/v1/embeddings` for the embed role,
+`/v1/chat/completions` for the generate role (query expansion).
 
-llama.cpp's server, Ollama, vLLM and OpenAI itself all answer `POST <base>/embeddings`
-with `{"data": [{"index", "embedding"}]}`, so one small client covers them. What the
-local worker learns from the GGUF file has to be decided here instead:
+llama.cpp's server, Ollama, vLLM, llama-cpp-python's `llama_cpp.server` and OpenAI itself
+all answer both in OpenAI's shapes, so one small client covers them. What the local worker
+learns from the GGUF file has to be decided here instead:
 
 - **Tokens.** No tokenizer is reachable, so chunks are measured with a conservative
   character estimate (`CharEstimateTokenizer`); the estimate's parameters are part of
   the vector space's identity, like the chunker version.
 - **Dimensions.** Asked of the endpoint once, with a short probe, when the embedder is
   resolved.
+- **Prompt format.** A chat endpoint applies its model's own chat template, so expansion
+  sends chat messages (`search.expansion.build_prompt` with a template), never a raw prompt.
 - **Identity.** The endpoint and the model name: nothing else is knowable about a
-  remote model, so switching either starts a new vector space. The API key is never
-  part of it (rotating a key must not re-embed anything), never logged, never put in
-  a message.
+  remote model, so switching either starts a new vector space, and cached expansions
+  are keyed by both (the model URI). The API key is never part of it (rotating a key
+  must not re-embed anything), never logged, never put in a message.
 - **Scale.** Vectors come back at whatever length the server likes (llama-cpp-python
   does not normalise); they are normalised here, so cosine scores mean the same as
   the local worker's.
 
-Failures are `RemoteEmbedError`s that name the endpoint and say what to do. 429 and
-5xx answers, read timeouts and dropped connections are retried with backoff (longer for
-the embed job than for a probe or a query, which have a person waiting); a connection
-that cannot be opened is not (the server is not running or not reachable: waiting will
-not change that, and a search should fall back to keywords at once).
+Failures are `RemoteEmbedError`s / `RemoteGenerateError`s that name the endpoint and say
+what to do. 429 and 5xx answers, read timeouts and dropped connections are retried with
+backoff (longer for the embed job than for a probe or a query, which have a person
+waiting); a connection that cannot be opened is not (the server is not running or not
+reachable: waiting will not change that, and a search should fall back at once). A
+generation has one deadline for all its attempts, its own timeout or the query's budget
+(`worker.wait_at_most`), whichever ends first: a retry never outlives the budget.
 """
 
 from __future__ import annotations
@@ -31,16 +36,18 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import httpx
 
 from qmd.server.errors import Unavailable
 from qmd.server.index.chunking import CharEstimateTokenizer, Chunk, chunk_document
+from qmd.server.models.protocol import GenerationParams
 from qmd.server.models.refs import OPENAI_ENDPOINT
-from qmd.server.models.worker import Embeddings
+from qmd.server.models.worker import Embeddings, _wait_until
 
-log = logging.getLogger("qmd.remote_embed")
+log = logging.getLogger("qmd.remote")
 
 CHARS_PER_TOKEN = 3.0
 """Conservative for prose and code (English BPE/WordPiece averages ~4): an estimate
@@ -56,16 +63,27 @@ enough that one slow request does not hold the job's progress for long."""
 JOB_ATTEMPTS = 4
 """An embed job can wait out a busy server: every completed batch is kept anyway."""
 INTERACTIVE_ATTEMPTS = 2
-"""A probe (run by `status`) or a query embedding has a person waiting: fail soon, fall back to keywords."""
+"""A probe (run by `status`), a query embedding or an expansion has a person waiting: fail soon."""
 BACKOFF_SECONDS = 0.5
 """First retry delay, doubled per attempt (0.5, 1, 2 s) unless the server sends Retry-After."""
 MAX_RETRY_AFTER = 30.0
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 """Generous read timeout: Ollama loads the model on the first request."""
 INTERACTIVE_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+GENERATE_TIMEOUT_S = 20.0
+"""All attempts of one expansion together. A small expansion model answers in about a
+second; 20 s leaves room for Ollama loading the model on the first query, and a hung
+server costs a query no more than that (a budget, when set, ends it sooner)."""
+GENERATE_CONNECT_S = 3.0
+"""Opening a connection to a running server takes milliseconds; longer means it is not there."""
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 PROBE_TEXT = "qmd embedding dimension probe"
 KEY_VARS = ("QMD_EMBED_API_KEY", "OPENAI_API_KEY")
+GENERATE_KEY_VARS = ("QMD_GENERATE_API_KEY", "OPENAI_API_KEY")
+LLAMA_SAMPLING = {"min_p": 0.0, "repeat_penalty": 1.0}
+"""The sampling the local worker fixes (`LoadedModel.complete`), for llama.cpp-family servers
+whose own defaults differ (llama-cpp-python: min_p 0.05, repeat_penalty 1.1); servers that do
+not know a field ignore it. OpenAI's API refuses unknown fields, so it gets only OpenAI's."""
 
 Kind = Literal["query", "document"]
 
@@ -74,15 +92,21 @@ class RemoteEmbedError(Unavailable):
     """The embeddings endpoint could not be used; the message names it and says why."""
 
 
-def api_key(endpoint: str, environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
+class RemoteGenerateError(Unavailable):
+    """The chat completions endpoint could not be used; the message names it and says why."""
+
+
+def api_key(
+    endpoint: str, environ: Mapping[str, str] = os.environ, key_vars: tuple[str, ...] = KEY_VARS
+) -> tuple[str | None, str | None]:
     """The key to send and the variable it came from (for messages; the value is never shown).
 
-    `QMD_EMBED_API_KEY` goes to whichever endpoint is configured. `OPENAI_API_KEY` goes
-    only to OpenAI's own endpoint: sending it to another host (a LAN Ollama over plain
-    http, a third-party proxy) would hand the user's OpenAI credentials to a server that
-    was never meant to see them.
+    The role's own variable (`QMD_EMBED_API_KEY`, `QMD_GENERATE_API_KEY`) goes to whichever
+    endpoint is configured. `OPENAI_API_KEY` goes only to OpenAI's own endpoint: sending it
+    to another host (a LAN Ollama over plain http, a third-party proxy) would hand the user's
+    OpenAI credentials to a server that was never meant to see them.
     """
-    for var in KEY_VARS:
+    for var in key_vars:
         if var == "OPENAI_API_KEY" and endpoint != OPENAI_ENDPOINT:
             continue
         value = environ.get(var, "").strip()
@@ -91,136 +115,110 @@ def api_key(endpoint: str, environ: Mapping[str, str] = os.environ) -> tuple[str
     return None, None
 
 
-class RemoteBackend:
-    """Chunks in-process and embeds over HTTP; safe to share between threads (httpx.Client is)."""
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must be answered (`time.monotonic()`), and what set it: the query's
+    budget, or the client's own timeout of `seconds`."""
 
-    def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
+    until: float
+    budget: bool
+    seconds: float
+
+    def left(self) -> float:
+        return self.until - time.monotonic()
+
+
+class _Endpoint:
+    """One OpenAI-compatible API base and model: the key, the connection pool, retries and
+    the messages of failures, shared by the embed and generate clients. Safe to share
+    between threads (httpx.Client is)."""
+
+    what: ClassVar[str]
+    """How messages name the endpoint (`embeddings endpoint`)."""
+    error: ClassVar[type[Unavailable]]
+    key_vars: ClassVar[tuple[str, ...]]
+
+    def __init__(self, endpoint: str, model: str | None, environ: Mapping[str, str]) -> None:
         """Checks what can be checked without a request: a model name, and a key for OpenAI."""
         if not model:
-            raise RemoteEmbedError(
-                f"the embeddings endpoint {endpoint} needs a model name: write it as {endpoint}#<model>"
-            )
+            raise self.error(f"the {self.what} {endpoint} needs a model name: write it as {endpoint}#<model>")
         self.endpoint = endpoint
         self.model = model
-        self._key, self._key_var = api_key(endpoint, environ)
+        self._key, self._key_var = api_key(endpoint, environ, self.key_vars)
         self._openai_key_withheld = endpoint != OPENAI_ENDPOINT and bool(environ.get("OPENAI_API_KEY", "").strip())
         if self._key is None and endpoint == OPENAI_ENDPOINT:
-            raise RemoteEmbedError(f"openai:{model} needs an API key: set QMD_EMBED_API_KEY or OPENAI_API_KEY")
-        self._tokenizer = CharEstimateTokenizer(CHARS_PER_TOKEN, SPECIAL_TOKENS)
-        headers = {"User-Agent": "qmd-embed"}
+            raise self.error(f"openai:{model} needs an API key: set {self.key_vars[0]} or OPENAI_API_KEY")
+        headers = {"User-Agent": "qmd"}
         if self._key is not None:
             headers["Authorization"] = f"Bearer {self._key}"
         self._client = httpx.Client(headers=headers)
-        self.dims: int | None = None
-
-    @property
-    def identity(self) -> str:
-        """What names the vector space this backend writes (the caller adds chunker version
-        and chunk size). Only valid after `probe`: the dimensions are part of it, so a
-        different model served under the same name cannot land in the old space."""
-        return (
-            f"remote:{self.endpoint}\nmodel:{self.model}\ndims:{self.dims}\nformat:plain\n"
-            f"tokens:chars/{CHARS_PER_TOKEN}+{SPECIAL_TOKENS}"
-        )
-
-    def probe(self) -> int:
-        """Learn (once) how many dimensions the model answers with."""
-        if self.dims is None:
-            self.dims = len(self._request([PROBE_TEXT], interactive=True)[0])
-            log.info(
-                "embed model %s at %s: %d dimensions (API key: %s)",
-                self.model,
-                self.endpoint,
-                self.dims,
-                self._key_var or "none",
-            )
-        return self.dims
 
     def close(self) -> None:
-        """Release the connection pool (a backend whose probe failed is dropped, then rebuilt)."""
+        """Release the connection pool."""
         self._client.close()
 
-    def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
-        """`qmd.server.index.chunking` chunks measured by the character estimate (no tokenizer is reachable)."""
-        return chunk_document(text, max_tokens=max_tokens, tokenizer=self._tokenizer, language=language)
-
-    def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
-        """Unit vectors for `texts`, in order, `BATCH` per request.
-
-        Texts are sent as they are (the plain prompt format): the model family behind an
-        endpoint is unknown, and a prefix a model never saw only adds noise. `kind` and
-        `titles` are therefore not used to shape the input; `kind` only picks how long to
-        retry (a query has a person waiting). An input whose estimate exceeds
-        `CHUNK_TOKENS` is reported clipped, as the server will likely cut it.
-        """
-        vectors: list[list[float]] = []
-        for i in range(0, len(texts), BATCH):
-            vectors.extend(self._request(texts[i : i + BATCH], interactive=kind == "query"))
-        n_tokens = [self._tokenizer.count(t) for t in texts]
-        clipped = tuple(i for i, n in enumerate(n_tokens) if n > CHUNK_TOKENS)
-        return Embeddings(vectors, clipped=clipped, n_tokens=n_tokens, limit=CHUNK_TOKENS)
-
-    # -- HTTP --
-
-    def _request(self, texts: list[str], *, interactive: bool) -> list[list[float]]:
-        """One `/embeddings` call, retried on transient failures, answered as unit vectors."""
-        url = f"{self.endpoint}/embeddings"
-        body = {"model": self.model, "input": texts}
-        attempts = INTERACTIVE_ATTEMPTS if interactive else JOB_ATTEMPTS
-        timeout = INTERACTIVE_TIMEOUT if interactive else TIMEOUT
+    def _post(
+        self, path: str, body: dict[str, Any], *, attempts: int, timeout: httpx.Timeout, deadline: Deadline | None
+    ) -> httpx.Response:
+        """One call, retried on transient failures; the 200 answer, or an error naming the endpoint."""
+        url = f"{self.endpoint}{path}"
+        where = f"the {self.what} {self.endpoint}"
         for attempt in range(1, attempts + 1):
             last = attempt == attempts
+            limit = timeout
+            if deadline is not None:
+                left = deadline.left()
+                if left <= 0:
+                    raise self.error(self._late(deadline, attempt - 1))
+                limit = httpx.Timeout(min(timeout.read or left, left), connect=min(timeout.connect or left, left))
             try:
-                resp = self._client.post(url, json=body, timeout=timeout)
+                resp = self._client.post(url, json=body, timeout=limit)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-                raise RemoteEmbedError(
-                    f"cannot reach the embeddings endpoint {self.endpoint} ({_reason(e)}): is the server running?"
-                ) from None
+                raise self.error(f"cannot reach {where} ({_reason(e)}): is the server running?") from None
             except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
+                if deadline is not None and deadline.left() <= 0:
+                    raise self.error(self._late(deadline, attempt)) from None
                 if last:
-                    raise RemoteEmbedError(
-                        f"the embeddings endpoint {self.endpoint} did not answer ({_reason(e)}) "
-                        f"after {attempts} attempts"
-                    ) from None
-                self._wait(attempt, None)
+                    raise self.error(f"{where} did not answer ({_reason(e)}) after {attempts} attempts") from None
+                self._wait(attempt, None, deadline)
                 continue
             except httpx.HTTPError as e:
-                raise RemoteEmbedError(
-                    f"the request to the embeddings endpoint {self.endpoint} failed: {_reason(e)}"
-                ) from None
+                raise self.error(f"the request to {where} failed: {_reason(e)}") from None
             if resp.status_code in RETRY_STATUSES and not last:
-                log.warning(
-                    "embeddings endpoint %s answered %d; retrying (%d/%d)",
-                    self.endpoint,
-                    resp.status_code,
-                    attempt,
-                    attempts - 1,
-                )
-                self._wait(attempt, resp.headers.get("retry-after"))
+                log.warning("%s answered %d; retrying (%d/%d)", where, resp.status_code, attempt, attempts - 1)
+                self._wait(attempt, resp.headers.get("retry-after"), deadline)
                 continue
             if resp.status_code != 200:
-                raise RemoteEmbedError(self._status_message(resp, attempts))
-            return self._parse(resp, len(texts))
+                raise self.error(self._status_message(resp, attempts))
+            return resp
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _wait(self, attempt: int, retry_after: str | None) -> None:
-        """Back off before the next attempt, as the server asks when it says."""
+    def _late(self, deadline: Deadline, attempts: int) -> str:
+        """Why a request with a deadline gave up; a budget's reason starts `budget:` like the worker's."""
+        tries = f" ({attempts} attempt{'s' * (attempts != 1)})" if attempts else ""
+        if deadline.budget:
+            return f"budget: gave up waiting for the {self.what} {self.endpoint}{tries}"
+        return f"the {self.what} {self.endpoint} did not answer within {deadline.seconds:g} s{tries}"
+
+    def _wait(self, attempt: int, retry_after: str | None, deadline: Deadline | None) -> None:
+        """Back off before the next attempt, as the server asks when it says, never past the deadline."""
         delay = BACKOFF_SECONDS * 2 ** (attempt - 1)
         if retry_after is not None:
             try:
                 delay = float(retry_after)
             except ValueError:
                 pass  # an HTTP date: keep the exponential delay
-        time.sleep(min(max(delay, 0.0), MAX_RETRY_AFTER))
+        cap = MAX_RETRY_AFTER if deadline is None else max(min(MAX_RETRY_AFTER, deadline.left()), 0.0)
+        time.sleep(min(max(delay, 0.0), cap))
 
     def _status_message(self, resp: httpx.Response, attempts: int) -> str:
         """What an error status means for the user, with the server's own words."""
         code, said = resp.status_code, self._server_said(resp)
-        where = f"the embeddings endpoint {self.endpoint}"
+        where = f"the {self.what} {self.endpoint}"
         if code in (401, 403):
             if self._key_var is None:
                 withheld = " (OPENAI_API_KEY is sent only to api.openai.com)" if self._openai_key_withheld else ""
-                return f"{where} requires an API key ({code}{said}): set QMD_EMBED_API_KEY{withheld}"
+                return f"{where} requires an API key ({code}{said}): set {self.key_vars[0]}{withheld}"
             return f"{where} refused the API key in {self._key_var} ({code}{said})"
         if code == 404:
             return (
@@ -248,6 +246,73 @@ class RemoteBackend:
         if self._key:
             text = text.replace(self._key, "***")
         return f": {text}" if text else ""
+
+
+class RemoteBackend(_Endpoint):
+    """Chunks in-process and embeds over HTTP."""
+
+    what = "embeddings endpoint"
+    error = RemoteEmbedError
+    key_vars = KEY_VARS
+
+    def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
+        super().__init__(endpoint, model, environ)
+        self._tokenizer = CharEstimateTokenizer(CHARS_PER_TOKEN, SPECIAL_TOKENS)
+        self.dims: int | None = None
+
+    @property
+    def identity(self) -> str:
+        """What names the vector space this backend writes (the caller adds chunker version
+        and chunk size). Only valid after `probe`: the dimensions are part of it, so a
+        different model served under the same name cannot land in the old space."""
+        return (
+            f"remote:{self.endpoint}\nmodel:{self.model}\ndims:{self.dims}\nformat:plain\n"
+            f"tokens:chars/{CHARS_PER_TOKEN}+{SPECIAL_TOKENS}"
+        )
+
+    def probe(self) -> int:
+        """Learn (once) how many dimensions the model answers with."""
+        if self.dims is None:
+            self.dims = len(self._request([PROBE_TEXT], interactive=True)[0])
+            log.info(
+                "embed model %s at %s: %d dimensions (API key: %s)",
+                self.model,
+                self.endpoint,
+                self.dims,
+                self._key_var or "none",
+            )
+        return self.dims
+
+    def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
+        """`qmd.server.index.chunking` chunks measured by the character estimate (no tokenizer is reachable)."""
+        return chunk_document(text, max_tokens=max_tokens, tokenizer=self._tokenizer, language=language)
+
+    def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
+        """Unit vectors for `texts`, in order, `BATCH` per request.
+
+        Texts are sent as they are (the plain prompt format): the model family behind an
+        endpoint is unknown, and a prefix a model never saw only adds noise. `kind` and
+        `titles` are therefore not used to shape the input; `kind` only picks how long to
+        retry (a query has a person waiting). An input whose estimate exceeds
+        `CHUNK_TOKENS` is reported clipped, as the server will likely cut it.
+        """
+        vectors: list[list[float]] = []
+        for i in range(0, len(texts), BATCH):
+            vectors.extend(self._request(texts[i : i + BATCH], interactive=kind == "query"))
+        n_tokens = [self._tokenizer.count(t) for t in texts]
+        clipped = tuple(i for i, n in enumerate(n_tokens) if n > CHUNK_TOKENS)
+        return Embeddings(vectors, clipped=clipped, n_tokens=n_tokens, limit=CHUNK_TOKENS)
+
+    def _request(self, texts: list[str], *, interactive: bool) -> list[list[float]]:
+        """One `/embeddings` call, answered as unit vectors."""
+        resp = self._post(
+            "/embeddings",
+            {"model": self.model, "input": texts},
+            attempts=INTERACTIVE_ATTEMPTS if interactive else JOB_ATTEMPTS,
+            timeout=INTERACTIVE_TIMEOUT if interactive else TIMEOUT,
+            deadline=None,
+        )
+        return self._parse(resp, len(texts))
 
     def _parse(self, resp: httpx.Response, n: int) -> list[list[float]]:
         """The vectors of an OpenAI-shaped answer, in input order, at unit length."""
@@ -287,6 +352,71 @@ class RemoteBackend:
     def _shape(self, what: str) -> RemoteEmbedError:
         return RemoteEmbedError(
             f"the embeddings endpoint {self.endpoint} sent an answer that is not an OpenAI embeddings response: {what}"
+        )
+
+
+class RemoteGenerator(_Endpoint):
+    """A generate model behind `POST <base>/chat/completions`: messages in, the first choice's text out."""
+
+    what = "chat completions endpoint"
+    error = RemoteGenerateError
+    key_vars = GENERATE_KEY_VARS
+
+    def __init__(
+        self,
+        endpoint: str,
+        model: str | None,
+        *,
+        environ: Mapping[str, str] = os.environ,
+        timeout_s: float = GENERATE_TIMEOUT_S,
+    ) -> None:
+        super().__init__(endpoint, model, environ)
+        self.timeout_s = timeout_s
+
+    def chat(self, messages: list[dict[str, str]], params: GenerationParams) -> str:
+        """The reply to `messages`, sampled as `params` says, within this client's timeout and
+        the query's budget (`wait_at_most`), whichever ends first."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": params.seed,
+            "stream": False,
+        }
+        if params.stop:
+            body["stop"] = params.stop
+        if self.endpoint != OPENAI_ENDPOINT:
+            body.update(top_k=params.top_k, **LLAMA_SAMPLING)
+        own = time.monotonic() + self.timeout_s
+        budget = _wait_until.get()
+        deadline = Deadline(own, False, self.timeout_s)
+        if budget is not None and budget < own:
+            deadline = Deadline(budget, True, budget - time.monotonic())
+        timeout = httpx.Timeout(self.timeout_s, connect=GENERATE_CONNECT_S)
+        resp = self._post("/chat/completions", body, attempts=INTERACTIVE_ATTEMPTS, timeout=timeout, deadline=deadline)
+        return self._text(resp)
+
+    def _text(self, resp: httpx.Response) -> str:
+        """The first choice's message content of an OpenAI-shaped answer."""
+        try:
+            payload = resp.json()
+        except ValueError:
+            raise self._shape(f"no JSON in the answer ({resp.headers.get('content-type', 'no type')})") from None
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise self._shape("no 'choices' list")
+        message = choices[0].get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str):
+            raise self._shape("the first choice has no message text")
+        return content
+
+    def _shape(self, what: str) -> RemoteGenerateError:
+        return RemoteGenerateError(
+            f"the chat completions endpoint {self.endpoint} sent an answer that is not an OpenAI chat completion: "
+            f"{what}"
         )
 
 

@@ -15,6 +15,11 @@ look like a search about the query, and when nothing survives the caller gets th
 `lex`/`vec` fallback and is told so (the original dropped that fallback silently, §26).
 Expansions are cached in `llm_cache` by query and model, never by intent: the intent is not
 part of the prompt either, so it cannot change the answer.
+
+The model runs in one of two places behind the Expander's `generate`: the local inference
+worker (`worker_generate`) or an OpenAI-compatible chat completions endpoint
+(`remote_expander`). Both go through the same prompts, parser and cache; only the prompt's
+form differs (an endpoint applies its own chat template, so it always gets chat messages).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import TYPE_CHECKING
 from qmd.server.index import llm_cache
 from qmd.server.index.store import Store
 from qmd.server.models.protocol import GenerationParams
+from qmd.server.models.refs import RemoteRef
+from qmd.server.models.remote import RemoteGenerator
 from qmd.server.search.lexical import STOP_WORDS
 from qmd.server.search.querydoc import SUBQUERY_TYPES, SubQueryType
 
@@ -45,6 +52,7 @@ __all__ = [
     "build_prompt",
     "fallback",
     "parse_expansion",
+    "remote_expander",
     "strong_signal",
 ]
 
@@ -305,6 +313,32 @@ def worker_generate(worker: WorkerClient, spec: ModelSpec, timeout: float | None
         return worker.complete(spec, p.prompt, messages=p.messages, params=p.params, timeout=timeout).text
 
     return generate
+
+
+def remote_generate(client: RemoteGenerator) -> Callable[[Prompt], str]:
+    """An Expander's `generate` on an OpenAI-compatible chat endpoint: the prompt's messages and sampling.
+
+    The endpoint applies its model's own chat template, so its Expander is built with
+    `chat_template=True` and `build_prompt` always gives messages (the few-shot turns, or the
+    fine-tuned model's prompt when the served name says it is that model).
+    """
+
+    def generate(p: Prompt) -> str:
+        assert p.messages is not None, "build_prompt gives messages whenever chat_template is set"
+        return client.chat(p.messages, p.params)
+
+    return generate
+
+
+def remote_expander(ref: RemoteRef, store: Store) -> Expander:
+    """The Expander of a generate model served by an endpoint; a `RemoteGenerateError` when
+    the setting cannot work (no model name, no key for OpenAI).
+
+    Its cache key and cost estimate use `ref.uri`, which names the endpoint and the model:
+    expansions of one served model are never answered for another.
+    """
+    client = RemoteGenerator(ref.endpoint, ref.model)
+    return Expander(remote_generate(client), ref.uri, client.model, True, store)
 
 
 class Expander:
