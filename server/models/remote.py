@@ -74,6 +74,8 @@ GENERATE_TIMEOUT_S = 20.0
 """All attempts of one expansion together. A small expansion model answers in about a
 second; 20 s leaves room for Ollama loading the model on the first query, and a hung
 server costs a query no more than that (a budget, when set, ends it sooner)."""
+TIMEOUT_VAR = "QMD_GENERATE_TIMEOUT"
+"""Seconds instead of `GENERATE_TIMEOUT_S`: a CPU-only server running a large model is slower."""
 GENERATE_CONNECT_S = 3.0
 """Opening a connection to a running server takes milliseconds; longer means it is not there."""
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -362,16 +364,16 @@ class RemoteGenerator(_Endpoint):
     error = RemoteGenerateError
     key_vars = GENERATE_KEY_VARS
 
-    def __init__(
-        self,
-        endpoint: str,
-        model: str | None,
-        *,
-        environ: Mapping[str, str] = os.environ,
-        timeout_s: float = GENERATE_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
+        """Also reads `QMD_GENERATE_TIMEOUT`: a bad value is refused here, not replaced by the default."""
         super().__init__(endpoint, model, environ)
-        self.timeout_s = timeout_s
+        raw = environ.get(TIMEOUT_VAR, "").strip()
+        try:
+            self.timeout_s = float(raw) if raw else GENERATE_TIMEOUT_S
+        except ValueError:
+            self.timeout_s = math.nan
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise RemoteGenerateError(f"{TIMEOUT_VAR} must be a positive number of seconds, got {raw!r}")
 
     def chat(self, messages: list[dict[str, str]], params: GenerationParams) -> str:
         """The reply to `messages`, sampled as `params` says, within this client's timeout and
