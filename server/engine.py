@@ -39,6 +39,7 @@ from qmd.server.index.documents import (
     find_document,
     glob_documents,
     is_comma_list,
+    link_index,
     parse_virtual,
     safe_relpath,
     split_range,
@@ -696,6 +697,12 @@ class Engine:
         explicit `from_line` / `max_lines` win over that suffix. A paged document (PDF)
         may be addressed by page, `report.pdf#page=3:10:5`: lines counted within that
         page, read from the same body, so both spellings of a pointer read the same text."""
+        linked = link_index(name)
+        if linked is not None and linked != self.paths.name:  # never the same path in the wrong index
+            raise InvalidInput(
+                f"{name} is a link into index '{linked}', and this request is served by '{self.paths.name}': "
+                "ask that index for it (qmd get follows such links itself)"
+            )
         name, suffix_from, suffix_count = split_range(name)
         name, page = split_page(name)
         from_line = from_line if from_line is not None else suffix_from

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from urllib.parse import parse_qs
 
 from qmd.paths import PROJECT_PREFIX, IndexPaths, is_project_root
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
+from qmd.server.index.documents import link_index
 from qmd.server.models.worker import WorkerClient
 
 log = logging.getLogger("qmd.indexes")
@@ -66,11 +65,8 @@ def requested(index: str | None, project: str | None) -> IndexPaths | None:
 def linked_index(name: str) -> IndexPaths | None:
     """The index a `qmd://collection/path?index=NAME` link names (results from an index
     other than the default carry one), or None."""
-    if not name.strip().startswith(("qmd:", "//")) or "?" not in name:
-        return None
-    query = parse_qs(re.sub(r"(:\d+){1,2}$", "", name.split("?", 1)[1]))  # a `:from[:count]` suffix
-    index = query.get("index", [None])[0]
-    if not index:
+    index = link_index(name)
+    if index is None:
         return None
     if index.startswith(PROJECT_PREFIX):  # a project's index is named by its folder
         return requested(None, index[len(PROJECT_PREFIX) :])

@@ -15,6 +15,7 @@ import pytest
 from conftest import MODELS_DIR, NOTES, require, write
 from harness import Daemon, Env, daemons_on
 
+import qmd
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
@@ -181,3 +182,14 @@ def test_a_project_link_reads_from_anywhere(env: Env, daemon: Daemon) -> None:
     got = env.ok("get", f"{hit['file']}:3:1")  # from HOME, outside the project
     assert "zanzibar harbour" in got
     assert env.json("search", "zanzibar", "--json") == []  # the default index is another one
+
+
+def test_a_link_into_another_index_is_never_read_from_this_one(tmp_path: Path) -> None:
+    """Where nothing routes the link (MCP's get, the library), the engine refuses it
+    rather than read the same path from the wrong index."""
+    notes = write(tmp_path / "notes", {"a.md": "# A\n\nhere\n"})
+    with qmd.open(tmp_path / "i.sqlite", collections={"notes": {"path": str(notes)}}) as index:
+        index.update()
+        assert "here" in index.get("qmd://notes/a.md").body
+        with pytest.raises(qmd.InvalidInput, match="a link into index 'work'"):
+            index.get("qmd://notes/a.md?index=work:3:1")

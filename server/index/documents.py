@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from wcmatch import glob as wglob
 
@@ -49,6 +50,15 @@ def parse_virtual(raw: str) -> tuple[str, str] | None:
     if not m:
         raise InvalidInput(f"invalid qmd:// path: {raw}")
     return m.group(1), m.group(2).strip("/")
+
+
+def link_index(raw: str) -> str | None:
+    """The index a `qmd://collection/path?index=NAME[:from[:count]]` link names, as
+    written there (a named index, or `project:/root`); None for a link without one."""
+    if not raw.strip().startswith(("qmd:", "//")) or "?" not in raw:
+        return None
+    query = parse_qs(re.sub(r"(:\d+){1,2}$", "", raw.split("?", 1)[1]))  # a `:from[:count]` suffix
+    return query.get("index", [None])[0] or None
 
 
 def split_range(name: str) -> tuple[str, int | None, int | None]:
