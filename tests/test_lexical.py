@@ -843,3 +843,11 @@ def test_bm25_after_edits_and_removals_equals_a_fresh_index(tmp_path: Path) -> N
     finally:
         fresh.close()
         edited.close()
+
+
+def test_idf_survives_counts_read_across_a_write() -> None:
+    """`indexed_rows` and an item's count are separate reads; a write between them can make
+    the count exceed the rows. The idf is then the clamp, never a math domain error."""
+    from qmd.server.search.lexical import _idf
+
+    assert _idf(12, 10) == 1e-6 and _idf(0, 0) == 0.0 and _idf(1, 1000) > 6

@@ -388,6 +388,7 @@ def _idf(n: int, rows: int) -> float:
     every score of the query)."""
     if n == 0:
         return 0.0
+    rows = max(rows, n)  # the two counts are separate reads: a write between them may add rows
     value = math.log((rows - n + 0.5) / (n + 0.5))
     return value if value > 0 else _IDF_FLOOR
 
