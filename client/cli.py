@@ -442,6 +442,7 @@ def chunk_strategy_option(help: str) -> Callable[[Callable], Callable]:  # noqa:
     help="Candidates kept after fusion and reranked.",
 )
 @click.option("--no-rerank", is_flag=True, help="Rank by fusion alone.")
+@click.option("--no-expand", is_flag=True, help="Search the query as it is: no model-written variants.")
 @click.option(
     "--budget-ms",
     type=click.IntRange(min=1, max=600_000),
@@ -467,6 +468,7 @@ def query(
     intent: str | None,
     candidate_limit: int,
     no_rerank: bool,
+    no_expand: bool,
     budget_ms: int | None,
     explain: bool,
     chunk_strategy: str | None,
@@ -491,6 +493,7 @@ def query(
         intent=intent,
         candidate_limit=candidate_limit,
         rerank=not no_rerank,
+        expand=not no_expand,
         budget_ms=budget_ms,
         chunk_strategy=chunk_strategy,
     )
@@ -801,6 +804,15 @@ BENCH_BACKENDS = ("bm25", "vector", "hybrid", "full")
 @click.option("--max-queries", type=click.IntRange(min=1), help="--beir: the first N judged queries only.")
 @click.option("--embed", "embed_first", is_flag=True, help="--beir: embed the corpus first (vector, hybrid, full).")
 @click.option("--keep", is_flag=True, help="--beir: keep the collection and its vectors for the next run.")
+@click.option(
+    "-C",
+    "--candidate-limit",
+    type=click.IntRange(min=1, max=1000),
+    default=40,
+    show_default=True,
+    help="hybrid and full: candidates kept after fusion (and reranked, for full).",
+)
+@click.option("--no-expand", is_flag=True, help="hybrid and full: search each query as it is, unexpanded.")
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON: per query, per backend, summaries.")
 @pass_ctx
 def bench(
@@ -813,6 +825,8 @@ def bench(
     max_queries: int | None,
     embed_first: bool,
     keep: bool,
+    candidate_limit: int,
+    no_expand: bool,
     as_json: bool,
 ) -> None:
     """Measure search quality: precision, recall, MRR, F1 and nDCG@10 per backend (bm25,
@@ -824,6 +838,8 @@ def bench(
         "backends": list(backends) or None,
         "split": split,
         "maxQueries": max_queries,
+        "candidateLimit": candidate_limit,
+        "expand": not no_expand,
     }
     if fixture is not None:
         if embed_first or keep or max_queries:

@@ -1002,7 +1002,7 @@ class Engine:
         if spec.beir is None:
             fixture = quality.parse_fixture(spec.fixture, spec.source)
             name = spec.collection or fixture.collection
-            return self._bench(fixture, name, "fixture", [], spec.backends, progress, cancelled)
+            return self._bench(fixture, name, "fixture", [], spec, progress, cancelled)
         folder = Path(spec.beir)
         docs, fixture, warnings = quality.load_beir(folder, spec.split, spec.max_queries)
         slug = re.sub(r"[^A-Za-z0-9_-]+", "-", folder.resolve().name).strip("-") or "beir"
@@ -1018,7 +1018,7 @@ class Engine:
             self.update([name], progress=progress)
             if spec.embed:
                 self.embed(collections=[name], progress=progress, cancel=cancel)
-            return self._bench(fixture, name, "beir", warnings, spec.backends, progress, cancelled)
+            return self._bench(fixture, name, "beir", warnings, spec, progress, cancelled)
         finally:
             if not spec.keep:
                 self.remove_collection(name)
@@ -1030,7 +1030,7 @@ class Engine:
         name: str | None,
         kind: Literal["fixture", "beir"],
         warnings: list[str],
-        backends: tuple[str, ...],
+        spec: BenchSpec,
         progress: Progress | None,
         cancelled: Callable[[], bool],
     ) -> quality.BenchReport:
@@ -1067,7 +1067,14 @@ class Engine:
 
         def pipeline(rerank: bool) -> quality.Runner:
             def run(q: str, depth: int) -> quality.Answer:
-                out = self.query(parse_query(q), QueryOptions(collections=colls, limit=depth, rerank=rerank))
+                opts = QueryOptions(
+                    collections=colls,
+                    limit=depth,
+                    rerank=rerank,
+                    expand=spec.expand,
+                    candidate_limit=spec.candidate_limit,
+                )
+                out = self.query(parse_query(q), opts)
                 return quality.Answer(files(out.hits), [quality.stage_note(s.stage, s.reason) for s in out.skipped])
 
             return run
@@ -1085,11 +1092,13 @@ class Engine:
         ]
         return quality.run(
             fixture,
-            [p for p in plans if p.name in backends],
+            [p for p in plans if p.name in spec.backends],
             collection=name or "all",
             documents=len(paths),
             kind=kind,
             warnings=warnings,
+            candidate_limit=spec.candidate_limit,
+            expand=spec.expand,
             progress=progress,
             cancelled=cancelled,
         )

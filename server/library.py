@@ -208,6 +208,7 @@ class Index:
         min_score: float = 0.0,
         candidate_limit: int = 40,
         rerank: bool = True,
+        expand: bool = True,
         budget_ms: float | None = None,
         explain: bool = False,
         filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
@@ -225,6 +226,7 @@ class Index:
             min_score=min_score,
             candidate_limit=candidate_limit,
             rerank=rerank,
+            expand=expand,
             budget_ms=budget_ms,
             explain=explain,
             filter=_filter(filter),
@@ -272,6 +274,8 @@ class Index:
         max_queries: int | None = None,
         embed: bool = False,
         keep: bool = False,
+        candidate_limit: int = 40,
+        expand: bool = True,
     ) -> BenchReport:
         """`qmd bench`: search quality per backend (bm25, vector, hybrid, full) on a fixture
         (its parsed JSON, or its file) against an indexed collection, or on a BEIR-format
@@ -299,6 +303,8 @@ class Index:
             max_queries=max_queries,
             embed=embed,
             keep=keep,
+            candidate_limit=candidate_limit,
+            expand=expand,
         )
         return self.engine.bench(spec)
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qmd.server.errors import InvalidInput
+from qmd.server.search.hybrid import DEFAULT_CANDIDATES
 
 BACKENDS = ("bm25", "vector", "hybrid", "full")
 Backend = Literal["bm25", "vector", "hybrid", "full"]
@@ -240,6 +241,10 @@ class BenchSpec:
     """BEIR: embed the bench collection first, so vector, hybrid and full can run."""
     keep: bool = False
     """BEIR: keep the bench collection (and its vectors) for the next run."""
+    candidate_limit: int = DEFAULT_CANDIDATES
+    """hybrid and full: candidates kept after fusion (and reranked, for full)."""
+    expand: bool = True
+    """hybrid and full: expand each query with the generate model (False: as `--no-expand`)."""
 
 
 # -- metrics ----------------------------------------------------------------------------
@@ -406,6 +411,8 @@ class BenchReport:
     warnings: list[str]
     documents: int
     """Documents in the collection measured."""
+    candidate_limit: int = DEFAULT_CANDIDATES
+    expand: bool = True
 
 
 Progress = Callable[[dict], None]
@@ -419,6 +426,8 @@ def run(
     documents: int,
     kind: Literal["fixture", "beir"],
     warnings: list[str],
+    candidate_limit: int = DEFAULT_CANDIDATES,
+    expand: bool = True,
     progress: Progress | None = None,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> BenchReport:
@@ -491,6 +500,8 @@ def run(
         by_type=by_type,
         warnings=warnings,
         documents=documents,
+        candidate_limit=candidate_limit,
+        expand=expand,
     )
 
 
@@ -516,6 +527,8 @@ def render(report: BenchReport) -> str:
         f"{len(report.results)} queries)"
     ]
     ran = list(report.summary)
+    if {"hybrid", "full"} & set(ran):
+        lines.append(f"hybrid/full: {report.candidate_limit} candidates, expansion {'on' if report.expand else 'off'}")
     if report.kind == "fixture" and ran:
         lines += [
             "",

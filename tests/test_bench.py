@@ -253,6 +253,12 @@ def test_bench_all_four_backends_with_real_models(with_models: Env) -> None:
     for backend, floor in floors.items():
         assert means[backend]["ndcg_at_10"] >= floor, (backend, means[backend])
         assert means[backend]["recall"] == 1.0, (backend, means[backend])
+    # The pipeline's settings reach every query and the report: no expansion, 5 candidates.
+    text = with_models.ok("bench", str(EVAL_DIR / "example.json"), "-b", "hybrid", "-C", "5", "--no-expand")
+    assert "hybrid/full: 5 candidates, expansion off" in text, text
+    plain = with_models.json("bench", str(EVAL_DIR / "example.json"), "--json", "-b", "hybrid", "--no-expand")
+    assert plain["candidate_limit"] == 40 and plain["expand"] is False
+    assert plain["summary"]["hybrid"]["means"]["ndcg_at_10"] >= floors["hybrid"], plain["summary"]
 
 
 def test_the_library_benches_in_process(tmp_path: Path) -> None:

@@ -372,13 +372,22 @@ def test_expander_reads_the_legacy_cache_form(worker: WorkerClient, gemma: Model
     assert calls == []
 
 
-def test_fallback_is_not_cached_and_the_key_ignores_other_models(store: Store) -> None:
-    # A model that answers chatter only: the expander reports the fallback and keeps nothing.
-    expander = Expander(lambda p: "Sure! Happy to help.", "model-a", None, False, store)
+def test_fallback_is_cached_and_the_key_ignores_other_models(store: Store) -> None:
+    # A model that answers chatter only: the expander reports the fallback, and remembers it
+    # so that a repeat costs no model call (greedy generation would give the same chatter).
+    calls: list[Prompt] = []
+
+    def chatter(p: Prompt) -> str:
+        calls.append(p)
+        return "Sure! Happy to help."
+
+    expander = Expander(chatter, "model-a", None, False, store)
     got = expander.expand("sourdough bread")
     assert got.fallback and got.lines == fallback("sourdough bread") and got.raw == "Sure! Happy to help."
     settle(store)
-    assert expander.cached("sourdough bread") is None
+    again = expander.expand("sourdough bread")
+    assert again.cached and again.fallback and again.lines == fallback("sourdough bread")
+    assert len(calls) == 1
     assert Expander(lambda p: "", "model-b", None, False, store).key("q") != expander.key("q")
 
 

@@ -95,6 +95,36 @@ def test_expansion_failure_is_a_skipped_stage(engine: Engine) -> None:
     assert out.hits
 
 
+def test_no_expand_turns_the_stage_off_and_asks_no_model(engine: Engine) -> None:
+    calls: list[Prompt] = []
+
+    def generate(p: Prompt) -> str:
+        calls.append(p)
+        return "lex: angel investors"
+
+    expander = Expander(generate, "scripted", None, False, engine.store)
+    out = run(engine, "money investors", legs(expander=expander), rerank=False, expand=False)
+    st = {s.stage: s for s in out.stages}
+    assert st["expand"].status == "off" and "--no-expand" in st["expand"].detail
+    assert calls == [] and out.expansion is None and out.hits
+
+
+def test_a_fallback_expansion_is_kept_for_the_next_query(engine: Engine) -> None:
+    calls: list[Prompt] = []
+
+    def chatter(p: Prompt) -> str:
+        calls.append(p)
+        return "Sure! Happy to help."
+
+    expander = Expander(chatter, "scripted", None, False, engine.store)
+    first = run(engine, "money investors", legs(expander=expander), rerank=False)
+    engine.store.write(lambda conn: None, bump=False)  # the cache write ahead of it has landed
+    again = run(engine, "money investors", legs(expander=expander), rerank=False)
+    st = {s.stage: s for s in again.stages}
+    assert st["expand"].status == "cached" and "no usable line" in st["expand"].detail
+    assert len(calls) == 1 and [h.doc.path for h in again.hits] == [h.doc.path for h in first.hits]
+
+
 def test_rerank_reorders_and_caches(engine: Engine) -> None:
     rr = ScriptedReranker()
     out = run(engine, "investors", legs(rr), explain=True)

@@ -124,6 +124,9 @@ class QueryFields(Request):
         None, max_length=2000, description="What the search is for; disambiguates the query and focuses snippets."
     )
     rerank: bool = Field(True, description="Rerank the merged candidates.")
+    expand: bool = Field(
+        True, description="Expand a plain-text query with the local model (false: search it as it is)."
+    )
     budget_ms: int | None = Field(
         None,
         ge=1,
@@ -192,6 +195,7 @@ def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, Qu
         min_score=req.min_score,
         candidate_limit=req.candidate_limit,
         rerank=req.rerank,
+        expand=req.expand,
         budget_ms=req.budget_ms,
         explain=isinstance(req, QueryRequest) and req.explain,
         all_results=isinstance(req, CliQueryRequest) and req.all,
@@ -346,6 +350,8 @@ class BenchRequest(Request):
     max_queries: int | None = Field(None, ge=1)
     embed: bool = False
     keep: bool = False
+    candidate_limit: int = Field(40, ge=1, le=1000, description="hybrid and full: candidates kept after fusion.")
+    expand: bool = Field(True, description="hybrid and full: expand each query with the generate model.")
 
     def spec(self) -> BenchSpec:
         """The engine's request; exactly one of `fixture` and `beir`, a BEIR path absolute."""
@@ -365,6 +371,8 @@ class BenchRequest(Request):
             max_queries=self.max_queries,
             embed=self.embed,
             keep=self.keep,
+            candidate_limit=self.candidate_limit,
+            expand=self.expand,
         )
 
 

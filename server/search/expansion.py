@@ -96,6 +96,8 @@ MAX_CHARS = {"lex": 200, "vec": 300, "hyde": 500}
 """Longest kept text per type: a keyword string, a question, a one-sentence passage."""
 MAX_PER_TYPE = 2
 """Each expansion line is one more search (an FTS scan or an embedding); more adds latency, not recall."""
+_FALLBACK = {"fallback": True}
+"""What the cache holds for a query the model gave no usable line for."""
 FINE_TUNED_MARKER = "qmd-query-expansion"
 """Substring of the original's fine-tuned expansion model names (`qmd-query-expansion-1.7B`, …)."""
 
@@ -379,6 +381,9 @@ class Expander:
             return None
         try:
             items = json.loads(value)
+            if items == _FALLBACK:
+                lines = fallback(query)
+                return Expansion(lines=lines, cached=True, fallback=True, raw=None, seconds=time.monotonic() - start)
             lines = [(item["type"], item.get("query", item.get("text"))) for item in items]
         except (ValueError, TypeError, KeyError, AttributeError):
             log.warning("ignoring an unreadable cached expansion %s", key[:12])
@@ -389,23 +394,20 @@ class Expander:
         return Expansion(lines=lines, cached=True, fallback=False, raw=None, seconds=time.monotonic() - start)
 
     def expand(self, query: str) -> Expansion:
-        """The cached expansion, else a fresh one (cached when the model gave usable lines)."""
+        """The cached expansion, else a fresh one, cached either way: a model that gave nothing
+        usable for a query gives the same again (generation is greedy), so the fallback is
+        remembered instead of costing the model call on every repeat."""
         hit = self.cached(query)
         if hit is not None:
             return hit
         start = time.monotonic()
         raw = self.generate(build_prompt(query, self.name, self.chat_template))
         lines = parse_expansion(raw, query)
-        if not lines:
-            return Expansion(
-                lines=fallback(query), cached=False, fallback=True, raw=raw, seconds=time.monotonic() - start
-            )
-        llm_cache.put_many(
-            self.store,
-            {self.key(query): json.dumps([{"type": t, "query": q} for t, q in lines])},
-            model=self.model_uri,
+        value = json.dumps([{"type": t, "query": q} for t, q in lines] if lines else _FALLBACK)
+        llm_cache.put_many(self.store, {self.key(query): value}, model=self.model_uri)
+        return Expansion(
+            lines=lines or fallback(query), cached=False, fallback=not lines, raw=raw, seconds=time.monotonic() - start
         )
-        return Expansion(lines=lines, cached=False, fallback=False, raw=raw, seconds=time.monotonic() - start)
 
     def forget(self, query: str) -> None:
         """Drop the cached expansion of `query`: the pipeline calls it when none of its lines found anything (§12)."""

@@ -81,6 +81,7 @@ class QueryOptions:
     all_results: bool = False
     candidate_limit: int = DEFAULT_CANDIDATES
     rerank: bool = True
+    expand: bool = True
     budget_ms: float | None = None
     explain: bool = False
     full: bool = False
@@ -227,7 +228,12 @@ class HybridQuery:
             subs = _typed_subs(doc)
         self._keyword(subs, scope, stages, lists, expansion_lists, typed=doc.mode == "typed")
         self._vectors(subs, scope, opts, clock, stages, lists, vec_hits, expansion_lists, out)
-        if out.expansion and self.legs.expander and not any(lists[i].items for i in expansion_lists):
+        if (
+            out.expansion
+            and expansion_lists
+            and self.legs.expander
+            and not any(lists[i].items for i in expansion_lists)
+        ):
             self.legs.expander.forget(doc.query)  # expansions that found nothing are not worth keeping (§12)
 
         t = time.perf_counter()
@@ -284,6 +290,9 @@ class HybridQuery:
             [probe[0].coordination, *sorted((h.coordination for h in probe[1:]), reverse=True)[:1]] if probe else []
         )
         expander = self.legs.expander
+        if not opts.expand:
+            stages.append(Stage("expand", "off", 0, "not requested (--no-expand / expand: false)"))
+            return subs
         if strong_signal(scores, doc.intent, top_matched_all=bool(probe) and probe[0].matched == probe[0].total):
             second = scores[1] if len(scores) > 1 else 0.0
             stages.append(Stage("expand", "skipped", 0, f"strong keyword signal ({scores[0]:.2f} vs {second:.2f})"))
