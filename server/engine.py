@@ -78,7 +78,7 @@ from qmd.server.search.pointers import (
     file_uri,
 )
 from qmd.server.search.querydoc import QueryDoc, parse_query
-from qmd.server.search.rerank import Reranker, make_reranker
+from qmd.server.search.rerank import Reranker, make_reranker, remote_reranker
 from qmd.server.search.scope import resolve_scope
 from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_search
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
@@ -500,9 +500,16 @@ class Engine:
             return None, f"query expansion unavailable — {e.message}"
 
     def _reranker(self, cfg: Config) -> tuple[Reranker | None, str]:
+        """The reranker, or why there is none; an endpoint's needs no local worker (remote rerank)."""
         try:
+            models = self._usable_models(cfg)
+            ref = resolve_model("rerank", models, config_dir=self.paths.config.parent).ref
+            if isinstance(ref, RemoteRef):
+                if ref.uri not in self._rerankers:
+                    self._rerankers[ref.uri] = remote_reranker(ref)
+                return self._rerankers[ref.uri], ""
             self.worker.require_models()
-            uri, path = local_model("rerank", self._usable_models(cfg), self.paths.config.parent)
+            uri, path = local_model("rerank", models, self.paths.config.parent)
             key = f"{uri}|{path}"
             if key not in self._rerankers:
                 self._rerankers[key] = make_reranker(self.worker, str(path), uri)

@@ -17,7 +17,9 @@ verbatim by the CLI, MCP and the library.
         ├── VectorUnavailable     (search.vector) no embedder or no vectors yet
         ├── EmbedderUnavailable   (models.embedders) the embed model cannot be had
         ├── InferenceError        (models.worker) the llama.cpp worker failed
-        └── RemoteEmbedError      (models.remote) the embeddings endpoint failed
+        ├── RemoteEmbedError      (models.remote) the embeddings endpoint failed
+        ├── RemoteGenerateError   (models.remote) the chat completions endpoint failed
+        └── RemoteRerankError     (models.remote) the rerank endpoint failed
 """
 
 from __future__ import annotations

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from harness import Daemon, Env, daemons_on, free_port  # noqa: F401 - daemons_on, free_port: for the test modules
+from harness import (  # noqa: F401 - daemons_on, free_port: for the test modules
+    Daemon,
+    Env,
+    Scripted,
+    daemons_on,
+    free_port,
+    scripted_endpoint,
+    silent_endpoint,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QMD_SHARED_DIR", ROOT.parent / "shared"))
@@ -30,6 +38,31 @@ def require(path: Path, why: str) -> Path:
     if not path.exists():
         unavailable(f"{path} is missing: {why}")
     return path
+
+
+def require_llama_server() -> None:
+    """`python -m llama_cpp.server` needs llama-cpp-python's `server` extra (in the test extra)."""
+    import importlib.util
+
+    missing = [
+        m for m in ("starlette_context", "pydantic_settings", "sse_starlette") if not importlib.util.find_spec(m)
+    ]
+    if missing:
+        unavailable(f"llama_cpp.server needs {', '.join(missing)}: pip install -e '.[test]'")
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    """A loopback model endpoint answering from a script (`harness.Scripted`)."""
+    with scripted_endpoint() as server:
+        yield server
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """An API base whose socket accepts connections and never answers."""
+    with silent_endpoint() as url:
+        yield url
 
 
 @pytest.fixture

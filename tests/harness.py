@@ -13,8 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +213,112 @@ def daemons_on(port: int) -> list[int]:
             if b"qmd.server.daemon" in cmd and str(port).encode() in cmd:
                 pids.append(int(p.name))
     return pids
+
+
+# --- model endpoints on loopback: a scripted one for failures, llama_cpp.server for real models ---
+
+Reply = tuple[int, dict[str, str], bytes]
+"""Status, headers (a JSON Content-Type unless they say otherwise) and body of one scripted answer."""
+
+
+class Scripted(ThreadingHTTPServer):
+    """A loopback endpoint answering POSTs from a script of replies, then from `fallback`
+    (which sees the request's JSON body), recording each request's path, body and
+    Authorization header: the failures a real server will not produce on demand."""
+
+    def __init__(self, fallback: Callable[[Any], Reply] | None = None) -> None:
+        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
+        self.fallback = fallback
+        self.replies: list[Reply] = []
+        self.paths: list[str] = []
+        self.bodies: list[Any] = []
+        self.auth: list[str | None] = []
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    @property
+    def url(self) -> str:
+        """The API base, as OpenAI-compatible servers have it."""
+        return f"{self.root}/v1"
+
+
+class _ScriptedHandler(BaseHTTPRequestHandler):
+    server: Scripted
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.paths.append(self.path)
+        self.server.bodies.append(body)
+        self.server.auth.append(self.headers.get("Authorization"))
+        if self.server.replies or self.server.fallback is None:
+            status, headers, payload = self.server.replies.pop(0)
+        else:
+            status, headers, payload = self.server.fallback(body)
+        self.send_response(status)
+        for k, v in {"Content-Type": "application/json", **headers}.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        """Quiet: a failing test shows its own output, not access logs."""
+
+
+@contextmanager
+def scripted_endpoint(fallback: Callable[[Any], Reply] | None = None) -> Iterator[Scripted]:
+    """A `Scripted` endpoint serving in a thread until the block ends."""
+    server = Scripted(fallback)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """An API base whose socket accepts connections and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+@dataclass
+class LlamaServer:
+    """A running `python -m llama_cpp.server`, its OpenAI API base and its log."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        stop_process(self.proc, timeout=10)
+
+
+def llama_cpp_server(model: Path, log: Path, *args: str, alias: str, api_key: str | None = None) -> LlamaServer:
+    """`python -m llama_cpp.server` serving `model` as `alias` on a free loopback port (2 threads),
+    once it answers; `args` are its own options (`--embedding true`). The caller stops it."""
+    port = free_port()
+    argv = ["--model", str(model), "--model_alias", alias, "--verbose", "false", *args]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2"]
+    argv += ["--api_key", api_key] if api_key else []
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", *argv], stdout=out, stderr=subprocess.STDOUT)
+    served = LlamaServer(proc, f"http://127.0.0.1:{port}/v1", log)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            served.stop()
+            raise RuntimeError(f"llama_cpp.server did not start:\n{log.read_text()}")
+        try:
+            httpx.get(f"{served.url}/models", headers=headers, timeout=1)
+            return served
+        except httpx.TransportError:
+            time.sleep(0.1)

@@ -260,7 +260,7 @@ def test_resolution_errors_name_the_setting() -> None:
         mf.resolve_models({"embedding": "hf:u/r/m.gguf"}, {})
     with pytest.raises(InvalidInput, match=r"index.yml models.embed"):
         mf.resolve_models({"embed": "hf:nope"}, {})
-    with pytest.raises(InvalidInput, match="only the embed role"):
+    with pytest.raises(InvalidInput, match="QMD_RERANK_MODEL: OpenAI has no rerank endpoint"):
         mf.resolve_model("rerank", {}, {"QMD_RERANK_MODEL": "openai:m"})
     assert mf.resolve_model("embed", {"embed": "http://127.0.0.1:9/v1#m"}, {}).ref.kind == "remote"
 

@@ -7,22 +7,14 @@ End to end against `python -m llama_cpp.server` serving the MiniLM test GGUF on 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
-from conftest import MODELS_DIR, NOTES, Daemon, Env, free_port, require, unavailable, write
-from harness import stop_process
+from conftest import MODELS_DIR, NOTES, Daemon, Env, Scripted, require, require_llama_server, write
+from harness import LlamaServer, Reply, llama_cpp_server, scripted_endpoint
 
 from qmd.server.index.config import Config
 from qmd.server.models.embedders import Embedders, EmbedderUnavailable
@@ -36,46 +28,17 @@ SECRET = "qmd-test-secret-7f3a9c"
 @pytest.fixture(scope="module")
 def model() -> Path:
     """The test GGUF, and the `server` extra of llama-cpp-python that serves it."""
-    missing = [
-        m for m in ("starlette_context", "pydantic_settings", "sse_starlette") if not importlib.util.find_spec(m)
-    ]
-    if missing:
-        unavailable(f"llama_cpp.server needs {', '.join(missing)}: pip install -e '.[test]'")
+    require_llama_server()
     return require(MODELS_DIR / MODEL, "the MiniLM test embedder (../shared/models)")
 
 
-@dataclass
-class Served:
-    """A running `llama_cpp.server` and its OpenAI API base."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-
-    def stop(self) -> None:
-        stop_process(self.proc, timeout=10)
-
-
 @contextmanager
-def llama_server(model: Path, tmp_path: Path, api_key: str | None = None) -> Iterator[Served]:
+def llama_server(model: Path, tmp_path: Path, api_key: str | None = None) -> Iterator[LlamaServer]:
     """`python -m llama_cpp.server --embedding true` on a free loopback port, until the block ends."""
-    port = free_port()
-    log = tmp_path / f"llama-server-{port}.log"
-    args = ["--model", str(model), "--model_alias", "minilm", "--embedding", "true", "--verbose", "false"]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2"]
-    args += ["--api_key", api_key] if api_key else []
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", *args], stdout=out, stderr=subprocess.STDOUT)
-    served = Served(proc, f"http://127.0.0.1:{port}/v1")
+    served = llama_cpp_server(
+        model, tmp_path / "llama-server.log", "--embedding", "true", alias="minilm", api_key=api_key
+    )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama_cpp.server did not start:\n{log.read_text()}")
-            try:
-                httpx.get(f"{served.url}/models", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
         yield served
     finally:
         served.stop()
@@ -175,51 +138,17 @@ def test_api_key_checked_and_never_shown(env: Env, model: Path, tmp_path: Path) 
 # --- error shapes, against a scripted endpoint ---
 
 
-class Scripted(ThreadingHTTPServer):
-    """Answers `POST /v1/embeddings` from a script of replies (then with good vectors),
-    recording each request's Authorization header."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.replies: list[tuple[int, dict[str, str], bytes]] = []
-        self.auth: list[str | None] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Scripted
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.auth.append(self.headers.get("Authorization"))
-        if self.server.replies:
-            status, headers, payload = self.server.replies.pop(0)
-        else:  # reversed order, explicit indices, lengths 5 * (i + 1): the client must sort and normalise
-            data = [{"index": i, "embedding": [3.0 * (i + 1), 4.0 * (i + 1)]} for i in range(len(body["input"]))]
-            status, headers = 200, {"Content-Type": "application/json"}
-            payload = json.dumps({"data": data[::-1]}).encode()
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        """Quiet: pytest shows failures, not access logs."""
+def good_vectors(body: dict) -> Reply:
+    """Reversed order, explicit indices, lengths 5 * (i + 1): the client must sort and normalise."""
+    data = [{"index": i, "embedding": [3.0 * (i + 1), 4.0 * (i + 1)]} for i in range(len(body["input"]))]
+    return 200, {}, json.dumps({"data": data[::-1]}).encode()
 
 
 @pytest.fixture
 def scripted() -> Iterator[Scripted]:
-    server = Scripted()
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    """A scripted `/v1/embeddings` endpoint that answers with good vectors once its script is done."""
+    with scripted_endpoint(good_vectors) as server:
+        yield server
 
 
 def test_vectors_are_sorted_and_unit_length(scripted: Scripted) -> None:
@@ -247,7 +176,7 @@ def test_retries_429_and_5xx_then_succeeds(scripted: Scripted) -> None:
         ((401, {}, b'{"detail": "bad key sk-echoed"}'), "refused the API key in QMD_EMBED_API_KEY (401: bad key ***)"),
     ],
 )
-def test_errors_name_the_endpoint(scripted: Scripted, reply: tuple[int, dict[str, str], bytes], message: str) -> None:
+def test_errors_name_the_endpoint(scripted: Scripted, reply: Reply, message: str) -> None:
     scripted.replies = [reply, reply]
     backend = RemoteBackend(scripted.url, "m", environ={"QMD_EMBED_API_KEY": "sk-echoed"})
     with pytest.raises(RemoteEmbedError) as err:

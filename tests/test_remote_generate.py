@@ -8,26 +8,17 @@ answer that never comes) against small servers on loopback sockets, in process.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import httpx
 import pytest
 import test_expansion
-from conftest import NOTES, Daemon, Env, free_port, unavailable, write
-from harness import stop_process
+from conftest import NOTES, Daemon, Env, Scripted, free_port, require_llama_server, write
+from harness import LlamaServer, Reply, llama_cpp_server
 
-from qmd.server.errors import InvalidInput
 from qmd.server.index.store import Store
 from qmd.server.models.refs import RemoteRef, resolve_model
 from qmd.server.models.remote import RemoteGenerateError, RemoteGenerator
@@ -54,55 +45,19 @@ settle = test_expansion.settle
 # --- a real server on loopback ---
 
 
-@dataclass
-class Served:
-    """A running `llama_cpp.server` and its OpenAI API base."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def stop(self) -> None:
-        stop_process(self.proc, timeout=10)
-
-
-def serve_chat(model: Path, log: Path, api_key: str) -> Served:
-    """`python -m llama_cpp.server` on a free loopback port with the model's own chat template, once it answers."""
-    port = free_port()
-    args = ["--model", str(model), "--model_alias", "smollm", "--n_ctx", "2048", "--verbose", "false"]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2"]
-    args += ["--api_key", api_key]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", *args], stdout=out, stderr=subprocess.STDOUT)
-    served = Served(proc, f"http://127.0.0.1:{port}/v1", log)
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            served.stop()
-            raise RuntimeError(f"llama_cpp.server did not start:\n{log.read_text()}")
-        try:
-            httpx.get(f"{served.url}/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=1)
-            return served
-        except httpx.TransportError:
-            time.sleep(0.1)
-
-
 @pytest.fixture
-def server(smollm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """SmolLM2 behind `llama_cpp.server` (the test extra's `[server]`), with an API key; stopped after the test."""
-    missing = [
-        m for m in ("starlette_context", "pydantic_settings", "sse_starlette") if not importlib.util.find_spec(m)
-    ]
-    if missing:
-        unavailable(f"llama_cpp.server needs {', '.join(missing)}: pip install -e '.[test]'")
-    served = serve_chat(smollm_model, tmp_path_factory.mktemp("llama-server") / "server.log", SECRET)
+def server(smollm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """SmolLM2 behind `llama_cpp.server` with its own chat template and an API key; stopped after the test."""
+    require_llama_server()
+    log = tmp_path_factory.mktemp("llama-server") / "server.log"
+    served = llama_cpp_server(smollm_model, log, "--n_ctx", "2048", alias="smollm", api_key=SECRET)
     yield served
     served.stop()
 
 
 @pytest.mark.slow
 def test_real_server_expands_through_the_shared_parser_and_cache(
-    server: Served, store: Store, caplog: pytest.LogCaptureFixture
+    server: LlamaServer, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     client = RemoteGenerator(server.url, "smollm", environ={"QMD_GENERATE_API_KEY": SECRET, **SLOW_CPU})
@@ -140,7 +95,7 @@ def test_real_server_expands_through_the_shared_parser_and_cache(
 
 
 @pytest.mark.slow
-def test_cli_query_expands_on_the_endpoint_then_says_why_not(server: Served, env: Env, tmp_path: Path) -> None:
+def test_cli_query_expands_on_the_endpoint_then_says_why_not(server: LlamaServer, env: Env, tmp_path: Path) -> None:
     env.vars.update(QMD_GENERATE_MODEL=f"{server.url}#smollm", QMD_GENERATE_API_KEY=SECRET, **SLOW_CPU)
     d = Daemon(env, "--log-level", "debug")
     env.vars["QMD_NO_AUTOSTART"] = "1"
@@ -175,57 +130,6 @@ def test_cli_query_expands_on_the_endpoint_then_says_why_not(server: Served, env
 # --- failures, against loopback servers that misbehave on purpose ---
 
 
-class Scripted(ThreadingHTTPServer):
-    """Answers `POST /v1/chat/completions` from a script of replies, recording each request."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.replies: list[tuple[int, bytes]] = []
-        self.auth: list[str | None] = []
-        self.bodies: list[dict] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Scripted
-
-    def do_POST(self) -> None:
-        self.server.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.server.auth.append(self.headers.get("Authorization"))
-        status, payload = self.server.replies.pop(0)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        """Quiet: pytest shows failures, not access logs."""
-
-
-@pytest.fixture
-def scripted() -> Iterator[Scripted]:
-    server = Scripted()
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def silent() -> Iterator[str]:
-    """An API base whose socket accepts connections and never answers."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    sock.close()
-
-
 def completion(content: str | None) -> bytes:
     return json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}).encode()
 
@@ -238,7 +142,7 @@ def test_answer_goes_through_the_local_parser_and_sampling(
     answer = (
         "lex: founders seed funding\nvec: how do startup founders raise money?\nchatter\nlex: founders seed funding"
     )
-    scripted.replies = [(200, completion(answer)), (200, completion("I cannot help with that."))]
+    scripted.replies = [(200, {}, completion(answer)), (200, {}, completion("I cannot help with that."))]
     expander = remote_expander(RemoteRef(scripted.url, "qwen"), store)
     exp = expander.expand(QUERY)
     assert (
@@ -261,7 +165,7 @@ def test_answer_goes_through_the_local_parser_and_sampling(
 
 
 def test_fine_tuned_name_gets_its_training_prompt(scripted: Scripted, store: Store) -> None:
-    scripted.replies = [(200, completion("lex: founders raise money"))]
+    scripted.replies = [(200, {}, completion("lex: founders raise money"))]
     remote_expander(RemoteRef(scripted.url, "qmd-query-expansion-1.7B"), store).expand(QUERY)
     assert scripted.bodies[0]["messages"] == [
         {"role": "user", "content": f"/no_think Expand this search query: {QUERY}"}
@@ -272,16 +176,22 @@ def test_fine_tuned_name_gets_its_training_prompt(scripted: Scripted, store: Sto
 @pytest.mark.parametrize(
     ("replies", "message"),
     [
-        ([(500, b'{"error": {"message": "oops"}}')] * 2, "kept failing (500: oops) after 2 attempts"),
-        ([(200, b"<html>login</html>")], "not an OpenAI chat completion: no JSON in the answer (application/json)"),
-        ([(200, b'{"data": []}')], "not an OpenAI chat completion: no 'choices' list"),
-        ([(200, completion(None))], "not an OpenAI chat completion: the first choice has no message text"),
-        ([(404, b'{"error": "model not found"}')], "answered 404: model not found: it does not serve the model 'm'"),
-        ([(401, b'{"detail": "bad key sk-echoed"}')], "refused the API key in QMD_GENERATE_API_KEY (401: bad key ***)"),
+        ([(500, {}, b'{"error": {"message": "oops"}}')] * 2, "kept failing (500: oops) after 2 attempts"),
+        ([(200, {}, b"<html>login</html>")], "not an OpenAI chat completion: no JSON in the answer (application/json)"),
+        ([(200, {}, b'{"data": []}')], "not an OpenAI chat completion: no 'choices' list"),
+        ([(200, {}, completion(None))], "not an OpenAI chat completion: the first choice has no message text"),
+        (
+            [(404, {}, b'{"error": "model not found"}')],
+            "answered 404: model not found: it does not serve the model 'm'",
+        ),
+        (
+            [(401, {}, b'{"detail": "bad key sk-echoed"}')],
+            "refused the API key in QMD_GENERATE_API_KEY (401: bad key ***)",
+        ),
     ],
 )
 def test_errors_name_the_endpoint_and_never_the_key(
-    scripted: Scripted, replies: list[tuple[int, bytes]], message: str, caplog: pytest.LogCaptureFixture
+    scripted: Scripted, replies: list[Reply], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     scripted.replies = list(replies)
@@ -330,8 +240,6 @@ def test_settings_resolve_and_unusable_ones_fail_before_any_request(
     ref = resolve_model("generate", {}, {"QMD_GENERATE_MODEL": "http://127.0.0.1:9/v1/#qwen3:1.7b"}).ref
     assert ref == RemoteRef("http://127.0.0.1:9/v1", "qwen3:1.7b")
     assert resolve_model("generate", {"generate": "openai:gpt-4o-mini"}, {}).ref.uri == "openai:gpt-4o-mini"
-    with pytest.raises(InvalidInput, match="can serve only the embed role or the generate role"):
-        resolve_model("rerank", {"rerank": "http://127.0.0.1:9/v1#m"}, {})
     with pytest.raises(RemoteGenerateError, match="needs a model name: write it as http://127.0.0.1:9/v1#<model>"):
         remote_expander(RemoteRef("http://127.0.0.1:9/v1", None), store)
     with pytest.raises(RemoteGenerateError, match="openai:gpt-4o-mini needs an API key: set QMD_GENERATE_API_KEY"):

@@ -35,9 +35,6 @@ Role = Literal["embed", "rerank", "generate"]
 Source = Literal["config", "env", "default"]
 
 ROLES: tuple[Role, ...] = ("embed", "rerank", "generate")
-REMOTE_ROLES: tuple[Role, ...] = ("embed", "generate")
-"""The roles an OpenAI-compatible endpoint can serve (`models.remote`): embeddings, and chat
-completions for query expansion."""
 
 # The original's models (spec §9.1): the same defaults keep results comparable with it.
 DEFAULT_MODELS: dict[Role, str] = {
@@ -108,7 +105,8 @@ class FileRef:
 
 @dataclass(frozen=True)
 class RemoteRef:
-    """An OpenAI-compatible API base and model name; the remote backends (`models.remote`) do the talking."""
+    """An endpoint (an OpenAI-compatible API base, or a rerank server's) and model name; the
+    remote backends (`models.remote`) do the talking."""
 
     endpoint: str
     model: str | None
@@ -245,8 +243,8 @@ def _parse_for(role: Role, text: str, where: str, base: Path | None) -> ModelRef
         ref = parse_model_ref(text, base)
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc.message}") from None
-    if ref.kind == "remote" and role not in REMOTE_ROLES:
-        raise InvalidInput(f"{where}: a remote endpoint ({ref.uri}) can serve only the embed role or the generate role")
+    if ref.kind == "remote" and role == "rerank" and ref.endpoint == OPENAI_ENDPOINT:
+        raise InvalidInput(f"{where}: OpenAI has no rerank endpoint: write http(s)://<host>[:port]/v1#<model>")
     return ref
 
 

@@ -1,5 +1,7 @@
 """OpenAI-compatible endpoints as models: `/v1/embeddings` for the embed role,
-`/v1/chat/completions` for the generate role (query expansion).
+`/v1/chat/completions` for the generate role (query expansion), and a rerank endpoint for
+the rerank role (`RemoteReranker`: `/v1/rerank` as llama.cpp's server, vLLM, Jina and Cohere
+serve it, or TEI's `/rerank`).
 
 llama.cpp's server, Ollama, vLLM, llama-cpp-python's `llama_cpp.server` and OpenAI itself
 all answer both in OpenAI's shapes, so one small client covers them. What the local worker
@@ -20,13 +22,13 @@ learns from the GGUF file has to be decided here instead:
   does not normalise); they are normalised here, so cosine scores mean the same as
   the local worker's.
 
-Failures are `RemoteEmbedError`s / `RemoteGenerateError`s that name the endpoint and say
+Failures are `RemoteEmbedError`s / `RemoteGenerateError`s / `RemoteRerankError`s that name the endpoint and say
 what to do. 429 and 5xx answers, read timeouts and dropped connections are retried with
 backoff (longer for the embed job than for a probe or a query, which have a person
 waiting); a connection that cannot be opened is not (the server is not running or not
 reachable: waiting will not change that, and a search should fall back at once). A
-generation has one deadline for all its attempts, its own timeout or the query's budget
-(`worker.wait_at_most`), whichever ends first: a retry never outlives the budget.
+generation or a rerank call has one deadline for all its attempts, its own timeout or the
+query's budget (`worker.wait_at_most`), whichever ends first: a retry never outlives the budget.
 """
 
 from __future__ import annotations
@@ -76,12 +78,19 @@ second; 20 s leaves room for Ollama loading the model on the first query, and a 
 server costs a query no more than that (a budget, when set, ends it sooner)."""
 TIMEOUT_VAR = "QMD_GENERATE_TIMEOUT"
 """Seconds instead of `GENERATE_TIMEOUT_S`: a CPU-only server running a large model is slower."""
+RERANK_TIMEOUT_S = 20.0
+"""All attempts of one rerank call (a few passages: `search.hybrid.RERANK_BATCH`). A
+cross-encoder scores them in well under a second; the rest is room for a server loading
+its model on the first query, as for expansion."""
+RERANK_TIMEOUT_VAR = "QMD_RERANK_TIMEOUT"
 GENERATE_CONNECT_S = 3.0
 """Opening a connection to a running server takes milliseconds; longer means it is not there."""
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 PROBE_TEXT = "qmd embedding dimension probe"
 KEY_VARS = ("QMD_EMBED_API_KEY", "OPENAI_API_KEY")
 GENERATE_KEY_VARS = ("QMD_GENERATE_API_KEY", "OPENAI_API_KEY")
+RERANK_KEY_VARS = ("QMD_RERANK_API_KEY",)
+"""OpenAI serves no rerank endpoint, so `OPENAI_API_KEY` has no place to go here."""
 LLAMA_SAMPLING = {"min_p": 0.0, "repeat_penalty": 1.0}
 """The sampling the local worker fixes (`LoadedModel.complete`), for llama.cpp-family servers
 whose own defaults differ (llama-cpp-python: min_p 0.05, repeat_penalty 1.1); servers that do
@@ -96,6 +105,10 @@ class RemoteEmbedError(Unavailable):
 
 class RemoteGenerateError(Unavailable):
     """The chat completions endpoint could not be used; the message names it and says why."""
+
+
+class RemoteRerankError(Unavailable):
+    """The rerank endpoint could not be used; the message names it and says why."""
 
 
 def api_key(
@@ -128,6 +141,28 @@ class Deadline:
 
     def left(self) -> float:
         return self.until - time.monotonic()
+
+    @classmethod
+    def interactive(cls, seconds: float) -> Deadline:
+        """`seconds` from now, or the query's budget (`worker.wait_at_most`) when that ends first."""
+        own = time.monotonic() + seconds
+        budget = _wait_until.get()
+        if budget is not None and budget < own:
+            return cls(budget, True, budget - time.monotonic())
+        return cls(own, False, seconds)
+
+
+def timeout_setting(environ: Mapping[str, str], var: str, default: float, error: type[Unavailable]) -> float:
+    """Seconds from `var`, else `default`; a bad value is refused, never replaced by the default
+    (a typo would otherwise silently keep the old limit)."""
+    raw = environ.get(var, "").strip()
+    try:
+        seconds = float(raw) if raw else default
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise error(f"{var} must be a positive number of seconds, got {raw!r}")
+    return seconds
 
 
 class _Endpoint:
@@ -223,13 +258,14 @@ class _Endpoint:
                 return f"{where} requires an API key ({code}{said}): set {self.key_vars[0]}{withheld}"
             return f"{where} refused the API key in {self._key_var} ({code}{said})"
         if code == 404:
-            return (
-                f"{where} answered 404{said}: it does not serve the model {self.model!r}, "
-                "or it is not an OpenAI-compatible API base (that usually ends in /v1)"
-            )
+            return f"{where} answered 404{said}: it does not serve the model {self.model!r}, or {self._not_found()}"
         if code in RETRY_STATUSES:
             return f"{where} kept failing ({code}{said}) after {attempts} attempts"
         return f"{where} rejected the request ({code}{said})"
+
+    def _not_found(self) -> str:
+        """The other reason for a 404: the URI is not what the client takes it for."""
+        return "it is not an OpenAI-compatible API base (that usually ends in /v1)"
 
     def _server_said(self, resp: httpx.Response) -> str:
         """`: <message>` from the error body (OpenAI, FastAPI and plain-text shapes), short, key redacted."""
@@ -367,13 +403,7 @@ class RemoteGenerator(_Endpoint):
     def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
         """Also reads `QMD_GENERATE_TIMEOUT`: a bad value is refused here, not replaced by the default."""
         super().__init__(endpoint, model, environ)
-        raw = environ.get(TIMEOUT_VAR, "").strip()
-        try:
-            self.timeout_s = float(raw) if raw else GENERATE_TIMEOUT_S
-        except ValueError:
-            self.timeout_s = math.nan
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise RemoteGenerateError(f"{TIMEOUT_VAR} must be a positive number of seconds, got {raw!r}")
+        self.timeout_s = timeout_setting(environ, TIMEOUT_VAR, GENERATE_TIMEOUT_S, RemoteGenerateError)
 
     def chat(self, messages: list[dict[str, str]], params: GenerationParams) -> str:
         """The reply to `messages`, sampled as `params` says, within this client's timeout and
@@ -391,12 +421,8 @@ class RemoteGenerator(_Endpoint):
             body["stop"] = params.stop
         if self.endpoint != OPENAI_ENDPOINT:
             body.update(top_k=params.top_k, **LLAMA_SAMPLING)
-        own = time.monotonic() + self.timeout_s
-        budget = _wait_until.get()
-        deadline = Deadline(own, False, self.timeout_s)
-        if budget is not None and budget < own:
-            deadline = Deadline(budget, True, budget - time.monotonic())
         timeout = httpx.Timeout(self.timeout_s, connect=GENERATE_CONNECT_S)
+        deadline = Deadline.interactive(self.timeout_s)
         resp = self._post("/chat/completions", body, attempts=INTERACTIVE_ATTEMPTS, timeout=timeout, deadline=deadline)
         return self._text(resp)
 
@@ -420,6 +446,93 @@ class RemoteGenerator(_Endpoint):
             f"the chat completions endpoint {self.endpoint} sent an answer that is not an OpenAI chat completion: "
             f"{what}"
         )
+
+
+RerankFormat = Literal["jina", "tei"]
+"""`jina`: `{model, query, documents, top_n}` → `{results: [{index, relevance_score}]}`, as
+llama.cpp's server, vLLM, Jina, Cohere (v1 and v2) and LocalAI take it. `tei`: `{query, texts,
+truncate}` → `[{index, score}]`, Hugging Face text-embeddings-inference, which serves one model
+and takes no name."""
+FORMAT_LABELS: dict[RerankFormat, str] = {"jina": "Jina/Cohere-style /rerank", "tei": "TEI /rerank"}
+
+
+def rerank_format(endpoint: str) -> RerankFormat:
+    """The URI chooses: an API base with a path (`http://host:8080/v1`, like the other roles)
+    speaks the Jina/Cohere shape that llama.cpp's server, vLLM, Jina and Cohere share; a bare
+    `http://host:port` is TEI, which serves `/rerank` at its root and nothing under `/v1`.
+    Probing instead would spend a request per daemon start and guess wrong on a server
+    that accepts both (llama.cpp answers TEI's request in TEI's shape)."""
+    return "jina" if httpx.URL(endpoint).path.strip("/") else "tei"
+
+
+class RemoteReranker(_Endpoint):
+    """A rerank model behind `POST <endpoint>/rerank`: a query and passages in, one raw score
+    per passage out, in input order (the server's own scale; `search.rerank` maps logits to [0, 1])."""
+
+    what = "rerank endpoint"
+    error = RemoteRerankError
+    key_vars = RERANK_KEY_VARS
+
+    def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
+        """Also reads `QMD_RERANK_TIMEOUT` (a bad value is refused) and picks the wire format from the URI."""
+        super().__init__(endpoint, model, environ)
+        self.timeout_s = timeout_setting(environ, RERANK_TIMEOUT_VAR, RERANK_TIMEOUT_S, RemoteRerankError)
+        self.format = rerank_format(endpoint)
+
+    def rerank(self, query: str, documents: list[str]) -> list[float]:
+        """One score per document, within this client's timeout and the query's budget, whichever ends first."""
+        if not documents:
+            return []
+        body: dict[str, Any]
+        if self.format == "jina":
+            body = {"model": self.model, "query": query, "documents": documents, "top_n": len(documents)}
+        else:
+            body = {"query": query, "texts": documents, "truncate": True}
+        timeout = httpx.Timeout(self.timeout_s, connect=GENERATE_CONNECT_S)
+        deadline = Deadline.interactive(self.timeout_s)
+        resp = self._post("/rerank", body, attempts=INTERACTIVE_ATTEMPTS, timeout=timeout, deadline=deadline)
+        return self._scores(resp, len(documents))
+
+    def _scores(self, resp: httpx.Response, n: int) -> list[float]:
+        """The scores of either shape (TEI's list, or a `results` object), placed by `index`."""
+        try:
+            payload = resp.json()
+        except ValueError:
+            raise self._shape(f"no JSON in the answer ({resp.headers.get('content-type', 'no type')})") from None
+        items = payload.get("results") if isinstance(payload, dict) else payload
+        if not isinstance(items, list):
+            raise self._shape("no 'results' list")
+        if len(items) != n:
+            raise self._shape(f"{len(items)} scores for {n} passages")
+        scores: list[float | None] = [None] * n
+        for item in items:
+            index = item.get("index") if isinstance(item, dict) else None
+            value = item.get("relevance_score", item.get("score")) if isinstance(item, dict) else None
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n or scores[index] is not None:
+                raise self._shape(f"bad or repeated index {index!r}")
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise self._shape(f"the score of passage {index} is not a finite number")
+            scores[index] = float(value)
+        return [s for s in scores if s is not None]
+
+    def _shape(self, what: str) -> RemoteRerankError:
+        label = FORMAT_LABELS[self.format]
+        return RemoteRerankError(
+            f"the rerank endpoint {self.endpoint} sent an answer that is not a {label} response: {what}"
+        )
+
+    def _not_found(self) -> str:
+        return f"it has no {FORMAT_LABELS[self.format]} endpoint at {self.endpoint}/rerank ({_FORMAT_HINT})"
+
+    def _status_message(self, resp: httpx.Response, attempts: int) -> str:
+        """A refused request body most likely means the other wire format: say how to pick it."""
+        message = super()._status_message(resp, attempts)
+        if resp.status_code in (400, 413, 422):
+            message += f"; it was sent a {FORMAT_LABELS[self.format]} request ({_FORMAT_HINT})"
+        return message
+
+
+_FORMAT_HINT = "a URI with a path such as /v1 speaks Jina/Cohere's format, http://host:port#model speaks TEI's"
 
 
 def _reason(exc: httpx.HTTPError) -> str:

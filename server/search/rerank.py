@@ -8,6 +8,10 @@
   as a question the passage answers (UPR). With the 135M-270M models the project can run
   offline this ranks well (models README §4: MRR 0.88-0.94) where yes-no is near random.
 
+A fourth runs elsewhere: **remote** (`RemoteScorer`), a rerank endpoint (llama.cpp's server,
+vLLM, TEI, Jina, Cohere) scoring pairs with whatever cross-encoder it serves; its method is
+"cross-encoder", since that is what such an endpoint runs, and its URI says where.
+
 `make_reranker` picks the method from the GGUF's metadata; the caller may force one.
 Every scorer cuts passages to `PASSAGE_TOKENS` tokens first: only a candidate's best
 chunk is scored, the cost is linear in its length, and the prompt must fit the context.
@@ -23,6 +27,8 @@ import re
 from typing import Literal, Protocol
 
 from qmd.server.errors import InvalidInput
+from qmd.server.models.refs import RemoteRef
+from qmd.server.models.remote import CHARS_PER_TOKEN, RemoteReranker
 from qmd.server.models.worker import ModelSpec, WorkerClient
 
 Method = Literal["cross-encoder", "yes-no", "query-likelihood"]
@@ -196,6 +202,52 @@ class QueryLikelihoodReranker(_GenerativeScorer):
             return []
         best = max(raw)
         return [math.exp(lp - best) for lp in raw]
+
+
+class RemoteScorer:
+    """A rerank endpoint's cross-encoder (`models.remote.RemoteReranker`), behind the same interface.
+
+    No tokenizer is reachable, so passages are cut by characters: `passage_tokens` times
+    `CHARS_PER_TOKEN` (3, the embed role's conservative estimate; English averages about 4),
+    768 characters for the usual 256, which keeps the pair inside a 512-token cross-encoder.
+    """
+
+    method: Method = "cross-encoder"
+
+    def __init__(self, client: RemoteReranker, uri: str, *, passage_tokens: int = PASSAGE_TOKENS) -> None:
+        self.client = client
+        self.uri = uri
+        self.passage_tokens = passage_tokens
+        self._logits = False
+
+    def score(self, query: str, passages: list[str]) -> list[float]:
+        """The endpoint's raw scores: probabilities or logits, whichever it sends."""
+        cap = int(self.passage_tokens * CHARS_PER_TOKEN)
+        return self.client.rerank(query, [p[:cap] for p in passages])
+
+    def normalize(self, raw: list[float]) -> list[float]:
+        """Probabilities unchanged; logits through a sigmoid, once any score has left [0, 1].
+
+        Endpoints differ: TEI and vLLM apply the model's sigmoid and send probabilities,
+        llama.cpp's server sends the classification head's raw logit. A cross-encoder is
+        trained with a sigmoid on that one logit, so sigmoid(logit) is the probability it
+        was trained to give, the local cross-encoder's score (`worker_child.rank`) and, like
+        it, absolute: comparable across queries, never stretched as min-max would. Which
+        scale an endpoint uses is learned from its scores and kept: one score outside
+        [0, 1] proves logits, and from then on every set is mapped, so the scale does not
+        flip between queries whose logits happen to fall inside [0, 1].
+        """
+        self._logits = self._logits or any(not 0.0 <= s <= 1.0 for s in raw)
+        if not self._logits:
+            return list(raw)
+        return [1.0 / (1.0 + math.exp(-s)) if s >= 0 else math.exp(s) / (1.0 + math.exp(s)) for s in raw]
+
+
+def remote_reranker(ref: RemoteRef) -> Reranker:
+    """The reranker of a rerank endpoint; a `RemoteRerankError` when the setting cannot work
+    (no model name, a bad `QMD_RERANK_TIMEOUT`). Its URI, the cache key of its scores,
+    names the endpoint and the model, never the key."""
+    return RemoteScorer(RemoteReranker(ref.endpoint, ref.model), ref.uri)
 
 
 def _split(rendered: str, path: str) -> tuple[str, str]:
