@@ -527,7 +527,7 @@ class RemoteReranker(_Endpoint):
     def _status_message(self, resp: httpx.Response, attempts: int) -> str:
         """A refused request body most likely means the other wire format: say how to pick it."""
         message = super()._status_message(resp, attempts)
-        if resp.status_code in (400, 413, 422):
+        if resp.status_code in (400, 422):
             message += f"; it was sent a {FORMAT_LABELS[self.format]} request ({_FORMAT_HINT})"
         return message
 
