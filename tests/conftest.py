@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,6 +21,7 @@ from harness import (  # noqa: F401 - daemons_on, free_port: for the test module
     scripted_endpoint,
     silent_endpoint,
 )
+from pg_server import embedded_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QMD_SHARED_DIR", ROOT.parent / "shared"))
@@ -113,6 +115,18 @@ def eval_docs() -> Path:
 def copytree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A real Postgres for the session (tests/pg_server.py); under CI, one that does not
+    start is a failure, never a skip."""
+    with ExitStack() as stack:
+        try:
+            url = stack.enter_context(embedded_postgres())
+        except Exception as e:  # the wheel missing, initdb or the server failing: no Postgres here
+            unavailable(f"embedded Postgres did not start: {type(e).__name__}: {e}")
+        yield url
 
 
 @pytest.fixture(scope="session")

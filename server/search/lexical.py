@@ -56,21 +56,28 @@ import math
 import re
 import sqlite3
 import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 
 from qmd.server.index.metadata import DocFilter, hit_check_sql, ids_sql
 
 __all__ = [
+    "B",
+    "COLUMN_WEIGHTS",
+    "K1",
     "LexHit",
     "LexQuery",
     "STOP_WORDS",
+    "hit_score",
     "identifier_tokens",
+    "item_idfs",
     "intent_terms",
     "indexed_rows",
     "norm_cjk",
     "parse_lex",
     "resolve_prefixes",
+    "resolve_prefixes_by",
     "search_fts",
 ]
 
@@ -326,9 +333,13 @@ class LexHit:
         return (self.matched - 1 + b) / self.total
 
 
-_BM25 = "bm25(documents_fts, 1.5, 4.0, 1.0)"
-_K1 = 1.2
-"""FTS5's bm25 k1 (b is 0.75); the score's normaliser needs it."""
+COLUMN_WEIGHTS = (1.5, 4.0, 1.0)
+"""bm25's weights of the filepath, title and body columns: a hit's frequency is their weighted sum."""
+_BM25 = f"bm25(documents_fts, {', '.join(map(str, COLUMN_WEIGHTS))})"
+K1 = 1.2
+"""FTS5's bm25 k1; the score's normaliser needs it."""
+B = 0.75
+"""FTS5's bm25 b, for a backend that computes FTS5's bm25 itself (search/lexical_pg.py)."""
 _IDF_FLOOR = 1e-6
 """What FTS5 uses for an item in more than half the documents, whose idf would be negative."""
 PREFIX_ITEMS = 2
@@ -367,19 +378,28 @@ def indexed_rows(conn: sqlite3.Connection) -> int:
     return conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0]
 
 
-def resolve_prefixes(conn: sqlite3.Connection, query: LexQuery) -> LexQuery:
+def resolve_prefixes_by(query: LexQuery, held: Callable[[str], bool]) -> LexQuery:
     """`query` as it is searched: in a query of more than `PREFIX_ITEMS` items, each plain
-    prefix word that some document holds exactly becomes that exact word."""
+    prefix word that some document holds exactly (`held` of its exact expression, asked of
+    whichever backend holds the index) becomes that exact word."""
     if len(query.positives) <= PREFIX_ITEMS:
         return query
     resolved = []
     for expr in query.positives:
-        if expr.endswith('"*'):
-            exact = expr[:-1]
-            if conn.execute("SELECT 1 FROM documents_fts WHERE documents_fts MATCH ? LIMIT 1", (exact,)).fetchone():
-                expr = exact
+        if expr.endswith('"*') and held(expr[:-1]):
+            expr = expr[:-1]
         resolved.append(expr)
     return replace(query, positives=tuple(_unique(resolved)))
+
+
+def resolve_prefixes(conn: sqlite3.Connection, query: LexQuery) -> LexQuery:
+    """`resolve_prefixes_by` on the SQLite index."""
+    return resolve_prefixes_by(
+        query,
+        lambda exact: bool(
+            conn.execute("SELECT 1 FROM documents_fts WHERE documents_fts MATCH ? LIMIT 1", (exact,)).fetchone()
+        ),
+    )
 
 
 def _idf(n: int, rows: int) -> float:
@@ -391,6 +411,16 @@ def _idf(n: int, rows: int) -> float:
     rows = max(rows, n)  # the two counts are separate reads: a write between them may add rows
     value = math.log((rows - n + 0.5) / (n + 0.5))
     return value if value > 0 else _IDF_FLOOR
+
+
+def item_idfs(counts: Sequence[int], rows: int) -> list[float]:
+    """The idf of each query item from how many of the index's `rows` documents hold it."""
+    return [_idf(n, rows) for n in counts]
+
+
+def hit_score(bm25: float, idfs: Sequence[float]) -> float:
+    """`LexHit.score`: `|bm25|` as a fraction of the query's attainable BM25 (module docstring)."""
+    return min(1.0, abs(bm25) / ((K1 + 1) * sum(idfs)))
 
 
 def _count(conn: sqlite3.Connection, expression: str) -> int:
@@ -440,7 +470,7 @@ def _ranked(
             " ORDER BY s, rowid LIMIT ?",
             (expression, *args, rarer, limit),
         ).fetchall()
-        bound = (_K1 + 1) * sum(idfs[i] for i in tail)
+        bound = (K1 + 1) * sum(idfs[i] for i in tail)
         if len(rows) == limit and abs(rows[-1][1]) >= bound:
             return rows
     return conn.execute(f"{select} ORDER BY s, rowid LIMIT ?", (expression, *args, limit)).fetchall()
@@ -480,13 +510,12 @@ def search_fts(
         return []
     query = resolve_prefixes(conn, query)
     rows_total = indexed_rows(conn)
-    idfs = [_idf(_count(conn, expr), rows_total) for expr in query.positives]
+    idfs = item_idfs([_count(conn, expr) for expr in query.positives], rows_total)
     scope = None if collection is None and doc_filter is None else _Scope(collection, doc_filter)
     rows = _ranked(conn, query, scope, limit, idfs)
     matched = _matched(conn, query, [doc_id for doc_id, _ in rows])
-    attainable = (_K1 + 1) * sum(idfs)
     total = len(query.positives)
-    return [LexHit(doc_id, bm25, matched[doc_id], total, min(1.0, abs(bm25) / attainable)) for doc_id, bm25 in rows]
+    return [LexHit(doc_id, bm25, matched[doc_id], total, hit_score(bm25, idfs)) for doc_id, bm25 in rows]
 
 
 _INTENT_STOP = STOP_WORDS | frozenset("find need show tell want looking notes search".split())

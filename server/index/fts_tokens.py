@@ -1,0 +1,104 @@
+"""FTS5's own tokenizer, run outside the SQLite index: the terms and positions of
+documents and query phrases exactly as ``documents_fts`` holds them.
+
+A backend that keeps its own postings (Postgres, server/index/pg_lexical.py) must cut
+text into the very tokens the SQLite index does, or the two rank differently: a
+re-implementation of unicode61 + porter would have to copy SQLite's Unicode tables
+(older than Python's: see ``_SQLITE_SEPARATOR_LETTERS`` in search/lexical.py), its
+diacritic folding and its porter quirks, and would drift with every SQLite release.
+So the tokenizer is SQLite's: an in-memory copy of the index's FTS table (the same
+``FTS_TABLE`` statement, so the same tokenizer and options) takes the rows, and an
+``fts5vocab`` table in ``instance`` mode reads back every (term, column, offset) it
+indexed. About 30 µs a kilobyte of text.
+
+Title and body pass through ``norm_cjk`` first, as ``store.fts_put`` does; the file
+path does not.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from qmd.server.index.db import sqlite3
+from qmd.server.index.schema import FTS_TABLE
+from qmd.server.search.lexical import norm_cjk
+
+COLUMNS = ("filepath", "title", "body")
+"""The indexed columns, in FTS5's column order (a posting's column number)."""
+
+
+@dataclass(frozen=True)
+class DocTokens:
+    """One document as FTS5 tokenizes it."""
+
+    lengths: tuple[int, int, int]
+    """Tokens per column: what FTS5's ``_docsize`` records (bm25's document length is their sum)."""
+    postings: dict[tuple[str, int], list[int]]
+    """(term, column) → the term's offsets in that column, ascending."""
+
+
+DocumentTokenizer = Callable[[Sequence[tuple[str, str, str]]], list[DocTokens]]
+"""(filepath, title, body) of each document → its tokens: `tokenize_documents`, or another
+tokenizer whose agreement with FTS5 is being measured (bench/bench_postgres_lexical.py)."""
+PhraseTokenizer = Callable[[Sequence[str]], list[tuple[str, ...]]]
+"""Query phrases → their tokens: `tokenize_phrases`, or the same other tokenizer's."""
+
+
+class _Tokenizer:
+    """One in-memory FTS5 table per thread (a sqlite3 connection is not shared)."""
+
+    def __init__(self) -> None:
+        self.conn = sqlite3.connect(":memory:", isolation_level=None)
+        self.conn.execute(FTS_TABLE)
+        self.conn.execute("CREATE VIRTUAL TABLE documents_vocab USING fts5vocab(documents_fts, 'instance')")
+
+    def run(self, rows: Sequence[tuple[str, str, str]]) -> list[list[tuple[str, int, int]]]:
+        """(term, column, offset) of each row, in row order; the table is emptied after."""
+        self.conn.executemany(
+            "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
+            [(i + 1, *row) for i, row in enumerate(rows)],
+        )
+        out: list[list[tuple[str, int, int]]] = [[] for _ in rows]
+        try:
+            for term, doc, col, offset in self.conn.execute(
+                "SELECT term, doc, col, offset FROM documents_vocab ORDER BY doc, col, offset"
+            ):
+                out[doc - 1].append((term, COLUMNS.index(col), offset))
+        finally:
+            self.conn.execute("INSERT INTO documents_fts(documents_fts) VALUES ('delete-all')")
+        return out
+
+
+_local = threading.local()
+
+
+def _tokenizer() -> _Tokenizer:
+    tok = getattr(_local, "tokenizer", None)
+    if tok is None:
+        tok = _local.tokenizer = _Tokenizer()
+    return tok
+
+
+def tokenize_documents(docs: Sequence[tuple[str, str, str]]) -> list[DocTokens]:
+    """Each (filepath, title, body) as ``documents_fts`` would index it."""
+    rows = [(filepath, norm_cjk(title), norm_cjk(body)) for filepath, title, body in docs]
+    out = []
+    for instances in _tokenizer().run(rows) if rows else []:
+        lengths = [0, 0, 0]
+        postings: dict[tuple[str, int], list[int]] = {}
+        for term, col, offset in instances:
+            lengths[col] += 1
+            postings.setdefault((term, col), []).append(offset)
+        out.append(DocTokens((lengths[0], lengths[1], lengths[2]), postings))
+    return out
+
+
+def tokenize_phrases(phrases: Sequence[str]) -> list[tuple[str, ...]]:
+    """The tokens of each query phrase, in order, as FTS5 cuts the text of a quoted string
+    (the query side of porter unicode61 is the document side: a prefix is stemmed too)."""
+    out = []
+    for instances in _tokenizer().run([("", "", text) for text in phrases]) if phrases else []:
+        out.append(tuple(term for term, _, _ in instances))
+    return out

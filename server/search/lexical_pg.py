@@ -1,0 +1,185 @@
+"""Keyword search on the Postgres index: FTS5's bm25, computed in SQL from the postings of
+server/index/pg_lexical.py, for the same `LexQuery` and into the same `LexHit`.
+
+The query language is search/lexical.py's, parsed once by `parse_lex`: each item is one
+FTS5 string, ``"w1 w2"`` (a phrase: the tokens at consecutive offsets of one column) or
+``"word"*`` (its last token a prefix: any term that starts with it, one index range on
+the ``C``-collated term). Their text is cut by FTS5's tokenizer (server/index/fts_tokens.py),
+so a prefix is stemmed as FTS5 stems it (``running*`` is ``run*``).
+
+The ranking is FTS5's bm25 to the letter (``fts5Bm25Function`` in SQLite's fts5_aux.c),
+which is not quite textbook BM25F: per item, the frequency is the sum over its instances
+of their column's weight (path 1.5, title 4.0, body 1.0); the document length ``D`` and
+the average length are over all columns together, unweighted; the idf is FTS5's, over
+``N`` = all indexed documents and the documents holding the item anywhere in the index,
+whatever the search is restricted to, clamped to 1e-6 where it is not positive::
+
+    bm25 = -Σ_items idf · (f · (k1 + 1)) / (f + k1 · (1 - b + b · D / avgdl))
+
+Documents holding any positive item and no negative one are ranked; ties go to the
+lower id, as ``ORDER BY s, rowid`` does on SQLite. The score is `hit_score`, and the
+prefix rule is `resolve_prefixes_by`, both from search/lexical.py. A search reads one
+snapshot (a repeatable-read transaction), so its counts, its totals and its postings
+always agree, however many writers there are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from qmd.server.index.fts_tokens import PhraseTokenizer, tokenize_phrases
+from qmd.server.index.pg_lexical import totals
+from qmd.server.search.lexical import (
+    COLUMN_WEIGHTS,
+    K1,
+    B,
+    LexHit,
+    LexQuery,
+    hit_score,
+    item_idfs,
+    resolve_prefixes_by,
+)
+
+__all__ = ["search_pg"]
+
+
+@dataclass(frozen=True)
+class _Phrase:
+    """One query item as the postings see it."""
+
+    tokens: tuple[str, ...]
+    prefix: bool
+    """The last token matches any term it begins."""
+
+
+def _successor(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix` (code-point order,
+    the ``C`` collation's), or None when there is none."""
+    last = ord(prefix[-1])
+    if last == 0x10FFFF:
+        return None
+    following = 0xE000 if last + 1 == 0xD800 else last + 1  # no text holds a surrogate
+    return prefix[:-1] + chr(following)
+
+
+def _term_test(alias: str, term: str, prefix: bool) -> tuple[str, list[object]]:
+    if not prefix:
+        return f"{alias}.term = %s", [term]
+    upper = _successor(term)
+    if upper is None:
+        return f"starts_with({alias}.term, %s)", [term]
+    return f"{alias}.term >= %s AND {alias}.term < %s", [term, upper]
+
+
+def _hits(phrase: _Phrase) -> tuple[str, list[object]]:
+    """SELECT (doc_id, col, tf) of every column holding `phrase`, tf its instances there."""
+    if not phrase.tokens:  # FTS5 matches nothing with a phrase of no tokens
+        return "SELECT NULL::bigint AS doc_id, NULL::smallint AS col, 0 AS tf WHERE false", []
+    last = len(phrase.tokens) - 1
+    first, params = _term_test("p0", phrase.tokens[0], phrase.prefix and last == 0)
+    if last == 0:
+        if not phrase.prefix:
+            return f"SELECT p0.doc_id, p0.col, p0.tf FROM lex_postings p0 WHERE {first}", params
+        return (
+            f"SELECT p0.doc_id, p0.col, sum(p0.tf)::int AS tf FROM lex_postings p0 WHERE {first} GROUP BY 1, 2",
+            params,
+        )
+    follow = []
+    for i, token in enumerate(phrase.tokens[1:], 1):
+        test, more = _term_test(f"p{i}", token, phrase.prefix and i == last)
+        follow.append(
+            f" AND EXISTS (SELECT 1 FROM lex_postings p{i} WHERE p{i}.doc_id = p0.doc_id AND p{i}.col = p0.col"
+            f" AND {test} AND s.pos + {i} = ANY(p{i}.positions))"
+        )
+        params += more
+    return (
+        "SELECT p0.doc_id, p0.col, count(*)::int AS tf FROM lex_postings p0"
+        f" CROSS JOIN LATERAL unnest(p0.positions) AS s(pos) WHERE {first}{''.join(follow)} GROUP BY 1, 2",
+        params,
+    )
+
+
+class _Phrases:
+    """Every item's tokens, cut in one call to the tokenizer."""
+
+    def __init__(self, query: LexQuery, tokenize: PhraseTokenizer) -> None:
+        texts = {_text(expr) for expr in (*query.positives, *query.negatives)}  # a prefix's exact form: the same text
+        order = sorted(texts)
+        self.tokens = dict(zip(order, tokenize(order)))
+
+    def __call__(self, expr: str) -> _Phrase:
+        return _Phrase(self.tokens[_text(expr)], expr.endswith("*"))
+
+
+def _text(expr: str) -> str:
+    """The text inside an item's quotes (`parse_lex` never puts a quote inside)."""
+    return expr.rstrip("*")[1:-1]
+
+
+def _union(queries: list[tuple[str, list[object]]], tagged: bool) -> tuple[str, list[object]]:
+    """The hits of several phrases as one relation, each row tagged with its item's number."""
+    parts, params = [], []
+    for i, (sql, more) in enumerate(queries):
+        parts.append(f"SELECT {i} AS item, h.* FROM ({sql}) h" if tagged else f"SELECT h.doc_id FROM ({sql}) h")
+        params += more
+    return " UNION ALL ".join(parts), params
+
+
+def search_pg(
+    conn: psycopg.Connection,
+    query: LexQuery,
+    limit: int,
+    collection: str | None = None,
+    doc_ids: Sequence[int] | None = None,
+    tokenize: PhraseTokenizer = tokenize_phrases,
+) -> list[LexHit]:
+    """The best `limit` documents for `query` by FTS5's bm25, as `search_fts` returns them
+    from SQLite: restricted to `collection` and to `doc_ids` when given (None: no
+    restriction), ranked with the whole index's statistics either way. `tokenize` cuts the
+    query's phrases: the tokenizer the index was written with."""
+    if limit <= 0 or not query.positives:
+        return []
+    phrases = _Phrases(query, tokenize)
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+        def held(exact: str) -> bool:
+            sql, params = _hits(phrases(exact))
+            row = conn.execute(f"SELECT EXISTS ({sql})", params).fetchone()
+            return bool(row and row[0])
+
+        query = resolve_prefixes_by(query, held)
+        positives = [_hits(phrases(expr)) for expr in query.positives]
+        counts_sql = ", ".join(f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)" for sql, _ in positives)
+        counts = conn.execute(f"SELECT {counts_sql}", [p for _, params in positives for p in params]).fetchone()
+        assert counts is not None
+        stats = totals(conn)
+        idfs = item_idfs(list(counts), stats.docs)
+        hits_sql, params = _union(positives, tagged=True)
+        where, scope = ["TRUE"], list[object]()
+        if collection is not None:
+            where.append("d.collection = %s")
+            scope.append(collection)
+        if doc_ids is not None:
+            where.append("d.doc_id = ANY(%s::bigint[])")
+            scope.append(list(doc_ids))
+        negatives = ""
+        if query.negatives:
+            neg_sql, neg_params = _union([_hits(phrases(expr)) for expr in query.negatives], tagged=False)
+            negatives = f" AND NOT EXISTS (SELECT 1 FROM ({neg_sql}) n WHERE n.doc_id = f.doc_id)"
+            scope += neg_params
+        rows = conn.execute(
+            f"WITH hits AS ({hits_sql}),"
+            " freq AS (SELECT doc_id, item, sum(tf * (%s::float8[])[col + 1]) AS f FROM hits GROUP BY doc_id, item)"
+            " SELECT f.doc_id, -sum((%s::float8[])[f.item + 1] * ((f.f * (%s + 1.0))"
+            " / (f.f + %s * (1 - %s + %s * (d.len_filepath + d.len_title + d.len_body) / %s)))) AS bm25,"
+            " count(*) AS matched"
+            f" FROM freq f JOIN lex_docs d ON d.doc_id = f.doc_id WHERE {' AND '.join(where)}{negatives}"
+            " GROUP BY f.doc_id ORDER BY bm25, f.doc_id LIMIT %s",
+            [*params, list(COLUMN_WEIGHTS), idfs, K1, K1, B, B, stats.avgdl, *scope, limit],
+        ).fetchall()
+    total = len(query.positives)
+    return [LexHit(doc_id, bm25, matched, total, hit_score(bm25, idfs)) for doc_id, bm25, matched in rows]

@@ -1,0 +1,217 @@
+"""The Postgres keyword leg (server/index/pg_lexical.py, server/search/lexical_pg.py) against
+the SQLite one, on a real Postgres (conftest's embedded server) and a real SQLite index made
+by the real indexer: the same documents, the same queries, the same hits and scores."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import EVAL_DIR, NOTES, require, write
+
+import qmd
+from qmd.server.errors import IndexTooNew, Unavailable
+from qmd.server.index import pg
+from qmd.server.index.db import sqlite3
+from qmd.server.index.pg_lexical import LexDoc, delete_documents, put_documents, sqlite_documents, totals
+from qmd.server.quality import BenchQuery, score
+from qmd.server.search.lexical import LexHit, indexed_rows, parse_lex, search_fts
+from qmd.server.search.lexical_pg import search_pg
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> Iterator[str]:
+    """A database of its own on the session's server, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+        yield postgres_url.replace("/postgres?", f"/{name}?", 1)
+        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@dataclass
+class Both:
+    """One corpus in a SQLite index (through `qmd.open` and its indexer) and in Postgres."""
+
+    sqlite: sqlite3.Connection
+    pg: psycopg.Connection
+    index: qmd.Index
+    paths: dict[int, str]
+
+    def sync(self) -> None:
+        """Postgres fed from the SQLite index's document rows, as a copy would be."""
+        docs = list(sqlite_documents(self.sqlite))
+        indexed = [row[0] for row in self.pg.execute("SELECT doc_id FROM lex_docs")]
+        delete_documents(self.pg, sorted(set(indexed) - {d.doc_id for d in docs}))
+        put_documents(self.pg, docs)
+        self.paths = {d.doc_id: d.filepath for d in docs}
+
+    def both(self, query: str, limit: int = 10, collection: str | None = None) -> tuple[list[LexHit], list[LexHit]]:
+        lq = parse_lex(query)
+        return search_fts(self.sqlite, lq, collection, limit), search_pg(self.pg, lq, limit, collection)
+
+    def agree(self, query: str, limit: int = 10, collection: str | None = None) -> list[LexHit]:
+        """Assert the two legs return the same documents in the same order, with the same
+        raw bm25, match counts and scores; the SQLite hits."""
+        lite, post = self.both(query, limit, collection)
+        assert [h.doc_id for h in post] == [h.doc_id for h in lite], query
+        for a, b in zip(lite, post):
+            assert math.isclose(a.bm25, b.bm25, rel_tol=1e-9, abs_tol=1e-12), (query, a, b)
+            assert (a.matched, a.total) == (b.matched, b.total), (query, a, b)
+            assert math.isclose(a.score, b.score, rel_tol=1e-9, abs_tol=1e-12), (query, a, b)
+        return lite
+
+
+@pytest.fixture
+def make_both(tmp_path: Path, pg_url: str) -> Iterator[object]:
+    opened: list[Both] = []
+
+    def make(collections: dict[str, Path]) -> Both:
+        index = qmd.open(tmp_path / "i.sqlite", collections={n: {"path": str(p)} for n, p in collections.items()})
+        index.update()
+        b = Both(sqlite3.connect(str(tmp_path / "i.sqlite")), pg.connect(pg_url), index, {})
+        b.sync()
+        opened.append(b)
+        return b
+
+    yield make
+    for b in opened:
+        b.pg.close()
+        b.sqlite.close()
+        b.index.close()
+
+
+def eval_queries() -> list[BenchQuery]:
+    """The eval corpus's queries with judgments: the 24 eval, 10 fixture and 25 deep-research ones."""
+    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    rows = spec["eval_queries"] + spec["fixture_queries"] + spec["deep_research_queries"]
+    return [BenchQuery(q["id"], q["query"], "eval", {f: 1 for f in q["expected_files"]}, 10) for q in rows]
+
+
+def test_the_eval_corpus_ranks_the_same_on_both(make_both: object, eval_docs: Path) -> None:
+    both = make_both({"eval": eval_docs})  # type: ignore[operator]
+    ndcg = {"sqlite": 0.0, "postgres": 0.0}
+    queries = eval_queries()
+    for q in queries:
+        lite, post = both.both(q.query)
+        both.agree(q.query)
+        for name, hits in (("sqlite", lite), ("postgres", post)):
+            ndcg[name] += score([both.paths[h.doc_id] for h in hits], q).ndcg_at_10 / len(queries)
+    print(f"\neval corpus, {len(queries)} queries: nDCG@10 sqlite {ndcg['sqlite']:.4f} postgres {ndcg['postgres']:.4f}")
+    assert abs(ndcg["sqlite"] - ndcg["postgres"]) <= 0.01 and ndcg["sqlite"] > 0.5
+    assert totals(both.pg).docs == indexed_rows(both.sqlite) == 6
+
+
+EXTRA: dict[str, str | bytes] = {
+    "cjk/笔记.md": "# 会议笔记\n\n我们讨论了搜索引擎的设计。日本語のテキストも。\n",
+    "cjk/other.md": "# 记录\n\n笔和纸。\n",
+    "phrases.md": "# Investors\n\nInvestors angel. Angel money is not angel investors' money.\nRunning runners run.\n",
+    "tools/node.md": "# Node\n\nnode.js and src/app.py and hello!world; café and cafe and CAFÉ.\n",
+}
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"angel investors"',  # a phrase: adjacent tokens of one column
+        '"investors angel"',
+        "invest",  # a one-word query: a prefix
+        "runn",  # a prefix stemmed as FTS5 stems it
+        "running",
+        "bread -sourdough",  # negation
+        'startup -"pitch deck" -cooking',
+        "笔记",  # CJK: a phrase of characters
+        "会议",
+        "テキスト",
+        "2026.4.10",  # punctuation inside a token: one phrase of its parts
+        "multi-agent",
+        "node.js",
+        "src/app.py",
+        "hello!world",
+        "cafe",  # diacritics folded by unicode61
+        "how do I raise money for a startup",  # stop words dropped
+        "angel investors money pitch",  # more than two items: a prefix resolved to the exact word
+        "angel invest mon pitch",  # ... or kept a prefix when no document holds the word
+        "notes",  # the file path column
+        "bread bake flour water salt",
+        "zzzunknown",
+        "zzzunknown angel",  # an item no document holds adds nothing to the normaliser
+        "the",  # only stop words: searched as they are
+    ],
+)
+def test_query_language_matches_sqlite(make_both: object, tmp_path: Path, query: str) -> None:
+    notes = write(tmp_path / "notes", {**NOTES, **EXTRA})
+    both = make_both({"notes": notes})  # type: ignore[operator]
+    assert bool(both.agree(query)) == (query != "zzzunknown")
+
+
+def test_collection_and_id_restrictions_rank_with_the_whole_index(make_both: object, tmp_path: Path) -> None:
+    a = write(tmp_path / "a", NOTES)
+    b = write(tmp_path / "b", {**EXTRA, "more.md": "# Angels\n\nangel angel investors bread\n"})
+    both = make_both({"a": a, "b": b})  # type: ignore[operator]
+    for query in ("angel investors", "bread", "investors -sourdough"):
+        everything = both.agree(query, limit=50)
+        assert len({both.paths[h.doc_id].split("/")[0] for h in everything}) == 2
+        for collection in ("a", "b"):
+            scoped = both.agree(query, collection=collection)
+            assert scoped and all(both.paths[h.doc_id].startswith(f"{collection}/") for h in scoped)
+        ids = [h.doc_id for h in everything][1::2]
+        chosen = search_pg(both.pg, parse_lex(query), 10, doc_ids=ids)
+        assert [h.doc_id for h in chosen] == [h.doc_id for h in everything if h.doc_id in ids][:10]
+        assert search_pg(both.pg, parse_lex(query), 10, doc_ids=[]) == []
+
+
+def test_deletes_and_edits_move_the_statistics(make_both: object, tmp_path: Path) -> None:
+    notes = write(tmp_path / "notes", {**NOTES, **EXTRA})
+    both = make_both({"notes": notes})  # type: ignore[operator]
+    before = totals(both.pg)
+    (notes / "phrases.md").unlink()
+    write(notes, {"ideas.md": "# Ideas\n\nAngel investors like bread, and angel bread likes investors.\n"})
+    both.index.update()
+    both.sync()
+    after = totals(both.pg)
+    assert after.docs == before.docs - 1 == indexed_rows(both.sqlite)
+    postings = both.pg.execute("SELECT sum(tf), count(DISTINCT doc_id) FROM lex_postings").fetchone()
+    lengths = both.pg.execute("SELECT sum(len_filepath + len_title + len_body) FROM lex_docs").fetchone()
+    assert postings == (after.tokens, after.docs) and lengths == (after.tokens,)
+    for query in ("angel investors", '"angel investors"', "running", "bread -sourdough", "ideas"):
+        both.agree(query)
+    put_documents(both.pg, list(sqlite_documents(both.sqlite)))  # indexing again changes nothing
+    assert totals(both.pg) == after
+    delete_documents(both.pg, [*both.paths, 10**9])
+    assert totals(both.pg).docs == 0 and both.pg.execute("SELECT count(*) FROM lex_postings").fetchone() == (0,)
+    assert search_pg(both.pg, parse_lex("angel"), 10) == []
+
+
+def test_a_failed_write_changes_nothing(pg_url: str) -> None:
+    conn = pg.connect(pg_url)
+    put_documents(conn, [LexDoc(1, "c", "c/a.md", "Alpha", "alpha beta")])
+    before = totals(conn)
+    with pytest.raises(psycopg.DataError):  # Postgres text holds no NUL: the second row fails
+        put_documents(conn, [LexDoc(2, "c", "c/b.md", "Beta", "beta"), LexDoc(3, "c\x00", "c/c.md", "", "gamma")])
+    assert totals(conn) == before
+    assert [row[0] for row in conn.execute("SELECT doc_id FROM lex_docs")] == [1]
+    assert [h.doc_id for h in search_pg(conn, parse_lex("beta"), 10)] == [1]
+
+
+def test_an_unreachable_server_is_unavailable_without_its_password(tmp_path: Path) -> None:
+    url = f"postgresql://qmd:s3cret@/qmd?host={tmp_path}&connect_timeout=2"
+    with pytest.raises(Unavailable, match="is not reachable") as e:
+        pg.connect(url)
+    assert "s3cret" not in e.value.message and "qmd:***@" in e.value.message
+
+
+def test_the_schema_migrates_once_and_refuses_a_newer_one(pg_url: str) -> None:
+    first = pg.connect(pg_url)
+    assert pg.schema_version(first) == len(pg.MIGRATIONS)
+    pg.connect(pg_url).close()  # a second daemon finds nothing to do
+    first.execute("UPDATE qmd_schema SET version = 99")
+    with pytest.raises(IndexTooNew, match="schema is version 99"):
+        pg.connect(pg_url)
+    assert pg.schema_version(first) == 99
