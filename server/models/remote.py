@@ -393,17 +393,33 @@ class RemoteBackend(_Endpoint):
         )
 
 
-class RemoteGenerator(_Endpoint):
+class _QueryEndpoint(_Endpoint):
+    """An endpoint a query waits on (generate, rerank): one deadline for all attempts of a
+    call, its own timeout (read from `timeout_var` at start) or the query's budget."""
+
+    timeout_var: ClassVar[str]
+    default_timeout_s: ClassVar[float]
+
+    def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
+        """Also reads `timeout_var`: a bad value is refused here, not replaced by the default."""
+        super().__init__(endpoint, model, environ)
+        self.timeout_s = timeout_setting(environ, self.timeout_var, self.default_timeout_s, self.error)
+
+    def _ask(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """`_post` within this client's timeout and the query's budget (`wait_at_most`), whichever ends first."""
+        timeout = httpx.Timeout(self.timeout_s, connect=GENERATE_CONNECT_S)
+        deadline = Deadline.interactive(self.timeout_s)
+        return self._post(path, body, attempts=INTERACTIVE_ATTEMPTS, timeout=timeout, deadline=deadline)
+
+
+class RemoteGenerator(_QueryEndpoint):
     """A generate model behind `POST <base>/chat/completions`: messages in, the first choice's text out."""
 
     what = "chat completions endpoint"
     error = RemoteGenerateError
     key_vars = GENERATE_KEY_VARS
-
-    def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
-        """Also reads `QMD_GENERATE_TIMEOUT`: a bad value is refused here, not replaced by the default."""
-        super().__init__(endpoint, model, environ)
-        self.timeout_s = timeout_setting(environ, TIMEOUT_VAR, GENERATE_TIMEOUT_S, RemoteGenerateError)
+    timeout_var = TIMEOUT_VAR
+    default_timeout_s = GENERATE_TIMEOUT_S
 
     def chat(self, messages: list[dict[str, str]], params: GenerationParams) -> str:
         """The reply to `messages`, sampled as `params` says, within this client's timeout and
@@ -421,10 +437,7 @@ class RemoteGenerator(_Endpoint):
             body["stop"] = params.stop
         if self.endpoint != OPENAI_ENDPOINT:
             body.update(top_k=params.top_k, **LLAMA_SAMPLING)
-        timeout = httpx.Timeout(self.timeout_s, connect=GENERATE_CONNECT_S)
-        deadline = Deadline.interactive(self.timeout_s)
-        resp = self._post("/chat/completions", body, attempts=INTERACTIVE_ATTEMPTS, timeout=timeout, deadline=deadline)
-        return self._text(resp)
+        return self._text(self._ask("/chat/completions", body))
 
     def _text(self, resp: httpx.Response) -> str:
         """The first choice's message content of an OpenAI-shaped answer."""
@@ -465,18 +478,19 @@ def rerank_format(endpoint: str) -> RerankFormat:
     return "jina" if httpx.URL(endpoint).path.strip("/") else "tei"
 
 
-class RemoteReranker(_Endpoint):
+class RemoteReranker(_QueryEndpoint):
     """A rerank model behind `POST <endpoint>/rerank`: a query and passages in, one raw score
     per passage out, in input order (the server's own scale; `search.rerank` maps logits to [0, 1])."""
 
     what = "rerank endpoint"
     error = RemoteRerankError
     key_vars = RERANK_KEY_VARS
+    timeout_var = RERANK_TIMEOUT_VAR
+    default_timeout_s = RERANK_TIMEOUT_S
 
     def __init__(self, endpoint: str, model: str | None, *, environ: Mapping[str, str] = os.environ) -> None:
-        """Also reads `QMD_RERANK_TIMEOUT` (a bad value is refused) and picks the wire format from the URI."""
-        super().__init__(endpoint, model, environ)
-        self.timeout_s = timeout_setting(environ, RERANK_TIMEOUT_VAR, RERANK_TIMEOUT_S, RemoteRerankError)
+        """Also picks the wire format from the URI."""
+        super().__init__(endpoint, model, environ=environ)
         self.format = rerank_format(endpoint)
 
     def rerank(self, query: str, documents: list[str]) -> list[float]:
@@ -488,10 +502,7 @@ class RemoteReranker(_Endpoint):
             body = {"model": self.model, "query": query, "documents": documents, "top_n": len(documents)}
         else:
             body = {"query": query, "texts": documents, "truncate": True}
-        timeout = httpx.Timeout(self.timeout_s, connect=GENERATE_CONNECT_S)
-        deadline = Deadline.interactive(self.timeout_s)
-        resp = self._post("/rerank", body, attempts=INTERACTIVE_ATTEMPTS, timeout=timeout, deadline=deadline)
-        return self._scores(resp, len(documents))
+        return self._scores(self._ask("/rerank", body), len(documents))
 
     def _scores(self, resp: httpx.Response, n: int) -> list[float]:
         """The scores of either shape (TEI's list, or a `results` object), placed by `index`."""
