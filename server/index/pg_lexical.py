@@ -92,7 +92,9 @@ def put_documents(
             with cur.copy("COPY lex_docs (doc_id, collection, len_filepath, len_title, len_body) FROM STDIN") as copy:
                 for d, t in zip(latest, tokens):
                     copy.write_row((d.doc_id, d.collection, *t.lengths))
-            with cur.copy("COPY lex_postings (term, doc_id, col, tf, positions) FROM STDIN") as copy:
+            # binary: a third faster than text for the many small rows of the postings
+            with cur.copy("COPY lex_postings (term, doc_id, col, tf, positions) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["text", "int8", "int2", "int4", "int4[]"])
                 for d, t in zip(latest, tokens):
                     for (term, col), offsets in t.postings.items():
                         copy.write_row((term, d.doc_id, col, len(offsets), offsets))

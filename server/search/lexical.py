@@ -69,6 +69,7 @@ __all__ = [
     "LexHit",
     "LexQuery",
     "STOP_WORDS",
+    "common_tail",
     "hit_score",
     "identifier_tokens",
     "item_idfs",
@@ -427,7 +428,7 @@ def _count(conn: sqlite3.Connection, expression: str) -> int:
     return conn.execute("SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?", (expression,)).fetchone()[0]
 
 
-def _common_tail(idfs: list[float]) -> set[int]:
+def common_tail(idfs: list[float]) -> set[int]:
     """The items a first ranking pass may leave out: the most common ones, while their
     BM25 bound stays under half the query's (see :func:`_ranked`)."""
     order = sorted((i for i in range(len(idfs)) if idfs[i] > 0), key=lambda i: (idfs[i], i))
@@ -462,7 +463,7 @@ def _ranked(
         test, args = scope.test(conn, expression, "documents_fts.rowid")
         within = f" AND {test}"
     select = f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{within}"
-    tail = _common_tail(idfs)
+    tail = common_tail(idfs)
     if tail:
         rarer = " OR ".join(expr for i, expr in enumerate(query.positives) if i not in tail and idfs[i] > 0)
         rows = conn.execute(

@@ -31,13 +31,14 @@ from dataclasses import dataclass
 import psycopg
 
 from qmd.server.index.fts_tokens import PhraseTokenizer, tokenize_phrases
-from qmd.server.index.pg_lexical import totals
+from qmd.server.index.pg_lexical import Totals
 from qmd.server.search.lexical import (
     COLUMN_WEIGHTS,
     K1,
     B,
     LexHit,
     LexQuery,
+    common_tail,
     hit_score,
     item_idfs,
     resolve_prefixes_by,
@@ -119,13 +120,58 @@ def _text(expr: str) -> str:
     return expr.rstrip("*")[1:-1]
 
 
-def _union(queries: list[tuple[str, list[object]]], tagged: bool) -> tuple[str, list[object]]:
-    """The hits of several phrases as one relation, each row tagged with its item's number."""
+def _union(queries: Sequence[tuple[str, list[object]]], among: str = "") -> tuple[str, list[object]]:
+    """The hits of several items as one relation of (item, doc_id, col, tf), item numbering
+    them in order; `among` a condition on ``h.doc_id`` that every row meets."""
     parts, params = [], []
     for i, (sql, more) in enumerate(queries):
-        parts.append(f"SELECT {i} AS item, h.* FROM ({sql}) h" if tagged else f"SELECT h.doc_id FROM ({sql}) h")
+        parts.append(f"SELECT {i} AS item, h.* FROM ({sql}) h{among}")
         params += more
     return " UNION ALL ".join(parts), params
+
+
+@dataclass(frozen=True)
+class _Ranking:
+    """One search's ranking statement, with what it needs from the statistics."""
+
+    positives: list[tuple[str, list[object]]]
+    idfs: list[float]
+    avgdl: float
+    where: str
+    """The scope and the negations, as conditions on ``d`` (lex_docs) and ``f.doc_id``."""
+    where_params: list[object]
+    limit: int
+
+    def rows(self, conn: psycopg.Connection, among: list[int] | None = None) -> list[tuple[int, float, int]]:
+        """(doc_id, bm25, matched) of the best documents, or of the best that hold one of the
+        items numbered `among`: every item still scored in full for those."""
+        head, params, within = "", list[object](), ""
+        if among is not None:
+            head, params = _union([self.positives[i] for i in among])
+            head, within = f"cand AS (SELECT doc_id FROM ({head}) c), ", " WHERE h.doc_id IN (SELECT doc_id FROM cand)"
+        hits, more = _union(self.positives, within)
+        return conn.execute(
+            f"WITH {head}hits AS ({hits}),"
+            " freq AS (SELECT doc_id, item, sum(tf * (%s::float8[])[col + 1]) AS f FROM hits GROUP BY doc_id, item)"
+            " SELECT f.doc_id, -sum((%s::float8[])[f.item + 1] * ((f.f * (%s + 1.0))"
+            " / (f.f + %s * (1 - %s + %s * (d.len_filepath + d.len_title + d.len_body) / %s)))) AS bm25,"
+            " count(*) AS matched"
+            f" FROM freq f JOIN lex_docs d ON d.doc_id = f.doc_id WHERE {self.where}"
+            " GROUP BY f.doc_id ORDER BY bm25, f.doc_id LIMIT %s",
+            [*params, *more, list(COLUMN_WEIGHTS), self.idfs, K1, K1, B, B, self.avgdl, *self.where_params, self.limit],
+        ).fetchall()
+
+    def best(self, conn: psycopg.Connection) -> list[tuple[int, float, int]]:
+        """The exact top `limit`, MaxScore first as on SQLite (`_ranked` in search/lexical.py):
+        a first pass over the documents holding a rarer item is the answer when its last
+        score reaches the bound of the common items it left out."""
+        tail = common_tail(self.idfs)
+        if tail:
+            rarer = [i for i, idf in enumerate(self.idfs) if i not in tail and idf > 0]
+            rows = self.rows(conn, rarer)
+            if len(rows) == self.limit and abs(rows[-1][1]) >= (K1 + 1) * sum(self.idfs[i] for i in tail):
+                return rows
+        return self.rows(conn)
 
 
 def search_pg(
@@ -153,33 +199,24 @@ def search_pg(
 
         query = resolve_prefixes_by(query, held)
         positives = [_hits(phrases(expr)) for expr in query.positives]
-        counts_sql = ", ".join(f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)" for sql, _ in positives)
-        counts = conn.execute(f"SELECT {counts_sql}", [p for _, params in positives for p in params]).fetchone()
-        assert counts is not None
-        stats = totals(conn)
-        idfs = item_idfs(list(counts), stats.docs)
-        hits_sql, params = _union(positives, tagged=True)
-        where, scope = ["TRUE"], list[object]()
+        counts = ", ".join(f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)" for sql, _ in positives)
+        row = conn.execute(
+            f"SELECT docs, tokens, {counts} FROM lex_totals", [p for _, params in positives for p in params]
+        ).fetchone()
+        assert row is not None  # lex_totals has its one row from the migration on
+        stats = Totals(row[0], row[1])
+        idfs = item_idfs(row[2:], stats.docs)
+        where, params = ["TRUE"], list[object]()
         if collection is not None:
             where.append("d.collection = %s")
-            scope.append(collection)
+            params.append(collection)
         if doc_ids is not None:
             where.append("d.doc_id = ANY(%s::bigint[])")
-            scope.append(list(doc_ids))
-        negatives = ""
+            params.append(list(doc_ids))
         if query.negatives:
-            neg_sql, neg_params = _union([_hits(phrases(expr)) for expr in query.negatives], tagged=False)
-            negatives = f" AND NOT EXISTS (SELECT 1 FROM ({neg_sql}) n WHERE n.doc_id = f.doc_id)"
-            scope += neg_params
-        rows = conn.execute(
-            f"WITH hits AS ({hits_sql}),"
-            " freq AS (SELECT doc_id, item, sum(tf * (%s::float8[])[col + 1]) AS f FROM hits GROUP BY doc_id, item)"
-            " SELECT f.doc_id, -sum((%s::float8[])[f.item + 1] * ((f.f * (%s + 1.0))"
-            " / (f.f + %s * (1 - %s + %s * (d.len_filepath + d.len_title + d.len_body) / %s)))) AS bm25,"
-            " count(*) AS matched"
-            f" FROM freq f JOIN lex_docs d ON d.doc_id = f.doc_id WHERE {' AND '.join(where)}{negatives}"
-            " GROUP BY f.doc_id ORDER BY bm25, f.doc_id LIMIT %s",
-            [*params, list(COLUMN_WEIGHTS), idfs, K1, K1, B, B, stats.avgdl, *scope, limit],
-        ).fetchall()
+            excluded, more = _union([_hits(phrases(expr)) for expr in query.negatives])
+            where.append(f"NOT EXISTS (SELECT 1 FROM ({excluded}) n WHERE n.doc_id = f.doc_id)")
+            params += more
+        rows = _Ranking(positives, idfs, stats.avgdl, " AND ".join(where), params, limit).best(conn)
     total = len(query.positives)
     return [LexHit(doc_id, bm25, matched, total, hit_score(bm25, idfs)) for doc_id, bm25, matched in rows]
