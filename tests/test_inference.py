@@ -296,6 +296,25 @@ def test_concurrent_callers_get_their_own_results(worker: WorkerClient, spec: Mo
         assert all(dot(a, b) > 0.99999 for a, b in zip(results[g], serial[g], strict=True))
 
 
+def test_a_background_embed_goes_in_slices_a_query_can_pass(
+    worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embed job's batch is sent in requests of about BACKGROUND_SLICE_S each (as many texts
+    as the pace measured on earlier calls fits: here one), and put back together exactly: the
+    same vectors, clipping and token counts as one interactive request."""
+    texts = [f"note {i}: sourdough starter and rye flour" for i in range(9)]
+    texts[6] = LONG
+    whole = worker.embed(spec, texts, kind="document")
+    monkeypatch.setattr(inference, "BACKGROUND_SLICE_S", 1e-6)
+    before = len(worker.status()["recent"])
+    with inference.background_lane():
+        sliced = worker.embed(spec, texts, kind="document")
+    calls = [r for r in worker.status()["recent"][before:] if r["lane"] == "background"]
+    assert [c["activity"].split()[1] for c in calls] == ["1"] * len(texts)
+    assert sliced.clipped == whole.clipped == (6,) and sliced.n_tokens == whole.n_tokens
+    assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
+
+
 @pytest.mark.slow
 def test_idle_contexts_are_freed_and_rebuilt(spec: ModelSpec) -> None:
     w = WorkerClient(idle_seconds=1, n_threads=2)

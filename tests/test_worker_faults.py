@@ -243,7 +243,8 @@ def test_a_query_goes_before_the_embed_jobs_next_batch(env: Env, model: Path) ->
         parts = "\n\n".join(f"## Part {k}\n\n{para}" for k in range(4))
         big: dict[str, str | bytes] = {f"n{i:03}.md": f"# Note {i}\n\n{parts}\n" for i in range(60)}
         env.ok("collection", "add", str(write(env.base / "big", big)), "--name", "big")
-        # 60 documents are one batch of the job: chunked first, then embedded 32 chunks a request
+        # 60 documents are one batch of the job: chunked first, then embedded 32 chunks at a time,
+        # each sent to the worker in slices of about a quarter second
         job = env.qmd_background("embed")
         deadline = time.monotonic() + 240
         while d.http.get("/v1/status").json()["vector"]["embedded_chunks"] < base + 32:
@@ -275,7 +276,7 @@ def test_a_query_goes_before_the_embed_jobs_next_batch(env: Env, model: Path) ->
         answers = [out for _, out in results.values()]
         assert all(isinstance(a, list) and a and not any(a) for a in answers), answers
         queries = [r for r in recent if r["lane"] == "interactive" and "embedding 1 text" in r["activity"]]
-        batches = [r for r in recent if r["lane"] == "background" and r["activity"].startswith("embedding 32 texts")]
+        batches = [r for r in recent if r["lane"] == "background" and r["activity"].startswith("embedding")]
         contended = [q for q in queries if any(b["started_at"] <= q["queued_at"] < b["ended_at"] for b in batches)]
         assert contended, "some queries came while a batch of the embed job was running"
         jumped = [(q, b) for q in queries for b in batches if q["queued_at"] < b["started_at"] < q["started_at"]]

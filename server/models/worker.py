@@ -17,7 +17,9 @@ qmd#938). Callers put their requests in its queue and wait for the answer:
 
 - **Lanes.** Interactive calls (a query's embedding, expansion, rerank) are taken before
   background ones (the embed job's batches, marked with `background_lane()`), so a query
-  issued during `qmd embed` waits for at most the batch in flight.
+  issued during `qmd embed` waits for at most the request in flight. A background embed is
+  sent in slices of about `BACKGROUND_SLICE_S` by the model's measured pace, so that wait
+  is a fraction of a second however large the job's batches are.
 - **Deadlines.** Once sent, a call must be answered within `QMD_WORKER_TIMEOUT` (30 s) plus
   `QMD_WORKER_ITEM_TIMEOUT` (2 s) per item (text, document, prompt, 16 generated tokens),
   plus `QMD_WORKER_LOAD_TIMEOUT` (120 s) when it loads its model first; a new child has
@@ -119,6 +121,9 @@ QUEUE_LIMIT = 64
 """Calls that may wait for the worker at once (`QMD_WORKER_QUEUE`); one more fails at once."""
 DISPOSE_TIMEOUT = 30.0
 RECENT_CALLS = 100
+BACKGROUND_SLICE_S = 0.25
+"""What one background embed request may take: a query's call waits at most about this long for
+the one in flight. A job's batch is sent in slices sized by the model's measured pace."""
 """Calls `status()["recent"]` remembers: lane, activity, when queued, started and ended, outcome."""
 TOKENS_PER_ITEM = 16
 """Generated tokens that count as one item of a completion's deadline."""
@@ -562,6 +567,8 @@ class WorkerClient:
         self._starts = 0
         self._last_crash: dict[str, Any] | None = None
         self._last_used = time.monotonic()
+        self._pace: dict[str, float] = {}
+        """Seconds per embedded text, per model file: a running mean of what the child took."""
         self._missing: tuple[tuple[str, int], str] | None = None
         """(the llama_cpp install it was, why) once a child could not import llama_cpp."""
 
@@ -591,17 +598,31 @@ class WorkerClient:
             prompts = [format_query(fmt, t) for t in texts]
         else:
             prompts = [format_document(fmt, t, titles[i] if titles else None) for i, t in enumerate(texts)]
-        activity = f"embedding {len(texts)} text{'s' * (len(texts) != 1)} with {os.path.basename(spec.path)}"
-        result: EmbedResult = self._call(EmbedRequest(params, prompts), timeout, activity, items=len(texts))
-        flat = array("f")
-        flat.frombytes(result.vectors)
-        values, dims = flat.tolist(), result.dims
-        return Embeddings(
-            [values[i * dims : (i + 1) * dims] for i in range(len(texts))],
-            clipped=tuple(result.clipped),
-            n_tokens=result.n_tokens,
-            limit=result.limit,
-        )
+        vectors: list[list[float]] = []
+        clipped: list[int] = []
+        n_tokens: list[int] = []
+        limit = params.n_ctx
+        while len(vectors) < len(prompts):
+            part = prompts[len(vectors) : len(vectors) + self._slice(params, len(prompts) - len(vectors))]
+            activity = f"embedding {len(part)} text{'s' * (len(part) != 1)} with {os.path.basename(spec.path)}"
+            result: EmbedResult = self._call(EmbedRequest(params, part), timeout, activity, items=len(part))
+            flat = array("f")
+            flat.frombytes(result.vectors)
+            values, dims = flat.tolist(), result.dims
+            clipped += [len(vectors) + i for i in result.clipped]
+            n_tokens += result.n_tokens
+            limit = result.limit
+            vectors += [values[i * dims : (i + 1) * dims] for i in range(len(part))]
+        return Embeddings(vectors, clipped=tuple(clipped), n_tokens=n_tokens, limit=limit)
+
+    def _slice(self, params: LoadParams, left: int) -> int:
+        """Texts to send in the next embed request: all of them in the interactive lane; in the
+        background, as many as the model embeds in `BACKGROUND_SLICE_S` (4 before it is measured)."""
+        if _lane.get() != "background":
+            return left
+        with self._lock:
+            pace = self._pace.get(params.path)
+        return max(1, min(left, 4 if pace is None else int(BACKGROUND_SLICE_S / max(pace, 1e-4))))
 
     def count_tokens(self, spec: ModelSpec, texts: list[str], *, timeout: float | None = None) -> list[int]:
         """Token counts by the model's own tokenizer, special tokens ([CLS]/[SEP], BOS) included."""
@@ -987,6 +1008,11 @@ class WorkerClient:
         with self._cond:
             self._running = None
             self._last_used = time.monotonic()
+            if isinstance(job.request, EmbedRequest) and error is None:
+                per = (self._last_used - job.started) / max(len(job.request.texts), 1)
+                old = self._pace.get(job.request.model.path)
+                # a much faster call replaces the mean: the first one also loaded the model
+                self._pace[job.request.model.path] = per if old is None or per < old / 2 else 0.7 * old + 0.3 * per
             job.times.append(time.time())
             self._recent.append(
                 job.record(
