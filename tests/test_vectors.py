@@ -1,19 +1,26 @@
-"""Embeddings and vector search through the real daemon with the real MiniLM GGUF."""
+"""Embeddings and vector search: through the real daemon with the real MiniLM GGUF (slow),
+and the daemon's in-memory vector index against brute force on real SQLite and sqlite-vec
+(fast: random vectors written through the embed job's own functions)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
 
-# Every test runs a real qmdd with the embedder: integration, outside the fast run (-m "not slow").
-pytestmark = pytest.mark.slow
+from qmd.server.index import vector_index, vectors
+from qmd.server.index.db import sqlite3
+from qmd.server.index.store import Store, utcnow
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 
@@ -41,6 +48,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[
     d.stop()
 
 
+@pytest.mark.slow
 def test_before_embedding_everything_is_announced(env: Env, model: Path, notes: Path) -> None:
     d = start(env, model)
     try:
@@ -56,6 +64,7 @@ def test_before_embedding_everything_is_announced(env: Env, model: Path, notes: 
         d.stop()
 
 
+@pytest.mark.slow
 def test_vsearch_returns_pointers(embedded: tuple[Env, Daemon]) -> None:
     env, _ = embedded
     hits = env.json("vsearch", "how do I raise money for my company", "--json", "-c", "eval")
@@ -67,6 +76,7 @@ def test_vsearch_returns_pointers(embedded: tuple[Env, Daemon]) -> None:
     assert snippet_lines == body[start_line - 1 : end_line][: len(snippet_lines)]
 
 
+@pytest.mark.slow
 def test_vsearch_scores_and_min_score(embedded: tuple[Env, Daemon]) -> None:
     env, d = embedded
     raw = d.http.post("/v1/vector", json={"query": "sourdough bread baking", "limit": 3, "min_score": 0}).json()
@@ -76,6 +86,7 @@ def test_vsearch_scores_and_min_score(embedded: tuple[Env, Daemon]) -> None:
     assert env.ok("vsearch", "sourdough", "--min-score", "0.99") == "No results found above minimum score threshold.\n"
 
 
+@pytest.mark.slow
 def test_query_runs_vec_and_hyde(embedded: tuple[Env, Daemon]) -> None:
     _, d = embedded
     body = d.http.post(
@@ -92,6 +103,7 @@ def test_query_runs_vec_and_hyde(embedded: tuple[Env, Daemon]) -> None:
     assert "distributed-systems" in body["results"][0]["file"]
 
 
+@pytest.mark.slow
 def test_vector_floors_on_eval(embedded: tuple[Env, Daemon]) -> None:
     env, d = embedded
     spec = json.loads((EVAL_DIR / "queries.json").read_text())
@@ -118,6 +130,7 @@ def test_vector_floors_on_eval(embedded: tuple[Env, Daemon]) -> None:
         assert v >= floors[k], f"{k} = {v:.1%} below the floor {floors[k]:.0%}"
 
 
+@pytest.mark.slow
 def test_incremental_shared_content_rename(env: Env, model: Path, notes: Path, tmp_path: Path) -> None:
     d = start(env, model)
     try:
@@ -147,6 +160,7 @@ def test_incremental_shared_content_rename(env: Env, model: Path, notes: Path, t
         d.stop()
 
 
+@pytest.mark.slow
 def test_fingerprint_change_never_mixes(env: Env, model: Path, notes: Path) -> None:
     require(MODELS_DIR / "all-MiniLM-L6-v2-F16.gguf", "the F16 MiniLM")
     d = start(env, model)
@@ -182,6 +196,7 @@ def _wait_for_chunks(d: Daemon, at_least: int, timeout: float = 120) -> dict:
     raise AssertionError("embedding made no progress")
 
 
+@pytest.mark.slow
 def test_worker_crash_during_embed_keeps_daemon_and_work(env: Env, model: Path, tmp_path: Path) -> None:
     d = start(env, model)
     try:
@@ -203,6 +218,7 @@ def test_worker_crash_during_embed_keeps_daemon_and_work(env: Env, model: Path, 
         d.stop()
 
 
+@pytest.mark.slow
 def test_daemon_killed_mid_embed_resumes(env: Env, model: Path, tmp_path: Path) -> None:
     d = start(env, model)
     env.ok("collection", "add", str(_corpus(tmp_path)), "--name", "big")
@@ -220,6 +236,7 @@ def test_daemon_killed_mid_embed_resumes(env: Env, model: Path, tmp_path: Path) 
         d.stop()
 
 
+@pytest.mark.slow
 def test_ctrl_c_cancels_embed_cleanly(env: Env, model: Path, tmp_path: Path) -> None:
     d = start(env, model)
     try:
@@ -239,6 +256,7 @@ def test_ctrl_c_cancels_embed_cleanly(env: Env, model: Path, tmp_path: Path) -> 
         d.stop()
 
 
+@pytest.mark.slow
 def test_force_one_collection_leaves_others(env: Env, model: Path, notes: Path, tmp_path: Path) -> None:
     d = start(env, model)
     try:
@@ -253,6 +271,7 @@ def test_force_one_collection_leaves_others(env: Env, model: Path, notes: Path, 
         d.stop()
 
 
+@pytest.mark.slow
 def test_worker_killed_between_queries_restarts(embedded: tuple[Env, Daemon]) -> None:
     env, d = embedded
     assert env.json("vsearch", "sourdough bread", "--json")  # the worker is up
@@ -265,7 +284,297 @@ def test_worker_killed_between_queries_restarts(embedded: tuple[Env, Daemon]) ->
     assert after["pid"] != before["pid"] and after["restarts"] == before["restarts"] + 1
 
 
+@pytest.mark.slow
 def test_vsearch_refuses_explain(embedded: tuple[Env, Daemon]) -> None:
     _, d = embedded
     r = d.http.post("/v1/vector", json={"query": "bread", "explain": True})
     assert r.status_code == 400 and "explain is not available for vector search" in r.json()["error"]
+
+
+# -- the in-memory index (fast: no model) -------------------------------------------------
+
+DIMS = 48
+CHUNKS = 4
+
+
+class Corpus:
+    """A Store with random vectors in collection 'big', written as the embed job writes them
+    (documents, `write_document`, `add_partitions`), and the brute-force reference."""
+
+    def __init__(self, path: Path, seed: int) -> None:
+        self.store = Store(path)
+        self.rng = np.random.default_rng(seed)
+        self.space = self.store.write(lambda c: vectors.ensure_space(c, "fp-index", "test", DIMS))
+        self.docs = 0
+
+    def add(self, n_docs: int, vector: list[float] | None = None) -> list[str]:
+        """New documents of CHUNKS random chunks each (the first chunk of each set to
+        `vector` when given); returns their paths."""
+        batch = []
+        for _ in range(n_docs):
+            h = hashlib.sha256(f"doc-{self.docs}".encode()).hexdigest()
+            vecs = self.rng.standard_normal((CHUNKS, DIMS)).astype(np.float32)
+            if vector is not None:
+                vecs[0] = vector
+            chunks = [vectors.ChunkVector(s, s, s + 1, s + 1, s + 1, 4, False, vecs[s].tolist()) for s in range(CHUNKS)]
+            batch.append((f"d{self.docs}.md", h, chunks))
+            self.docs += 1
+
+        def write(conn: sqlite3.Connection) -> None:
+            now = utcnow()
+            for path, h, chunks in batch:
+                conn.execute("INSERT INTO content(hash, doc, created_at) VALUES (?, ?, ?)", (h, path, now))
+                conn.execute(
+                    "INSERT INTO documents(collection, path, title, hash, created_at, modified_at, active, meta_state)"
+                    " VALUES ('big', ?, ?, ?, ?, ?, 1, 1)",
+                    (path, path, h, now, now),
+                )
+                vectors.write_document(conn, self.space, h, chunks, len(chunks))
+            vectors.add_partitions(conn, self.space, [h for _, h, _ in batch])
+
+        self.store.write(write)
+        return [p for p, _, _ in batch]
+
+    def remove(self, paths: list[str]) -> None:
+        """What re-indexing does to a deleted file, then the embed run's reconciliation."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE documents SET active = 0 WHERE path = ?", [(p,) for p in paths])
+            vectors.sync_partitions(conn, self.space)
+
+        self.store.write(write)
+
+    def search(self, q: list[float], limit: int = 10, *, index: bool = True) -> list[vectors.VecHit]:
+        with self.store.read() as conn:
+            idx = vector_index.index_of(self.store) if index else None
+            return vectors.search(conn, self.space, q, "big", limit, None, idx)
+
+    def brute_force(self, q: list[float], limit: int = 10) -> list[int]:
+        """Each active document's nearest chunk by a float64 cosine over every stored vector."""
+        with self.store.read() as conn:
+            rows = conn.execute(
+                "SELECT d.id, cv.embedding FROM documents d JOIN content_vectors cv"
+                " ON cv.space_id = ? AND cv.hash = d.hash WHERE d.active = 1 AND d.collection = 'big'",
+                (self.space.id,),
+            ).fetchall()
+        ids = np.array([r[0] for r in rows])
+        x = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), DIMS).astype(np.float64)
+        qv = np.asarray(q, dtype=np.float64)
+        dist = 1 - (x @ qv) / (np.linalg.norm(x, axis=1) * np.linalg.norm(qv))
+        best: dict[int, float] = {}
+        for doc, d in zip(ids.tolist(), dist.tolist(), strict=True):
+            best[doc] = min(d, best.get(doc, 2.0))
+        return sorted(best, key=lambda doc: (best[doc], doc))[:limit]
+
+    def warm(self) -> vector_index.VectorIndex:
+        idx = vector_index.index_of(self.store)
+        with self.store.read() as conn:
+            cid = vectors.collection_id(conn, "big", create=False)
+        assert cid is not None
+        idx.warm(self.space, cid)
+        return idx
+
+    def query(self) -> list[float]:
+        return self.rng.standard_normal(DIMS).astype(np.float32).tolist()
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Iterator[Corpus]:
+    c = Corpus(tmp_path / "index.sqlite", seed=3)
+    # 2,000 documents, 8,000 vectors: past the shortlist's floor, so every stage is approximate
+    for _ in range(4):
+        c.add(500)
+    yield c
+    c.store.close()
+
+
+def _snapshot(c: Corpus) -> vector_index.Snapshot | None:
+    idx = vector_index.index_of(c.store)
+    with c.store.read() as conn:
+        cid = vectors.collection_id(conn, "big", create=False)
+        assert cid is not None
+        return idx.fresh(conn, c.space, cid)
+
+
+def test_index_recall_and_distances_against_brute_force(corpus: Corpus) -> None:
+    """recall@10 against the exact float ranking, and every distance the very one vec0 gives."""
+    corpus.warm()
+    found = 0
+    queries = [corpus.query() for _ in range(40)]
+    for q in queries:
+        hits = corpus.search(q, 20)
+        assert len(hits) == 20
+        found += len({h.doc_id for h in hits[:10]} & set(corpus.brute_force(q)))
+        exact = {h.doc_id: h for h in corpus.search(q, 20, index=False)}
+        for h in hits:
+            if h.doc_id in exact:
+                assert h == exact[h.doc_id]  # the same distance, bit for bit, and the same chunk
+    assert found / (10 * len(queries)) >= 0.99
+
+
+def test_small_partition_is_exact(tmp_path: Path) -> None:
+    """A partition no bigger than what SQLite measures exactly is ranked exactly."""
+    c = Corpus(tmp_path / "index.sqlite", seed=4)
+    try:
+        c.add(40)
+        c.warm()
+        for _ in range(10):
+            q = c.query()
+            assert [h.doc_id for h in c.search(q, 10)] == c.brute_force(q)
+            assert c.search(q, 10) == c.search(q, 10, index=False)
+    finally:
+        c.store.close()
+
+
+def test_writes_are_searchable_at_once(corpus: Corpus) -> None:
+    """A batch the embed job commits is in the next search; so is its removal: the snapshot
+    follows every write, and no hit ever points at a removed document."""
+    corpus.warm()
+    q = corpus.query()
+    before = _snapshot(corpus)
+    assert before is not None and before.size == 2000 * CHUNKS
+    [new] = corpus.add(1, vector=q)
+    with corpus.store.read() as conn:
+        new_id = conn.execute("SELECT id FROM documents WHERE path = ?", (new,)).fetchone()[0]
+    hits = corpus.search(q)
+    assert hits[0].doc_id == new_id and hits[0].distance < 1e-6
+    after = _snapshot(corpus)
+    assert after is not None and after.size == before.size + CHUNKS
+    assert after.row_ids[: before.size].tolist() == before.row_ids.tolist()  # appended, not rebuilt
+    assert after.columns is before.columns  # in place: the batch was written past the old snapshot's rows
+
+    near = [h.doc_id for h in corpus.search(q, 5)]
+    with corpus.store.read() as conn:
+        paths = [conn.execute("SELECT path FROM documents WHERE id = ?", (d,)).fetchone()[0] for d in near]
+    corpus.remove(paths)
+    hits = corpus.search(q, 10)
+    assert not {h.doc_id for h in hits} & set(near)
+    assert len({h.doc_id for h in hits} & set(corpus.brute_force(q))) >= 9
+    snap = _snapshot(corpus)
+    assert snap is not None and snap.size == after.size - 5 * CHUNKS
+
+
+def test_a_reused_row_id_is_a_new_row(corpus: Corpus) -> None:
+    """SQLite gives a new row the id of the highest one deleted: same count, same ids, yet
+    another vector; the index must take the new one."""
+    corpus.warm()
+    [last] = corpus.add(1)
+    before = _snapshot(corpus)
+    assert before is not None
+    corpus.remove([last])
+    q = corpus.query()
+    corpus.add(1, vector=q)  # its rows take the removed rows' ids
+    snap = _snapshot(corpus)
+    assert snap is not None
+    assert sorted(snap.row_ids.tolist()) == sorted(before.row_ids.tolist())
+    assert sorted(snap.chunk_ids.tolist()) != sorted(before.chunk_ids.tolist())
+    with corpus.store.read() as conn:
+        wanted = sorted(r[0] for r in conn.execute("SELECT chunk_id FROM vector_rows"))
+    assert sorted(snap.chunk_ids.tolist()) == wanted
+    assert corpus.search(q)[0].distance < 1e-6
+
+
+def test_cold_start_answers_from_vec0_while_the_index_builds(corpus: Corpus) -> None:
+    """The first search starts the build in the background and is answered exactly by vec0."""
+    q = corpus.query()
+    assert corpus.search(q) == corpus.search(q, index=False)
+    deadline = time.monotonic() + 30
+    while (snap := _snapshot(corpus)) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert snap.size == 2000 * CHUNKS
+    assert {h.doc_id for h in corpus.search(q)} == set(corpus.brute_force(q))
+
+
+def test_a_failed_build_leaves_vec0_answering(
+    corpus: Corpus, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A build that fails is logged and retried by a later search; searches stay exact."""
+
+    def broken(*args: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(vector_index, "_read", broken)
+    q = corpus.query()
+    with caplog.at_level(logging.ERROR, logger="qmd.vector_index"):
+        assert corpus.search(q) == corpus.search(q, index=False)
+        deadline = time.monotonic() + 30
+        while "could not build the vector index" not in caplog.text:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    idx = vector_index.index_of(corpus.store)
+    while any(p.building for p in idx._parts.values()):  # noqa: SLF001 - the retry needs the failed build gone
+        time.sleep(0.01)
+    assert _snapshot(corpus) is None
+    monkeypatch.undo()
+    assert corpus.search(q) == corpus.search(q, index=False)  # starts the build again
+    deadline = time.monotonic() + 30
+    while _snapshot(corpus) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_filtered_search_is_exact_with_the_index(corpus: Corpus) -> None:
+    """A metadata filter never goes through the approximate pass: dense or sparse, its answer
+    is the exact top k of the eligible documents."""
+    from qmd.server.index.metadata import DocFilter
+
+    corpus.warm()
+    with corpus.store.read() as conn:
+        all_ids = [r[0] for r in conn.execute("SELECT id FROM documents WHERE active = 1 ORDER BY id")]
+    for share in (2, 50):  # every 2nd document (dense: widened KNN), every 50th (sparse: each measured)
+        eligible = set(all_ids[::share])
+        listed = f"d.id IN ({','.join(map(str, sorted(eligible)))})"
+        f = DocFilter(listed, (), listed, ())
+        for _ in range(5):
+            q = corpus.query()
+            with corpus.store.read() as conn:
+                got = vectors.search(conn, corpus.space, q, "big", 10, f, vector_index.index_of(corpus.store))
+            expected = [d for d in corpus.brute_force(q, 10_000) if d in eligible][:10]
+            assert [h.doc_id for h in got] == expected
+
+
+def test_concurrent_searches_during_writes(corpus: Corpus) -> None:
+    """Searches on eight threads while the writer appends and removes: no error, every hit
+    measured exactly, and once the writes are done every thread sees all of them."""
+    corpus.warm()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    q = corpus.query()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                for h in corpus.search(q, 10):
+                    assert 0.0 <= h.distance <= 2.0
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        added: list[str] = []
+        for i in range(15):
+            added += corpus.add(20)
+            if i % 3 == 2:
+                corpus.remove(added[:10])
+                added = added[10:]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    results: list[list[int]] = []
+
+    def final() -> None:
+        results.append([h.doc_id for h in corpus.search(q, 10)])
+
+    threads = [threading.Thread(target=final) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    expected = set(corpus.brute_force(q))
+    assert all(len(set(r) & expected) >= 9 for r in results)
+    assert len({tuple(r) for r in results}) == 1

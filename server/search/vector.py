@@ -14,6 +14,7 @@ from qmd.server.index import vectors
 from qmd.server.index.config import Config
 from qmd.server.index.documents import fetch_ids
 from qmd.server.index.store import Store
+from qmd.server.index.vector_index import index_of
 from qmd.server.search.lexical import parse_lex
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
@@ -75,11 +76,12 @@ def vector_hits(
     collection in the space of its chunk strategy (`spaces`; one without is not embedded).
     The spaces share the embedder, so their distances compare."""
     best: dict[int, vectors.VecHit] = {}
+    index = index_of(store)
     with store.read() as conn:
         for name in scope.collections:
             if name not in spaces:
                 continue
-            for h in vectors.search(conn, spaces[name], query_vector, name, fetch, scope.doc_filter):
+            for h in vectors.search(conn, spaces[name], query_vector, name, fetch, scope.doc_filter, index):
                 if h.doc_id not in best or h.distance < best[h.doc_id].distance:
                     best[h.doc_id] = h
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:fetch]
