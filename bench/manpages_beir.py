@@ -1,6 +1,6 @@
 """A BEIR-format known-item set made of this machine's man pages, for `qmd bench --beir`.
 
-    .venv/bin/python bench/manpages_beir.py OUT_DIR [--docs 5000] [--queries 400] [--seed 7]
+    .venv/bin/python bench/manpages_beir.py OUT_DIR [--docs 5000] [--queries 400] [--seed 7] [--max-chars 60000]
     .venv/bin/qmd bench --beir OUT_DIR
 
 Real text with real judgments, offline: each page's NAME line is split into the command
@@ -69,7 +69,9 @@ def page(path: Path) -> tuple[str, str] | None:
     return description, text[:60_000]
 
 
-def build(out: Path, docs: int, queries: int, seed: int) -> tuple[int, int]:
+def build(out: Path, docs: int, queries: int, seed: int, max_chars: int = 60_000) -> tuple[int, int]:
+    """Write the set; each page's text is cut at a line end before `max_chars` (a smaller
+    corpus to embed, where a benchmark runs every query through the models)."""
     files = sorted(
         p for d in SECTIONS for p in Path("/usr/share/man", d).glob("*.gz") if not p.name.startswith(GENERATED)
     )
@@ -86,7 +88,10 @@ def build(out: Path, docs: int, queries: int, seed: int) -> tuple[int, int]:
             continue
         seen.add(found[0].lower())
         doc_id = f"d{len(corpus)}"
-        corpus.append({"_id": doc_id, "title": "", "text": found[1]})
+        text = (
+            found[1] if len(found[1]) <= max_chars else found[1][: found[1].rfind("\n", 0, max_chars) + 1 or max_chars]
+        )
+        corpus.append({"_id": doc_id, "title": "", "text": text.rstrip()})
         asked.append((f"q{len(corpus)}", found[0], doc_id))
     rng.shuffle(asked)
     asked = asked[:queries]
@@ -104,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=int, default=5000)
     ap.add_argument("--queries", type=int, default=400)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--max-chars", type=int, default=60_000, help="cut each page's text at a line end before this")
     args = ap.parse_args(argv)
-    docs, queries = build(args.out, args.docs, args.queries, args.seed)
+    docs, queries = build(args.out, args.docs, args.queries, args.seed, args.max_chars)
     print(f"{args.out}: {docs} documents, {queries} queries")
     return 0
 

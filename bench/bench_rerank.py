@@ -1,0 +1,240 @@
+"""What each stage of the full query buys, and what it costs: nDCG@10 and latency per configuration.
+
+    .venv/bin/python bench/bench_rerank.py [--docs 1500] [--max-chars 3000] [--queries 40]
+                                           [--seed 7] [--during 16] [--embed-model GGUF]
+                                           [--generate-model GGUF] [--rerank-model GGUF]
+                                           [--only NAME ...] [--keep]
+
+The corpus is a BEIR-format known-item set built from this machine's man pages
+(bench/manpages_beir.py: a page's one-line description is the query, the page its one
+relevant document), each page cut to --max-chars so that embedding fits the run. One
+isolated `qmdd` (temporary HOME/XDG, free port) with MiniLM embedding and Gemma 3 270M
+expanding and reranking by query likelihood (bench_query.py's setup) serves everything:
+
+1. **Scheduling**: once the corpus is embedded, a second collection of --extra other pages
+   is added and `qmd embed` runs in the background; meanwhile --during queries go to
+   `POST /v1/query` in two modes (no rerank: expansion and the query's embedding are worker
+   calls; full with `-C 5`: rerank batches too); after the embed, as many other queries run
+   the same way idle. Distinct queries, so each is a cache miss. The ratio during/idle is
+   the figure (issue 15: ≤ 1.5×).
+2. **Configurations**: `qmd bench --beir` through the CLI, once per configuration, each
+   after `qmd cleanup --cache-days 0`, so no expansion or rerank score comes from an
+   earlier run: every latency is a cold, honest one with warm models. Baselines from the
+   same run: bm25 and vector alone.
+
+Prints one table (configuration, nDCG@10, MRR@10, R@100, p50/p95 latency, ratio of p50 to
+the no-rerank pipeline's) and writes bench/out/bench_rerank.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import manpages_beir  # noqa: E402
+from _common import (  # noqa: E402
+    Daemon,
+    Isolated,
+    code_line,
+    embed_model_path,
+    machine,
+    percentile,
+    table,
+    write_json,
+)
+from bench_query import model_paths  # noqa: E402
+
+CONFIGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("fusion, no expansion", ("-b", "hybrid", "--no-expand")),
+    ("fusion + expansion", ("-b", "hybrid")),
+    ("rerank top 10, no expansion", ("-b", "full", "-C", "10", "--no-expand")),
+    ("rerank top 20, no expansion", ("-b", "full", "-C", "20", "--no-expand")),
+    ("rerank top 40, no expansion", ("-b", "full", "--no-expand")),
+    ("rerank top 10 + expansion", ("-b", "full", "-C", "10")),
+    ("rerank top 20 + expansion", ("-b", "full", "-C", "20")),
+    ("rerank top 40 + expansion (the default)", ("-b", "full")),
+)
+BASELINE = "fusion, no expansion"
+
+
+def bench_json(env: Isolated, beir: Path, *args: str) -> dict[str, Any]:
+    _, r = env.cli("bench", "--beir", str(beir), "--keep", "--json", *args)
+    return json.loads(r.stdout)
+
+
+def figures(report: dict[str, Any], backend: str) -> dict[str, Any]:
+    """A backend's means, and latency percentiles from its per-query times."""
+    means = report["summary"][backend]["means"]
+    times = [r["backends"][backend]["latency_ms"] for r in report["results"] if backend in r["backends"]]
+    notes = next((b["notes"] for b in report["backends"] if b["name"] == backend), [])
+    return {
+        "ndcg_at_10": round(means["ndcg_at_10"], 4),
+        "mrr_at_10": round(means["mrr_at_10"], 4),
+        "recall_at_100": round(means["recall_at_100"], 4),
+        "p50_ms": round(percentile(times, 50), 1),
+        "p95_ms": round(percentile(times, 95), 1),
+        "queries": len(times),
+        "notes": notes,
+    }
+
+
+def timed_queries(http: httpx.Client, texts: list[str], body: dict[str, Any]) -> list[float]:
+    out = []
+    for text in texts:
+        t0 = time.perf_counter()
+        http.post("/v1/query", json={"query": text, **body}).raise_for_status()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def scheduling(env: Isolated, daemon: Daemon, texts: list[str], extra: Path, say: Any) -> dict[str, Any]:
+    """Query latency while `qmd embed` embeds another collection (`extra`), against as many
+    other queries idle afterwards."""
+    n = len(texts) // 4
+    modes = {"no rerank": {"rerank": False, "limit": 10}, "full -C 5": {"candidateLimit": 5, "limit": 10}}
+    groups = [texts[i * n : (i + 1) * n] for i in range(4)]
+    env.cli("collection", "add", str(extra), "--name", "extra")
+    log = env.base / "embed.log"
+    with open(log, "wb") as out:  # a file, not a pipe: the progress bar must never block the job
+        embed = subprocess.Popen(
+            [sys.executable, "-m", "qmd.client.cli", "embed"], env=env.vars, cwd=env.home, stdout=out, stderr=out
+        )
+    during: dict[str, list[float]] = {}
+    try:
+        time.sleep(3.0)  # the job is under way: models loaded, batches flowing
+        for (mode, body), group in zip(modes.items(), groups[:2], strict=True):
+            during[mode] = timed_queries(daemon.http, group, body)
+        still = embed.poll() is None
+    finally:
+        embed.wait(timeout=3600)
+    if embed.returncode != 0:
+        raise RuntimeError(f"qmd embed failed: {log.read_text(errors='replace')[-2000:]}")
+    idle = {mode: timed_queries(daemon.http, group, body) for (mode, body), group in zip(modes.items(), groups[2:])}
+    result: dict[str, Any] = {"embed_outlasted_the_queries": still}
+    for mode in modes:
+        d, i = percentile(during[mode], 50), percentile(idle[mode], 50)
+        result[mode] = {
+            "during_p50_ms": round(d * 1000, 1),
+            "during_p95_ms": round(percentile(during[mode], 95) * 1000, 1),
+            "idle_p50_ms": round(i * 1000, 1),
+            "idle_p95_ms": round(percentile(idle[mode], 95) * 1000, 1),
+            "ratio_p50": round(d / i, 2),
+        }
+        say(f"[scheduling] {mode}: during embed {d * 1000:.0f} ms p50, idle {i * 1000:.0f} ms ({d / i:.2f}×)")
+    if not still:
+        say("[scheduling] WARNING: the embed ended before the queries did: use more --docs")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=1500)
+    ap.add_argument("--max-chars", type=int, default=3000)
+    ap.add_argument("--queries", type=int, default=40, help="judged queries per configuration")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--during", type=int, default=8, help="queries per mode during the embed (and as many idle)")
+    ap.add_argument("--extra", type=int, default=800, help="pages of the collection embedded meanwhile")
+    ap.add_argument("--embed-model")
+    ap.add_argument("--generate-model")
+    ap.add_argument("--rerank-model")
+    ap.add_argument("--only", action="append", help="only the configurations whose name contains this")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary installation")
+    args = ap.parse_args(argv)
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    scratch = Path(tempfile.mkdtemp(prefix="qmd-bench-rerank-"))
+    beir = scratch / "manpages"
+    docs, _ = manpages_beir.build(beir, args.docs, args.queries + 4 * args.during, args.seed, args.max_chars)
+    # Other pages of the same shuffled list: a collection whose embedding competes with queries.
+    manpages_beir.build(scratch / "more", args.docs + args.extra, 1, args.seed, args.max_chars)
+    extra = scratch / "extra"
+    extra.mkdir()
+    for line in (scratch / "more" / "corpus.jsonl").read_text().splitlines()[args.docs :]:
+        page = json.loads(line)
+        (extra / f"{page['_id']}.md").write_text(page["text"])
+    asked = [json.loads(line) for line in (beir / "queries.jsonl").read_text().splitlines()]
+    spare = [q["text"] for q in asked[args.queries :]]
+    # The judged queries are the first --queries; the rest drive the scheduling phase only.
+    qrels = (beir / "qrels" / "test.tsv").read_text().splitlines()
+    keep = {q["_id"] for q in asked[: args.queries]}
+    (beir / "qrels" / "test.tsv").write_text(
+        "\n".join([qrels[0], *(line for line in qrels[1:] if line.split("\t")[0] in keep)]) + "\n"
+    )
+    models = model_paths(args, scratch)
+    models["embed"] = embed_model_path(args.embed_model)
+    env = Isolated(keep=args.keep)
+    env.vars.update(
+        {
+            "QMD_EMBED_MODEL": models["embed"],
+            "QMD_GENERATE_MODEL": models["generate"],
+            "QMD_RERANK_MODEL": models["rerank"],
+        }
+    )
+    say(code_line())
+    say(f"corpus: {docs} man pages (≤ {args.max_chars} characters), {args.queries} judged queries")
+    results: dict[str, Any] = {"machine": machine(), "args": vars(args), "models": models, "configs": {}}
+    daemon = Daemon(env)
+    try:
+        daemon.http.timeout = httpx.Timeout(3600.0)
+        first = bench_json(env, beir, "-b", "bm25")  # indexes the collection (no vectors yet)
+        results["configs"]["bm25"] = figures(first, "bm25")
+        embed_s, _ = env.cli("embed")
+        chunks = daemon.http.get("/v1/status").raise_for_status().json()["vector"].get("embedded_chunks")
+        say(f"embedded: {chunks} chunks in {embed_s:.0f} s")
+        warm = daemon.http.post("/v1/query", json={"query": spare[0], "limit": 5, "candidateLimit": 4})
+        warm.raise_for_status()  # loads the generate/rerank model before anything is timed
+        if args.during:
+            results["scheduling"] = scheduling(env, daemon, spare[1 : 1 + 4 * args.during], extra, say)
+            env.cli("collection", "remove", "extra")
+        results["configs"]["vector"] = figures(bench_json(env, beir, "-b", "vector"), "vector")
+        for name, flags in CONFIGS:
+            if args.only and not any(o in name for o in args.only):
+                continue
+            env.cli("cleanup", "--cache-days", "0", "--no-vacuum")
+            report = bench_json(env, beir, *flags)
+            backend = flags[1]
+            results["configs"][name] = figures(report, backend)
+            f = results["configs"][name]
+            say(f"{name}: nDCG@10 {f['ndcg_at_10']:.3f}, p50 {f['p50_ms']:.0f} ms, p95 {f['p95_ms']:.0f} ms")
+    finally:
+        daemon.stop()
+        env.cleanup()
+    base = results["configs"].get(BASELINE, {}).get("p50_ms")
+    rows = [
+        [
+            name,
+            f["ndcg_at_10"],
+            f["mrr_at_10"],
+            f["recall_at_100"],
+            f["p50_ms"] / 1000,
+            f["p95_ms"] / 1000,
+            f"{f['p50_ms'] / base:.1f}×" if base else None,
+        ]
+        for name, f in results["configs"].items()
+    ]
+    say("")
+    say(
+        table(
+            ["configuration", "nDCG@10", "MRR@10", "R@100", "p50 s", "p95 s", f"p50 vs {BASELINE}"],
+            rows,
+            formats=[None, ".3f", ".3f", ".3f", ".2f", ".2f", None],
+        )
+    )
+    say(f"\nwritten: {write_json('bench_rerank', results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
