@@ -437,6 +437,7 @@ class Engine:
             *self._vector_leg(opts.collections),
             *(self._expander(cfg) if doc.mode == "expand" else unused),
             *(self._reranker(cfg) if opts.rerank else unused),
+            backlog=self.worker.backlog,
         )
         out = HybridQuery(self.store, cfg, legs, self.costs, index_name=self.index_label).run(doc, opts)
         out.warnings += self._model_notes(cfg)

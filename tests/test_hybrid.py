@@ -125,6 +125,27 @@ def test_a_fallback_expansion_is_kept_for_the_next_query(engine: Engine) -> None
     assert len(calls) == 1 and [h.doc.path for h in again.hits] == [h.doc.path for h in first.hits]
 
 
+def test_a_busy_worker_is_part_of_the_budget_plan(engine: Engine) -> None:
+    """Another client's calls ahead in the inference worker (5 s of them) leave no time within a
+    2 s budget: expansion and rerank are dropped at once, saying why, and no model is asked."""
+    calls: list[Prompt] = []
+
+    def generate(p: Prompt) -> str:
+        calls.append(p)
+        return "lex: angel investors"
+
+    rr = ScriptedReranker()
+    busy = Legs(None, "no vectors", Expander(generate, "x", None, False, engine.store), "", rr, "", lambda: 5.0)
+    out = run(engine, "money investors", busy, budget_ms=2000)
+    st = {s.stage: s for s in out.stages}
+    assert st["expand"].status == "skipped" and "behind ~5000 ms of other work" in st["expand"].detail
+    assert st["rerank"].status == "skipped" and "behind ~5000 ms" in st["rerank"].detail
+    assert calls == [] and rr.calls == 0 and out.hits
+    idle = Legs(None, "no vectors", Expander(generate, "x", None, False, engine.store), "", rr, "", lambda: 0.0)
+    again = {s.stage: s for s in run(engine, "money investors", idle, budget_ms=60_000).stages}
+    assert again["expand"].status == "ran" and again["rerank"].status == "ran"
+
+
 def test_rerank_reorders_and_caches(engine: Engine) -> None:
     rr = ScriptedReranker()
     out = run(engine, "investors", legs(rr), explain=True)

@@ -315,6 +315,27 @@ def test_a_background_embed_goes_in_slices_a_query_can_pass(
     assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
 
 
+def test_backlog_counts_the_call_running_and_the_interactive_calls_in_line(
+    worker: WorkerClient, spec: ModelSpec
+) -> None:
+    texts = [f"note {i}: a paragraph on sourdough starters, rye flour and hydration" * 4 for i in range(120)]
+    worker.embed(spec, texts, kind="document")  # the pace of this model, measured
+    assert worker.backlog() == 0.0
+    done = threading.Event()
+
+    def embed() -> None:
+        worker.embed(spec, texts, kind="document")
+        done.set()
+
+    thread = threading.Thread(target=embed)
+    thread.start()
+    wait_for(lambda: worker.status()["busy"] is not None or done.is_set())
+    seen = worker.backlog()
+    thread.join()
+    assert done.is_set() and seen > 0.0, "a call of a measured kind was running"
+    assert worker.backlog() == 0.0
+
+
 @pytest.mark.slow
 def test_idle_contexts_are_freed_and_rebuilt(spec: ModelSpec) -> None:
     w = WorkerClient(idle_seconds=1, n_threads=2)

@@ -569,6 +569,8 @@ class WorkerClient:
         self._last_used = time.monotonic()
         self._pace: dict[str, float] = {}
         """Seconds per embedded text, per model file: a running mean of what the child took."""
+        self._took: dict[tuple[str, str], float] = {}
+        """Seconds per call, per (request type, model file): a running mean, for `backlog`."""
         self._missing: tuple[tuple[str, int], str] | None = None
         """(the llama_cpp install it was, why) once a child could not import llama_cpp."""
 
@@ -614,6 +616,41 @@ class WorkerClient:
             limit = result.limit
             vectors += [values[i * dims : (i + 1) * dims] for i in range(len(part))]
         return Embeddings(vectors, clipped=tuple(clipped), n_tokens=n_tokens, limit=limit)
+
+    def backlog(self) -> float:
+        """Seconds a new interactive call would wait for its turn: what the call running has left
+        and the interactive calls already in line, each by the mean time of its kind (0 for a
+        kind not seen yet). A query's budget plans with it: with another client's rerank ahead,
+        there is no time to expand, and the answer says so at once instead of at its deadline."""
+        now = time.monotonic()
+        with self._lock:
+            ahead = sum(self._expected(j) for *_, j in self._queue if j.state == "queued" and j.lane == "interactive")
+            busy = self._running
+            return ahead + (max(self._expected(busy) - (now - busy.started), 0.0) if busy is not None else 0.0)
+
+    def _observe(self, job: _Job, seconds: float) -> None:
+        """Fold a finished call's time into the means (under the lock); a much faster call replaces
+        a mean outright, since the first call of a model also loaded it."""
+
+        def fold(means: dict[Any, float], key: Any, value: float) -> None:
+            old = means.get(key)
+            means[key] = value if old is None or value < old / 2 else 0.7 * old + 0.3 * value
+
+        model = getattr(job.request, "model", None)
+        path = model.path if isinstance(model, LoadParams) else ""
+        if isinstance(job.request, EmbedRequest):
+            fold(self._pace, path, seconds / max(len(job.request.texts), 1))
+        else:
+            fold(self._took, (type(job.request).__name__, path), seconds)
+
+    def _expected(self, job: _Job) -> float:
+        """How long `job` should take, by the means (under the lock)."""
+        request = job.request
+        model = getattr(request, "model", None)
+        path = model.path if isinstance(model, LoadParams) else ""
+        if isinstance(request, EmbedRequest):
+            return self._pace.get(path, 0.0) * len(request.texts)
+        return self._took.get((type(request).__name__, path), 0.0)
 
     def _slice(self, params: LoadParams, left: int) -> int:
         """Texts to send in the next embed request: all of them in the interactive lane; in the
@@ -1008,11 +1045,8 @@ class WorkerClient:
         with self._cond:
             self._running = None
             self._last_used = time.monotonic()
-            if isinstance(job.request, EmbedRequest) and error is None:
-                per = (self._last_used - job.started) / max(len(job.request.texts), 1)
-                old = self._pace.get(job.request.model.path)
-                # a much faster call replaces the mean: the first one also loaded the model
-                self._pace[job.request.model.path] = per if old is None or per < old / 2 else 0.7 * old + 0.3 * per
+            if error is None:
+                self._observe(job, self._last_used - job.started)
             job.times.append(time.time())
             self._recent.append(
                 job.record(

@@ -160,6 +160,8 @@ class Legs:
     expander_reason: str
     reranker: Reranker | None
     reranker_reason: str
+    backlog: Callable[[], float] = lambda: 0.0
+    """Seconds of other work the inference worker has ahead of a new call (`WorkerClient.backlog`)."""
 
 
 class _Clock:
@@ -304,14 +306,16 @@ class HybridQuery:
         if cached is None:
             need = self.costs.estimate("expand", expander.model_uri)
             after = self._reserve_after_expand(opts, scope, out.filter)
-            if need + after > clock.remaining():
+            ahead = self.legs.backlog() if clock.deadline is not None else 0.0
+            if ahead + need + after > clock.remaining():
                 stages.append(
                     Stage(
                         "expand",
                         "skipped",
                         0,
-                        f"budget: expansion takes ~{need * 1000:.0f} ms and the later stages ~{after * 1000:.0f} ms; "
-                        f"{max(clock.remaining(), 0) * 1000:.0f} ms left",
+                        f"budget: expansion takes ~{need * 1000:.0f} ms and the later stages ~{after * 1000:.0f} ms"
+                        + _behind(ahead)
+                        + f"; {max(clock.remaining(), 0) * 1000:.0f} ms left",
                     )
                 )
                 return subs
@@ -509,10 +513,12 @@ class HybridQuery:
         new: dict[str, str] = {}
         error = ""
         scored_new = 0
+        ahead = 0.0
         for i in range(0, len(todo), RERANK_BATCH):
             batch = todo[i : i + RERANK_BATCH]
-            if clock.deadline is not None and clock.remaining() - SHAPE_RESERVE_S < per * len(batch):
-                batch = batch[: int(max(clock.remaining() - SHAPE_RESERVE_S, 0) / per)]
+            ahead = self.legs.backlog() if clock.deadline is not None else 0.0
+            if clock.deadline is not None and clock.remaining() - SHAPE_RESERVE_S - ahead < per * len(batch):
+                batch = batch[: int(max(clock.remaining() - SHAPE_RESERVE_S - ahead, 0) / per)]
                 if not batch:
                     break
             tb = time.perf_counter()
@@ -532,7 +538,7 @@ class HybridQuery:
         ms = (time.perf_counter() - t) * 1000
         if not raw:
             why = error or (
-                f"budget: scoring takes ~{per * 1000:.0f} ms per candidate; "
+                f"budget: scoring takes ~{per * 1000:.0f} ms per candidate{_behind(ahead)}; "
                 f"{max(clock.remaining(), 0) * 1000:.0f} ms left"
             )
             stages.append(Stage("rerank", "skipped", ms, why))
@@ -596,6 +602,11 @@ class HybridQuery:
 
         out.hits, cut = within_answer((pointer(*x) for x in kept), len(kept))
         out.warnings += [cut] if cut else []
+
+
+def _behind(ahead: float) -> str:
+    """What a budget decision says about the inference worker's other work, when it counted."""
+    return f", behind ~{ahead * 1000:.0f} ms of other work in the inference worker" if ahead >= 0.05 else ""
 
 
 def primary_text(doc: QueryDoc) -> str:
