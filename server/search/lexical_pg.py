@@ -25,7 +25,7 @@ always agree, however many writers there are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -35,6 +35,7 @@ from qmd.server.index.pg_lexical import Totals
 from qmd.server.search.lexical import (
     COLUMN_WEIGHTS,
     K1,
+    PREFIX_ITEMS,
     B,
     LexHit,
     LexQuery,
@@ -88,18 +89,20 @@ def _hits(phrase: _Phrase) -> tuple[str, list[object]]:
             f"SELECT p0.doc_id, p0.col, sum(p0.tf)::int AS tf FROM lex_postings p0 WHERE {first} GROUP BY 1, 2",
             params,
         )
-    follow = []
+    # A phrase instance is an offset x of its first token with token i at x + i: the
+    # intersection of each token's offsets less i, one joined row per column holding them
+    # all (rows, for a prefix last token: their offsets are disjoint, so counts add up).
+    joins, shifted, join_params = [], ["SELECT unnest(p0.positions)"], list[object]()
     for i, token in enumerate(phrase.tokens[1:], 1):
         test, more = _term_test(f"p{i}", token, phrase.prefix and i == last)
-        follow.append(
-            f" AND EXISTS (SELECT 1 FROM lex_postings p{i} WHERE p{i}.doc_id = p0.doc_id AND p{i}.col = p0.col"
-            f" AND {test} AND s.pos + {i} = ANY(p{i}.positions))"
-        )
-        params += more
+        joins.append(f" JOIN lex_postings p{i} ON p{i}.doc_id = p0.doc_id AND p{i}.col = p0.col AND {test}")
+        shifted.append(f"SELECT unnest(p{i}.positions) - {i}")
+        join_params += more
+    instances = f"(SELECT count(*) FROM ({' INTERSECT '.join(shifted)}) x)"
     return (
-        "SELECT p0.doc_id, p0.col, count(*)::int AS tf FROM lex_postings p0"
-        f" CROSS JOIN LATERAL unnest(p0.positions) AS s(pos) WHERE {first}{''.join(follow)} GROUP BY 1, 2",
-        params,
+        f"SELECT * FROM (SELECT p0.doc_id, p0.col, sum({instances})::int AS tf FROM lex_postings p0{''.join(joins)}"
+        f" WHERE {first} GROUP BY 1, 2) t WHERE t.tf > 0",
+        [*join_params, *params],
     )
 
 
@@ -153,8 +156,10 @@ class _Ranking:
         return conn.execute(
             f"WITH {head}hits AS ({hits}),"
             " freq AS (SELECT doc_id, item, sum(tf * (%s::float8[])[col + 1]) AS f FROM hits GROUP BY doc_id, item)"
+            # summed in item order, as FTS5's loop sums: the same bits, so ties stay ties (lower id first)
             " SELECT f.doc_id, -sum((%s::float8[])[f.item + 1] * ((f.f * (%s + 1.0))"
-            " / (f.f + %s * (1 - %s + %s * (d.len_filepath + d.len_title + d.len_body) / %s)))) AS bm25,"
+            " / (f.f + %s * (1 - %s + %s * (d.len_filepath + d.len_title + d.len_body) / %s)))"
+            " ORDER BY f.item) AS bm25,"
             " count(*) AS matched"
             f" FROM freq f JOIN lex_docs d ON d.doc_id = f.doc_id WHERE {self.where}"
             " GROUP BY f.doc_id ORDER BY bm25, f.doc_id LIMIT %s",
@@ -172,6 +177,20 @@ class _Ranking:
             if len(rows) == self.limit and abs(rows[-1][1]) >= (K1 + 1) * sum(self.idfs[i] for i in tail):
                 return rows
         return self.rows(conn)
+
+
+def _held(conn: psycopg.Connection, query: LexQuery, phrases: _Phrases) -> Callable[[str], bool]:
+    """Whether some document holds each prefix item's word exactly, asked in one statement
+    for `resolve_prefixes_by` (a pasted paragraph has dozens of prefix items)."""
+    exact = [expr[:-1] for expr in query.positives if expr.endswith('"*')]
+    if len(query.positives) <= PREFIX_ITEMS or not exact:
+        return lambda _: False
+    tests = [_hits(phrases(expr)) for expr in exact]
+    row = conn.execute(
+        "SELECT " + ", ".join(f"EXISTS ({sql})" for sql, _ in tests), [p for _, params in tests for p in params]
+    ).fetchone()
+    assert row is not None
+    return dict(zip(exact, row)).__getitem__
 
 
 def search_pg(
@@ -192,12 +211,7 @@ def search_pg(
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
-        def held(exact: str) -> bool:
-            sql, params = _hits(phrases(exact))
-            row = conn.execute(f"SELECT EXISTS ({sql})", params).fetchone()
-            return bool(row and row[0])
-
-        query = resolve_prefixes_by(query, held)
+        query = resolve_prefixes_by(query, _held(conn, query, phrases))
         positives = [_hits(phrases(expr)) for expr in query.positives]
         counts = ", ".join(f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)" for sql, _ in positives)
         row = conn.execute(
