@@ -89,20 +89,18 @@ def _hits(phrase: _Phrase) -> tuple[str, list[object]]:
             f"SELECT p0.doc_id, p0.col, sum(p0.tf)::int AS tf FROM lex_postings p0 WHERE {first} GROUP BY 1, 2",
             params,
         )
-    # A phrase instance is an offset x of its first token with token i at x + i: the
-    # intersection of each token's offsets less i, one joined row per column holding them
-    # all (rows, for a prefix last token: their offsets are disjoint, so counts add up).
-    joins, shifted, join_params = [], ["SELECT unnest(p0.positions)"], list[object]()
+    follow = []
     for i, token in enumerate(phrase.tokens[1:], 1):
         test, more = _term_test(f"p{i}", token, phrase.prefix and i == last)
-        joins.append(f" JOIN lex_postings p{i} ON p{i}.doc_id = p0.doc_id AND p{i}.col = p0.col AND {test}")
-        shifted.append(f"SELECT unnest(p{i}.positions) - {i}")
-        join_params += more
-    instances = f"(SELECT count(*) FROM ({' INTERSECT '.join(shifted)}) x)"
+        follow.append(
+            f" AND EXISTS (SELECT 1 FROM lex_postings p{i} WHERE p{i}.doc_id = p0.doc_id AND p{i}.col = p0.col"
+            f" AND {test} AND s.pos + {i} = ANY(p{i}.positions))"
+        )
+        params += more
     return (
-        f"SELECT * FROM (SELECT p0.doc_id, p0.col, sum({instances})::int AS tf FROM lex_postings p0{''.join(joins)}"
-        f" WHERE {first} GROUP BY 1, 2) t WHERE t.tf > 0",
-        [*join_params, *params],
+        "SELECT p0.doc_id, p0.col, count(*)::int AS tf FROM lex_postings p0"
+        f" CROSS JOIN LATERAL unnest(p0.positions) AS s(pos) WHERE {first}{''.join(follow)} GROUP BY 1, 2",
+        params,
     )
 
 
