@@ -342,7 +342,7 @@ def measure(store, config, space, args: argparse.Namespace) -> dict[str, Any]:  
             lexical_hits(store, lq, scopes[name], LIMIT)
     for v in qvecs[:3]:
         for name, _ in variants:
-            vector_hits(store, space, v, scopes[name], LIMIT)
+            vector_hits(store, {COLLECTION: space}, v, scopes[name], LIMIT)
 
     t_start = time.perf_counter()
     for r in range(args.rounds):
@@ -354,7 +354,7 @@ def measure(store, config, space, args: argparse.Namespace) -> dict[str, Any]:  
                 kw_by_query[q][name].append(s)
         for v in qvecs:
             for name, _ in order:
-                s, _hits = timed(vector_hits, store, space, v, scopes[name], LIMIT)
+                s, _hits = timed(vector_hits, store, {COLLECTION: space}, v, scopes[name], LIMIT)
                 vec[name].append(s)
         with store.read() as conn:
             for name, _ in order:
@@ -427,7 +427,7 @@ def exactness(store, config, space, seed: int, n_queries: int) -> list[dict[str,
         ranking = sorted(best, key=lambda k: (best[k], k))
         for name, f in filters:
             expected = [d for d in ranking if d in meta and matches(f, meta[d])][:LIMIT]
-            hits = vector_hits(store, space, v, scope_of(config, None, f), LIMIT)
+            hits = vector_hits(store, {COLLECTION: space}, v, scope_of(config, None, f), LIMIT)
             got = [h.doc_id for h in hits]
             # vec0's cosine distance and vec_distance_cosine are the same function, bit for
             # bit, and both sides break ties by document id: the lists must be identical

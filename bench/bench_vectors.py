@@ -1,8 +1,8 @@
-"""Vector search latency of qmd: `qmd vsearch` warm, and the KNN at 10k and 100k vectors.
+"""Vector search latency of qmd: `qmd vsearch` warm, and the KNN at 10k, 100k and 300k vectors.
 
     .venv/bin/python bench/bench_vectors.py [--files 200] [--seed 1] [--max-chars 2500]
                                             [--rounds 5] [--cli-rounds 1]
-                                            [--sizes 10000,100000] [--queries 50]
+                                            [--sizes 10000,100000,300000] [--queries 50]
                                             [--model GGUF] [--no-daemon] [--keep]
 
 (a) round trip. Generates a small corpus (bench/corpus.py, files capped at a section
@@ -17,19 +17,24 @@
     `Engine`, split into its steps: `vector_state` (pending count), the query
     embedding (inference worker round trip), the KNN + document lookups + snippets.
 
-(b) scale. For each size N, a temporary `qmd.server.index.store.Store` gets N synthetic 384-dim
-    unit vectors (8 chunks per document) in collection `big`, plus 1,000 in a collection
-    `small` beside it, written with `qmd.server.index.vectors` itself (`ensure_space`,
-    `write_document`, `sync_partitions`) over matching `content`/`documents` rows.
-    Then `vectors.search(conn, space, q, collection, limit=10)` p50/p95 over --queries
-    random unit queries, in `big` and in `small`; the bare vec0 KNN statement (k=30, what
-    search asks first); and what a `vsearch` and an `embed` also pay at that size: the
-    reads `Engine.vector_state` makes (pending count, vector counts; the engine caches
-    them until the next write, so the first vsearch or status after a write pays them)
-    and a `sync_partitions` with nothing to do (the end of every embed job).
-    Baselines: at the smallest size a pure-Python brute-force dot product over the same
-    vectors (stdlib only, same k, also checked to find the same neighbours), and the
-    ratio between the sizes.
+(b) scale. For each size N (default 10k, 100k, 300k), a temporary
+    `qmd.server.index.store.Store` gets N synthetic 384-dim unit vectors (8 chunks per
+    document) in collection `big`, plus 1,000 in a collection `small` beside it, written
+    with `qmd.server.index.vectors` itself (`ensure_space`, `write_document`,
+    `sync_partitions`) over matching `content`/`documents` rows. The in-memory index
+    (`qmd.server.index.vector_index`) is built in the foreground and timed (cold build,
+    memory). Then over --queries random unit queries, each back to back:
+    `vectors.search(conn, space, q, "big", limit=10)` without the index (vec0's exact
+    KNN: the baseline, today's search before the index) and with it; recall@10 of the
+    second against the first, and whether every document both found has the same
+    distance; the index's search in `small`; the bare vec0 KNN statement (k=30). Then the
+    first search after an embed batch (100 documents, 800 vectors, `add_partitions`) and
+    after a write to the other collection (a signature read), 5 each; and what a `vsearch`
+    and an `embed` also pay at that size: the reads `Engine.vector_state` makes (pending
+    count, vector counts; the engine caches them until the next write, so the first
+    vsearch or status after a write pays them) and a `sync_partitions` with nothing to do
+    (the end of every embed job). At the smallest size, a pure-Python brute-force dot
+    product over the same vectors (stdlib only, same k) checks that vec0 is exact.
 
 Figures only, never assertions.
 """

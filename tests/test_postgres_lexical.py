@@ -18,7 +18,7 @@ import qmd
 from qmd.server.errors import IndexTooNew, Unavailable
 from qmd.server.index import pg
 from qmd.server.index.db import sqlite3
-from qmd.server.index.pg_lexical import LexDoc, delete_documents, put_documents, sqlite_documents, totals
+from qmd.server.index.pg_lexical import LexDoc, Totals, delete_documents, put_documents, sqlite_documents, totals
 from qmd.server.quality import BenchQuery, score
 from qmd.server.search.lexical import LexHit, indexed_rows, parse_lex, search_fts
 from qmd.server.search.lexical_pg import search_pg
@@ -197,6 +197,25 @@ def test_a_failed_write_changes_nothing(pg_url: str) -> None:
     assert [h.doc_id for h in search_pg(conn, parse_lex("beta"), 10)] == [1]
 
 
+def test_concurrent_writers_queue_on_the_totals_and_lose_nothing(pg_url: str) -> None:
+    """Two daemons' writers at once (two connections, overlapping ids): each write is whole,
+    and the statistics count every document once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def writer(offset: int) -> None:
+        with pg.connect(pg_url) as conn:
+            for i in range(10):
+                ids = range(offset + i * 5, offset + i * 5 + 8)  # overlaps the other writer's ids
+                put_documents(conn, [LexDoc(n, "c", f"c/{n}.md", f"Doc {n}", f"shared words {n}") for n in ids])
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(writer, (0, 25)))
+    conn = pg.connect(pg_url)
+    docs = conn.execute("SELECT count(*), sum(len_filepath + len_title + len_body) FROM lex_docs").fetchone()
+    assert docs is not None and totals(conn) == Totals(docs[0], docs[1]) and docs[0] == 78
+    assert len(search_pg(conn, parse_lex("shared"), 100)) == 78
+
+
 def test_an_unreachable_server_is_unavailable_without_its_password(tmp_path: Path) -> None:
     url = f"postgresql://qmd:s3cret@/qmd?host={tmp_path}&connect_timeout=2"
     with pytest.raises(Unavailable, match="is not reachable") as e:
@@ -212,3 +231,11 @@ def test_the_schema_migrates_once_and_refuses_a_newer_one(pg_url: str) -> None:
     with pytest.raises(IndexTooNew, match="schema is version 99"):
         pg.connect(pg_url)
     assert pg.schema_version(first) == 99
+
+
+def test_a_prefix_range_ends_where_its_strings_end() -> None:
+    """The prefix's upper bound in the C collation's code-point order: past the last
+    character's successor, skipping the surrogates no text holds; none past U+10FFFF."""
+    from qmd.server.search.lexical_pg import _successor
+
+    assert _successor("ab") == "ac" and _successor("a\ud7ff") == "a\ue000" and _successor("a\U0010ffff") is None

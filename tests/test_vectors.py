@@ -474,6 +474,35 @@ def test_a_reused_row_id_is_a_new_row(corpus: Corpus) -> None:
     assert corpus.search(q)[0].distance < 1e-6
 
 
+def test_a_new_space_with_a_dropped_ones_id(corpus: Corpus) -> None:
+    """`qmd cleanup` drops a space; the next embedder's space gets its id (and other dims):
+    its searches use a partition of its own."""
+    corpus.warm()
+    assert corpus.search(corpus.query())
+    corpus.store.write(lambda c: vectors.drop_space(c, corpus.space))
+    old = corpus.space
+    corpus.space = corpus.store.write(lambda c: vectors.ensure_space(c, "fp-other", "test", 16))
+    assert corpus.space.id == old.id
+    rng = np.random.default_rng(1)
+    with corpus.store.read() as conn:
+        hashes = [r[0] for r in conn.execute("SELECT hash FROM documents WHERE active = 1 LIMIT 50")]
+
+    def write(conn: sqlite3.Connection) -> None:
+        for h in hashes:
+            v = rng.standard_normal(16).tolist()
+            vectors.write_document(conn, corpus.space, h, [vectors.ChunkVector(0, 0, 1, 1, 1, 4, False, v)], 1)
+        vectors.add_partitions(conn, corpus.space, hashes)
+
+    corpus.store.write(write)
+    q = rng.standard_normal(16).tolist()
+    assert corpus.search(q) == corpus.search(q, index=False)  # vec0 while the new partition builds
+    deadline = time.monotonic() + 30
+    while (snap := _snapshot(corpus)) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert snap.size == 50 and corpus.search(q) == corpus.search(q, index=False)
+
+
 def test_cold_start_answers_from_vec0_while_the_index_builds(corpus: Corpus) -> None:
     """The first search starts the build in the background and is answered exactly by vec0."""
     q = corpus.query()

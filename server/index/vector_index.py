@@ -7,25 +7,29 @@ that here. So each searched (space, collection) partition gets, in memory:
 1. a sign-bit code per vector (unit vector minus the partition's mean; RaBitQ's estimator
    without its rotation), scored against the query quantized to 4 bits: AND + popcount over
    64-bit words, column by column (2 ms at 100k), for a shortlist of ~1/32 of the rows;
-2. an int8 copy of each unit vector (per-vector scale), rescoring that shortlist (<1 ms);
-3. then `vec_distance_cosine` in SQLite on the few best (`vectors.rescore`), which is the
-   function vec0 computes: the distances are the very ones an exact vec0 KNN returns, and a
-   row deleted since the snapshot is simply not found, so no hit can be stale.
+2. an int8 copy of each unit vector (per-vector scale), ranking that shortlist (<1 ms);
+3. then `rescore`: `vec_distance_cosine` in SQLite on the best 2k, the function vec0
+   computes, so the distances are the very ones an exact vec0 KNN returns, and a row
+   deleted since the snapshot is simply not found: no hit can be stale.
+recall@10 against the exact search was 0.998-1.0 at 10k-300k random vectors, the hard case.
 
 What it costs: 458 bytes a vector of 384 dims (48 of sign bits, 384 of int8, ids and
-factors), 46 MB per 100k vectors, against 154 MB for a float32 copy; nothing for a
-partition that is never searched, and all of it goes with the Store (an idle index).
+factors), 46 MB per 100k vectors (52 MB allocated, room for appends), against 154 MB for a
+float32 copy; nothing for a partition never searched, and it goes with the Store.
 
 Freshness: a snapshot is tagged with `Store.generation`, bumped after every committed
-write. A search that finds the generation moved compares the partition's signature (row
-count, sums of row and chunk ids: one covered read) and, when it changed, diffs the
-(row, chunk) pairs and reads only the vectors it lacks: the embed job's batches are
-appended, removed rows dropped, under the partition's lock. Snapshots are immutable and
-swapped whole, so concurrent readers never see a half-updated one.
+write. A search that finds the generation moved reads the partition's signature (row
+count, sums of row and chunk ids) in one read transaction with what follows: unchanged, the
+snapshot is retagged; rows appended past its last (the embed job's batches) are read and
+written past its end in place; anything else (removals, a reused row id) is found by
+diffing the (row, chunk) pairs. All under the partition's lock; a published snapshot never
+changes, so concurrent readers need no lock.
 
-Cold start: a partition's first search starts a background build (its own read-only
-connection) and is answered by vec0's exact KNN, as is every search until the build is in;
-`VectorIndex.warm` builds in the caller's thread (tests, benchmarks).
+Cold start: a partition's first search starts a background build (its own connection) and
+is answered by vec0's exact KNN, as is every search until the build is in, and while a
+change of more than `INLINE` rows is rebuilt; `VectorIndex.warm` builds in the caller's
+thread (tests, benchmarks). Filtered searches never come here (`vectors.search`): theirs
+must be exact.
 """
 
 from __future__ import annotations
@@ -387,7 +391,9 @@ class VectorIndex:
         self._store = weakref.ref(store)
         self._path = store.path
         self._lock = threading.Lock()
-        self._parts: dict[tuple[int, int], _Partition] = {}
+        self._parts: dict[tuple[int, str, int], _Partition] = {}
+        """By space id, fingerprint and collection id: a space dropped and another made gets
+        the same id (SQLite reuses the highest), not the same partition."""
 
     def _generation(self) -> int:
         store = self._store()
@@ -397,7 +403,7 @@ class VectorIndex:
 
     def _part(self, space: Space, cid: int) -> _Partition:
         with self._lock:
-            return self._parts.setdefault((space.id, cid), _Partition())
+            return self._parts.setdefault((space.id, space.fingerprint, cid), _Partition())
 
     def knn(
         self, conn: sqlite3.Connection, space: Space, cid: int, query: Sequence[float], k: int
@@ -472,12 +478,6 @@ class VectorIndex:
                 conn.execute("COMMIT")
         finally:
             conn.close()
-
-    @property
-    def nbytes(self) -> int:
-        with self._lock:
-            parts = list(self._parts.values())
-        return sum(p.snapshot.nbytes for p in parts if p.snapshot is not None)
 
 
 _INDEXES: weakref.WeakKeyDictionary[Store, VectorIndex] = weakref.WeakKeyDictionary()
