@@ -412,6 +412,23 @@ def test_index_recall_and_distances_against_brute_force(corpus: Corpus) -> None:
     assert found / (10 * len(queries)) >= 0.99
 
 
+def test_exact_knn_is_vec0s(corpus: Corpus) -> None:
+    """The bounded int8 pass (filtered searches, small partitions) returns the very rows and
+    distances of vec0's exact KNN, for small and large k."""
+    corpus.warm()
+    snap = _snapshot(corpus)
+    assert snap is not None
+    with corpus.store.read() as conn:
+        cid = vectors.collection_id(conn, "big", create=False)
+        assert cid is not None
+        for k in (1, 30, 500):
+            for _ in range(10):
+                q = corpus.query()
+                got = vector_index.nearest(conn, corpus.space, cid, snap, q, k, exact=True)
+                want = vectors._knn(conn, corpus.space, vectors.pack(q), k, cid)  # noqa: SLF001 - the reference
+                assert sorted(got) == sorted((r[0], r[1]) for r in want)
+
+
 def test_small_partition_is_exact(tmp_path: Path) -> None:
     """A partition no bigger than what SQLite measures exactly is ranked exactly."""
     c = Corpus(tmp_path / "index.sqlite", seed=4)

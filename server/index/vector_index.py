@@ -13,7 +13,13 @@ that here. So each searched (space, collection) partition gets, in memory:
    deleted since the snapshot is simply not found: no hit can be stale.
 recall@10 against the exact search was 0.998-1.0 at 10k-300k random vectors, the hard case.
 
-What it costs: 458 bytes a vector of 384 dims (48 of sign bits, 384 of int8, ids and
+Where the answer must be exact (a metadata filter's widened KNN, a partition of at most
+`MIN_SHORTLIST` rows), the int8 copy is a bound instead: each row's residual (|u − s·int8|)
+caps how far its estimate can be off, so every row whose estimate plus residual reaches
+the k-th best estimate minus residual is measured in SQLite, and the rows are vec0's own
+(17 ms for 150k rows against vec0's 150).
+
+What it costs: 462 bytes a vector of 384 dims (48 of sign bits, 384 of int8, ids and
 factors), 46 MB per 100k vectors (52 MB allocated, room for appends), against 154 MB for a
 float32 copy; nothing for a partition never searched, and it goes with the Store.
 
@@ -28,8 +34,7 @@ changes, so concurrent readers need no lock.
 Cold start: a partition's first search starts a background build (its own connection) and
 is answered by vec0's exact KNN, as is every search until the build is in, and while a
 change of more than `INLINE` rows is rebuilt; `VectorIndex.warm` builds in the caller's
-thread (tests, benchmarks). Filtered searches never come here (`vectors.search`): theirs
-must be exact.
+thread (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -57,14 +62,19 @@ QUERY_BITS = 4
 """The query's quantization for the sign-bit pass: 3 bits lost a point of recall@10 at 300k."""
 SHORTLIST_SHARE = 32
 """The sign-bit pass keeps 1/32 of a partition (at least `MIN_SHORTLIST`): recall@10 of
-the whole pipeline was 1.0 on random vectors at 100k and 300k (bench/bench_vectors.py)."""
+the whole pipeline was 0.998-1.0 on random vectors at 10k-300k (bench/bench_vectors.py)."""
 MIN_SHORTLIST = 2048
+"""Also the largest partition searched by the exact pass alone (under 1 ms at this size)."""
 MIN_RESCORED = 64
 """Rows the int8 pass hands to SQLite's exact measure beyond a KNN's k (at least 2k)."""
 INLINE = 50_000
 """A refresh reading more new rows than this goes to the background (vec0 answers meanwhile)."""
 BATCH = 8192
 """Rows read and coded at a time while building: no float copy of a partition is ever held."""
+BLOCK = 4096
+"""Rows of the int8 copy turned into floats at a time by the exact pass (6 MB at 384 dims)."""
+ROUNDING = 1e-4
+"""Margin of the int8 bound for float32 rounding (of 384 products: ~2e-5 at worst)."""
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]
@@ -85,12 +95,15 @@ class Coded:
     """|x'|² / |x'|₁ of each centred unit vector x': the estimator's scale."""
     int8: I8
     scale: F32
+    residual: F32
+    """|u − scale·int8| of each unit vector u: by Cauchy-Schwarz, the most the int8 estimate of
+    a cosine can be off by, which makes the int8 pass a bound and not only a guess."""
 
     @staticmethod
     def empty(dims: int) -> Coded:
         f = np.zeros(0, np.float32)
         i = np.zeros(0, np.int64)
-        return Coded(i, i, np.zeros((0, -(-dims // 64)), np.uint64), f, f, np.zeros((0, dims), np.int8), f)
+        return Coded(i, i, np.zeros((0, -(-dims // 64)), np.uint64), f, f, np.zeros((0, dims), np.int8), f, f)
 
     def signature(self) -> tuple[int, float, float]:
         """What `_SIGNATURE_SQL` gives for exactly these rows: a moved count or sum means a change."""
@@ -112,6 +125,7 @@ class _Columns:
         self.factor = np.empty(capacity, np.float32)
         self.int8 = np.empty((capacity, dims), np.int8)
         self.scale = np.empty(capacity, np.float32)
+        self.residual = np.empty(capacity, np.float32)
 
     @property
     def capacity(self) -> int:
@@ -120,7 +134,17 @@ class _Columns:
     @property
     def nbytes(self) -> int:
         return sum(
-            a.nbytes for a in (self.row_ids, self.chunk_ids, self.bits, self.ones, self.factor, self.int8, self.scale)
+            a.nbytes
+            for a in (
+                self.row_ids,
+                self.chunk_ids,
+                self.bits,
+                self.ones,
+                self.factor,
+                self.int8,
+                self.scale,
+                self.residual,
+            )
         )
 
     def append(self, rows: Coded) -> None:
@@ -132,6 +156,7 @@ class _Columns:
         self.factor[lo:hi] = rows.factor
         self.int8[lo:hi] = rows.int8
         self.scale[lo:hi] = rows.scale
+        self.residual[lo:hi] = rows.residual
         self.used = hi
 
 
@@ -161,6 +186,7 @@ class Snapshot:
             c.factor[:n][sel],
             c.int8[:n][sel],
             c.scale[:n][sel],
+            c.residual[:n][sel],
         )
 
     @property
@@ -275,7 +301,8 @@ def _code(row_ids: I64, chunk_ids: I64, unit: F32, mean: F32) -> Coded:
     factor = np.divide(np.einsum("ij,ij->i", centred, centred), l1, out=np.zeros_like(l1), where=l1 > 0)
     scale = (np.abs(unit).max(axis=1) / 127.0).astype(np.float32)
     int8 = np.round(np.divide(unit, scale[:, None], out=np.zeros_like(unit), where=scale[:, None] > 0))
-    return Coded(row_ids, chunk_ids, bits, ones, factor.astype(np.float32), int8.astype(np.int8), scale)
+    residual = np.linalg.norm(unit - int8 * scale[:, None], axis=1).astype(np.float32)
+    return Coded(row_ids, chunk_ids, bits, ones, factor.astype(np.float32), int8.astype(np.int8), scale, residual)
 
 
 def rescore(
@@ -317,26 +344,57 @@ def _shortlist(snap: Snapshot, unit: F32, m: int) -> I64:
     return np.argpartition(-estimate, m - 1)[:m].astype(np.int64)
 
 
+def _int8_sims(snap: Snapshot, unit: F32, rows: I64 | None = None) -> F32:
+    """Cosine estimates from the int8 copy, of these rows or of all, a block at a time (a
+    float copy of a block, never of the partition). einsum, not `@`: OpenBLAS's threads made
+    the product 13x slower on 2 busy cores."""
+    c = snap.columns
+    if rows is not None:
+        return np.einsum("ij,j->i", c.int8[rows].astype(np.float32), unit) * c.scale[rows]
+    n = snap.size
+    out = np.empty(n, np.float32)
+    for lo in range(0, n, BLOCK):
+        hi = min(n, lo + BLOCK)
+        out[lo:hi] = np.einsum("ij,j->i", c.int8[lo:hi].astype(np.float32), unit)
+    return out * c.scale[:n]
+
+
+def _bounded(snap: Snapshot, unit: F32, k: int) -> I64:
+    """Every row that can be among the `k` nearest: the int8 estimate of each, give or take its
+    residual, against the k-th best lower bound (plus a margin for float32 rounding)."""
+    sims = _int8_sims(snap, unit)
+    residual = snap.columns.residual[: snap.size]
+    floor = np.partition(sims - residual, snap.size - k)[snap.size - k]
+    return np.flatnonzero(sims + residual >= floor - ROUNDING).astype(np.int64)
+
+
 def nearest(
-    conn: sqlite3.Connection, space: Space, cid: int, snap: Snapshot, query: Sequence[float], k: int
+    conn: sqlite3.Connection,
+    space: Space,
+    cid: int,
+    snap: Snapshot,
+    query: Sequence[float],
+    k: int,
+    *,
+    exact: bool = False,
 ) -> list[tuple[int, float]]:
-    """The partition's `k` nearest rows with exact distances: sign-bit shortlist, int8
-    rescoring, then `rescore` in SQLite."""
+    """The partition's `k` nearest rows with their exact distances (`rescore`). `exact`, or a
+    partition of at most `MIN_SHORTLIST` rows: every row the int8 bound cannot rule out is
+    measured, so these are the very rows vec0's KNN returns. Otherwise a sign-bit shortlist,
+    ranked by int8, the best measured: recall@10 ≥ 0.998 measured."""
     n = snap.size
     k = min(k, n)
     if k <= 0:
         return []
     q = np.asarray(query, dtype=np.float32)
     unit = q / (float(np.linalg.norm(q)) or 1.0)
-    exact = min(n, max(2 * k, k + MIN_RESCORED))
-    rows: I64 = np.arange(n, dtype=np.int64)
-    first = min(n, max(4 * exact, n // SHORTLIST_SHARE, MIN_SHORTLIST))
-    if first < n:
-        rows = _shortlist(snap, unit, first)
-    if exact < len(rows):
-        # einsum, not `@`: OpenBLAS's threads made this 13x slower on 2 busy cores
-        sims = np.einsum("ij,j->i", snap.columns.int8[rows].astype(np.float32), unit) * snap.columns.scale[rows]
-        rows = rows[np.argpartition(-sims, exact - 1)[:exact]]
+    if exact or n <= MIN_SHORTLIST:
+        rows = _bounded(snap, unit, k)
+    else:
+        measured = min(n, max(2 * k, k + MIN_RESCORED))
+        rows = _shortlist(snap, unit, min(n, max(4 * measured, n // SHORTLIST_SHARE, MIN_SHORTLIST)))
+        if measured < len(rows):
+            rows = rows[np.argpartition(-_int8_sims(snap, unit, rows), measured - 1)[:measured]]
     return rescore(conn, space, cid, q.tobytes(), snap.row_ids[rows].tolist())[:k]
 
 
@@ -406,12 +464,12 @@ class VectorIndex:
             return self._parts.setdefault((space.id, space.fingerprint, cid), _Partition())
 
     def knn(
-        self, conn: sqlite3.Connection, space: Space, cid: int, query: Sequence[float], k: int
+        self, conn: sqlite3.Connection, space: Space, cid: int, query: Sequence[float], k: int, *, exact: bool
     ) -> list[tuple[int, float]] | None:
-        """The `k` nearest rows of the partition as of this search, or None while its
-        snapshot is being built (the caller asks vec0)."""
+        """The `k` nearest rows of the partition as of this search (`nearest`), or None while
+        its snapshot is being built (the caller asks vec0)."""
         snap = self.fresh(conn, space, cid)
-        return None if snap is None else nearest(conn, space, cid, snap, query, k)
+        return None if snap is None else nearest(conn, space, cid, snap, query, k, exact=exact)
 
     def fresh(self, conn: sqlite3.Connection, space: Space, cid: int) -> Snapshot | None:
         """The partition's snapshot, brought up to the Store's generation first (inline for

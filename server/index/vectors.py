@@ -353,9 +353,9 @@ def search(
 ) -> list[VecHit]:
     """Nearest documents of one collection: KNN over its partition (widened until
     `limit` distinct documents are found), then chunk → document lookups, keeping
-    each document's nearest chunk. With the daemon's in-memory `index`, an unfiltered
-    KNN is its shortlist measured exactly (the same distances, recall@10 1.0 measured);
-    vec0's exact scan answers until the index is built, and under every filter.
+    each document's nearest chunk. With the daemon's in-memory `index`, the KNN is its
+    (`vector_index.nearest`: the same distances; under a filter the very same rows, else
+    recall@10 ≥ 0.998 measured); vec0's exact scan answers until the index is built.
 
     Under a metadata filter the answer is the exact top `limit` of the eligible
     documents, however selective the filter. A dense filter widens the unfiltered KNN
@@ -385,7 +385,7 @@ def search(
             return _search_eligible(conn, space, qblob, cid, limit, ids)
         k = min(MAX_K, math.ceil(k / share))
     while True:
-        knn = index.knn(conn, space, cid, query, k) if index is not None and eligible is None else None
+        knn = None if index is None else index.knn(conn, space, cid, query, k, exact=eligible is not None)
         if knn is None:
             knn = _knn(conn, space, qblob, k, cid)
         best = _documents_for(conn, knn, collection, eligible)
