@@ -532,6 +532,35 @@ def test_cold_start_answers_from_vec0_while_the_index_builds(corpus: Corpus) -> 
     assert {h.doc_id for h in corpus.search(q)} == set(corpus.brute_force(q))
 
 
+def test_a_large_change_is_rebuilt_in_the_background(corpus: Corpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More new rows than a search should read inline: vec0 answers until the rebuild is in."""
+    corpus.warm()
+    monkeypatch.setattr(vector_index, "INLINE", 10)
+    q = corpus.query()
+    [new] = corpus.add(5, vector=q)[:1]
+    with corpus.store.read() as conn:
+        new_id = conn.execute("SELECT id FROM documents WHERE path = ?", (new,)).fetchone()[0]
+    assert corpus.search(q)[0].doc_id == new_id  # vec0's, while the rebuild runs
+    deadline = time.monotonic() + 30
+    while (snap := _snapshot(corpus)) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert snap.size == 2005 * CHUNKS
+    assert corpus.search(q)[0].doc_id == new_id
+
+
+def test_an_emptied_partition_frees_its_memory(corpus: Corpus) -> None:
+    corpus.warm()
+    before = _snapshot(corpus)
+    assert before is not None
+    with corpus.store.read() as conn:
+        paths = [r[0] for r in conn.execute("SELECT path FROM documents")]
+    corpus.remove(paths)
+    assert corpus.search(corpus.query()) == []
+    snap = _snapshot(corpus)
+    assert snap is not None and snap.size == 0 and snap.nbytes < before.nbytes / 5
+
+
 def test_a_failed_build_leaves_vec0_answering(
     corpus: Corpus, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

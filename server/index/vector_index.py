@@ -410,6 +410,8 @@ def _refreshed(conn: sqlite3.Connection, space: Space, cid: int, snap: Snapshot,
         now = _signature(conn, space.id, cid)
         if now == snap.signature:
             return replace(snap, generation=generation)
+        if now[0] == 0:  # emptied (its space dropped, its collection removed): free the memory
+            return _snapshot(generation, snap.mean, [])
         top = int(snap.row_ids.max()) if snap.size else 0
         (above,) = conn.execute(
             "SELECT count(*) FROM vector_rows WHERE space_id = ? AND collection_id = ? AND id > ?",
