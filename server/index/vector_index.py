@@ -110,6 +110,10 @@ class Coded:
         return len(self.row_ids), float(self.row_ids.sum()), float(self.chunk_ids.sum())
 
 
+_PER_ROW = tuple(f.name for f in fields(Coded) if f.name != "bits")
+"""The columns stored as they are coded; the bits are stored transposed."""
+
+
 class _Columns:
     """Growable columns of one partition's coded rows, of which a `Snapshot` sees a prefix.
     Rows are only ever written past `used`, which no published snapshot reaches, so a
@@ -133,30 +137,13 @@ class _Columns:
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            a.nbytes
-            for a in (
-                self.row_ids,
-                self.chunk_ids,
-                self.bits,
-                self.ones,
-                self.factor,
-                self.int8,
-                self.scale,
-                self.residual,
-            )
-        )
+        return self.bits.nbytes + sum(getattr(self, name).nbytes for name in _PER_ROW)
 
     def append(self, rows: Coded) -> None:
         lo, hi = self.used, self.used + len(rows.row_ids)
-        self.row_ids[lo:hi] = rows.row_ids
-        self.chunk_ids[lo:hi] = rows.chunk_ids
         self.bits[:, lo:hi] = rows.bits.T
-        self.ones[lo:hi] = rows.ones
-        self.factor[lo:hi] = rows.factor
-        self.int8[lo:hi] = rows.int8
-        self.scale[lo:hi] = rows.scale
-        self.residual[lo:hi] = rows.residual
+        for name in _PER_ROW:
+            getattr(self, name)[lo:hi] = getattr(rows, name)
         self.used = hi
 
 
@@ -176,18 +163,10 @@ class Snapshot:
     size: int
 
     def rows(self, keep: npt.NDArray[np.bool_] | None = None) -> Coded:
+        """Its rows (or the kept ones) as a copy, to write into new columns."""
         c, n = self.columns, self.size
         sel = slice(0, n) if keep is None else np.flatnonzero(keep)
-        return Coded(
-            c.row_ids[:n][sel],
-            c.chunk_ids[:n][sel],
-            c.bits[:, :n].T[sel],
-            c.ones[:n][sel],
-            c.factor[:n][sel],
-            c.int8[:n][sel],
-            c.scale[:n][sel],
-            c.residual[:n][sel],
-        )
+        return Coded(bits=c.bits[:, :n].T[sel], **{name: getattr(c, name)[:n][sel] for name in _PER_ROW})
 
     @property
     def row_ids(self) -> I64:
