@@ -338,13 +338,16 @@ def _int8_sims(snap: Snapshot, unit: F32, rows: I64 | None = None) -> F32:
     return out * c.scale[:n]
 
 
-def _bounded(snap: Snapshot, unit: F32, k: int) -> I64:
-    """Every row that can be among the `k` nearest: the int8 estimate of each, give or take its
-    residual, against the k-th best lower bound (plus a margin for float32 rounding)."""
-    sims = _int8_sims(snap, unit)
-    residual = snap.columns.residual[: snap.size]
-    floor = np.partition(sims - residual, snap.size - k)[snap.size - k]
-    return np.flatnonzero(sims + residual >= floor - ROUNDING).astype(np.int64)
+def _bounded(snap: Snapshot, unit: F32, k: int, rows: I64 | None) -> I64:
+    """Every row (of all, or of `rows`) that can be among the `k` nearest: the int8 estimate
+    of each, give or take its residual, against the k-th best lower bound (plus a margin for
+    float32 rounding)."""
+    sims = _int8_sims(snap, unit, rows)
+    residual = snap.columns.residual[: snap.size] if rows is None else snap.columns.residual[rows]
+    n = len(sims)
+    floor = np.partition(sims - residual, n - k)[n - k]
+    found = np.flatnonzero(sims + residual >= floor - ROUNDING).astype(np.int64)
+    return found if rows is None else rows[found]
 
 
 def nearest(
@@ -356,19 +359,22 @@ def nearest(
     k: int,
     *,
     exact: bool = False,
+    among: Sequence[int] | None = None,
 ) -> list[tuple[int, float]]:
-    """The partition's `k` nearest rows with their exact distances (`rescore`). `exact`, or a
-    partition of at most `MIN_SHORTLIST` rows: every row the int8 bound cannot rule out is
-    measured, so these are the very rows vec0's KNN returns. Otherwise a sign-bit shortlist,
-    ranked by int8, the best measured: recall@10 ≥ 0.998 measured."""
-    n = snap.size
+    """The partition's `k` nearest rows (of those whose chunk is `among`, if given) with their
+    exact distances (`rescore`). `exact`, `among`, or a partition of at most `MIN_SHORTLIST`
+    rows: every row the int8 bound cannot rule out is measured, so these are the very rows
+    an exact KNN returns. Otherwise a sign-bit shortlist, ranked by int8, the best measured:
+    recall@10 ≥ 0.998 measured."""
+    within = None if among is None else np.flatnonzero(np.isin(snap.chunk_ids, np.asarray(among, np.int64)))
+    n = snap.size if within is None else len(within)
     k = min(k, n)
     if k <= 0:
         return []
     q = np.asarray(query, dtype=np.float32)
     unit = q / (float(np.linalg.norm(q)) or 1.0)
-    if exact or n <= MIN_SHORTLIST:
-        rows = _bounded(snap, unit, k)
+    if exact or within is not None or n <= MIN_SHORTLIST:
+        rows = _bounded(snap, unit, k, within)
     else:
         measured = min(n, max(2 * k, k + MIN_RESCORED))
         rows = _shortlist(snap, unit, min(n, max(4 * measured, n // SHORTLIST_SHARE, MIN_SHORTLIST)))
@@ -445,12 +451,20 @@ class VectorIndex:
             return self._parts.setdefault((space.id, space.fingerprint, cid), _Partition())
 
     def knn(
-        self, conn: sqlite3.Connection, space: Space, cid: int, query: Sequence[float], k: int, *, exact: bool
+        self,
+        conn: sqlite3.Connection,
+        space: Space,
+        cid: int,
+        query: Sequence[float],
+        k: int,
+        *,
+        exact: bool,
+        among: Sequence[int] | None = None,
     ) -> list[tuple[int, float]] | None:
         """The `k` nearest rows of the partition as of this search (`nearest`), or None while
-        its snapshot is being built (the caller asks vec0)."""
+        its snapshot is being built (the caller asks SQLite)."""
         snap = self.fresh(conn, space, cid)
-        return None if snap is None else nearest(conn, space, cid, snap, query, k, exact=exact)
+        return None if snap is None else nearest(conn, space, cid, snap, query, k, exact=exact, among=among)
 
     def fresh(self, conn: sqlite3.Connection, space: Space, cid: int) -> Snapshot | None:
         """The partition's snapshot, brought up to the Store's generation first (inline for

@@ -360,8 +360,9 @@ def search(
     Under a metadata filter the answer is the exact top `limit` of the eligible
     documents, however selective the filter. A dense filter widens the unfiltered KNN
     until enough eligible documents turn up (a few of them are skipped, nothing is
-    approximated); a sparse one, or a dense one whose eligible documents lie beyond
-    the largest KNN, measures the distance to every chunk of the eligible documents
+    approximated); a sparse one is a KNN over the eligible documents' chunks in the
+    index, or without it (or for a dense one whose eligible documents lie beyond the
+    largest KNN) measures the distance to every chunk of the eligible documents
     (vec0 restricted to a rowid list still reads the whole partition: measured, 100 ms
     for 150 eligible rows of 150k, where the direct scan takes 1 ms)."""
     cid = collection_id(conn, collection, create=False)
@@ -370,6 +371,7 @@ def search(
     qblob = pack(query)
     k = min(MAX_K, max(limit * 3, 10))
     eligible: set[int] | None = None
+    among: list[int] | None = None
     if doc_filter is not None:
         sql, params = ids_sql(collection, doc_filter)
         # one aggregate row, not one Python row per document: 50k ids in 28 ms, not 41
@@ -382,11 +384,16 @@ def search(
         ).fetchone()[0]
         share = len(eligible) / max(total, 1)
         if share < DENSE:
-            return _search_eligible(conn, space, qblob, cid, limit, ids)
-        k = min(MAX_K, math.ceil(k / share))
+            if index is None:
+                return _search_eligible(conn, space, qblob, cid, limit, ids)
+            among = _chunks_of(conn, space, ids)
+        else:
+            k = min(MAX_K, math.ceil(k / share))
     while True:
-        knn = None if index is None else index.knn(conn, space, cid, query, k, exact=eligible is not None)
+        knn = None if index is None else index.knn(conn, space, cid, query, k, exact=eligible is not None, among=among)
         if knn is None:
+            if among is not None:
+                return _search_eligible(conn, space, qblob, cid, limit, ids)
             knn = _knn(conn, space, qblob, k, cid)
         best = _documents_for(conn, knn, collection, eligible)
         if len(best) >= limit or len(knn) < k:
@@ -404,6 +411,17 @@ def _knn(conn: sqlite3.Connection, space: Space, qblob: bytes, k: int, cid: int)
         f"SELECT rowid, distance FROM {_vec_table(space.id)} WHERE embedding MATCH ? AND k = ? AND collection_id = ?",
         (qblob, k, cid),
     ).fetchall()
+
+
+def _chunks_of(conn: sqlite3.Connection, space: Space, eligible_json: str) -> list[int]:
+    """The chunks of these documents (a JSON array of ids) in the space: the ids only, from
+    the hash index (no vector is read)."""
+    ids = conn.execute(
+        "SELECT json_group_array(cv.id) FROM documents d CROSS JOIN content_vectors cv"
+        " WHERE d.id IN (SELECT value FROM json_each(?)) AND cv.space_id = ? AND cv.hash = d.hash",
+        (eligible_json, space.id),
+    ).fetchone()[0]
+    return list(json.loads(ids))
 
 
 def _search_eligible(
