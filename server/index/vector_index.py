@@ -1,6 +1,6 @@
 """The daemon's in-memory first pass over each vector partition, so a KNN reads no floats.
 
-vec0 answers a KNN by reading every float of the partition (65 ms at 100k vectors of 384
+vec0 answers a KNN by reading every float of the partition (65-82 ms at 100k vectors of 384
 dims on 2 cores); its bit and int8 quantized tables were measured at only 2x and 0.6x of
 that here. So each searched (space, collection) partition gets, in memory:
 
@@ -11,7 +11,8 @@ that here. So each searched (space, collection) partition gets, in memory:
 3. then `rescore`: `vec_distance_cosine` in SQLite on the best 2k, the function vec0
    computes, so the distances are the very ones an exact vec0 KNN returns, and a row
    deleted since the snapshot is simply not found: no hit can be stale.
-recall@10 against the exact search was 0.998-1.0 at 10k-300k random vectors, the hard case.
+recall@10 against the exact search was 0.998-1.0 at 10k-300k random vectors, the hard case;
+8 ms p50 at 100k against vec0's 82 (bench/bench_vectors.py).
 
 Where the answer must be exact (a metadata filter's widened KNN, a partition of at most
 `MIN_SHORTLIST` rows), the int8 copy is a bound instead: each row's residual (|u − s·int8|)
