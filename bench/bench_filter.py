@@ -34,7 +34,7 @@ machine hits every variant alike:
 
   keyword  `lexical_hits(store, parse_lex(q), scope_of(config, None, parse_filter(f)), 10)`
            over 16 queries: common words, rare words, 2-3 words, a question, a phrase
-  vector   `vector_hits(store, space, v, scope, 10)` over --vectors random unit vectors
+  vector   `vector_hits(store, {collection: space}, v, scope, 10)` over --vectors random unit vectors
 
 p50/p95 of each, and the ratio filtered/unfiltered (the issue's goal: <= 1.5x at every
 selectivity). Beside them: a few realistic filters (status, topics, priority, an `and`

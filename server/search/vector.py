@@ -14,7 +14,6 @@ from qmd.server.index import vectors
 from qmd.server.index.config import Config
 from qmd.server.index.documents import fetch_ids
 from qmd.server.index.store import Store
-from qmd.server.index.vector_index import index_of
 from qmd.server.search.lexical import parse_lex
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
@@ -75,6 +74,10 @@ def vector_hits(
     """Each document's nearest chunk over the collections in `scope`, nearest first; each
     collection in the space of its chunk strategy (`spaces`; one without is not embedded).
     The spaces share the embedder, so their distances compare."""
+    # numpy (60 ms) loads with the first vector search, not with the daemon: keyword-only
+    # use never pays it
+    from qmd.server.index.vector_index import index_of
+
     best: dict[int, vectors.VecHit] = {}
     index = index_of(store)
     with store.read() as conn:
