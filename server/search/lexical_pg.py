@@ -25,7 +25,7 @@ always agree, however many writers there are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -177,21 +177,18 @@ class _Ranking:
         return self.rows(conn)
 
 
-def _counts(conn: psycopg.Connection, query: LexQuery, phrases: _Phrases) -> tuple[Totals, dict[str, int]]:
-    """N and the total tokens, and how many documents hold each positive item, in one
-    statement; with the exact forms of the prefix items when the prefix rule asks about
-    them (`resolve_prefixes_by`: held when their count is not 0)."""
-    exprs = list(query.positives)
-    if len(exprs) > PREFIX_ITEMS:
-        exprs += [expr[:-1] for expr in query.positives if expr.endswith('"*')]
-    exprs = list(dict.fromkeys(exprs))
-    hits = [_hits(phrases(expr)) for expr in exprs]
-    counts = ", ".join(f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)" for sql, _ in hits)
+def _held(conn: psycopg.Connection, query: LexQuery, phrases: _Phrases) -> Callable[[str], bool]:
+    """Whether some document holds each prefix item's word exactly, asked in one statement
+    for `resolve_prefixes_by` (a pasted paragraph has dozens of prefix items)."""
+    exact = [expr[:-1] for expr in query.positives if expr.endswith('"*')]
+    if len(query.positives) <= PREFIX_ITEMS or not exact:
+        return lambda _: False
+    tests = [_hits(phrases(expr)) for expr in exact]
     row = conn.execute(
-        f"SELECT docs, tokens, {counts} FROM lex_totals", [p for _, params in hits for p in params]
+        "SELECT " + ", ".join(f"EXISTS ({sql})" for sql, _ in tests), [p for _, params in tests for p in params]
     ).fetchone()
-    assert row is not None  # lex_totals has its one row from the migration on
-    return Totals(row[0], row[1]), dict(zip(exprs, row[2:]))
+    assert row is not None
+    return dict(zip(exact, row)).__getitem__
 
 
 def search_pg(
@@ -211,10 +208,16 @@ def search_pg(
     phrases = _Phrases(query, tokenize)
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        stats, counts = _counts(conn, query, phrases)
-        query = resolve_prefixes_by(query, lambda exact: counts[exact] > 0)
+
+        query = resolve_prefixes_by(query, _held(conn, query, phrases))
         positives = [_hits(phrases(expr)) for expr in query.positives]
-        idfs = item_idfs([counts[expr] for expr in query.positives], stats.docs)
+        counts = ", ".join(f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)" for sql, _ in positives)
+        row = conn.execute(
+            f"SELECT docs, tokens, {counts} FROM lex_totals", [p for _, params in positives for p in params]
+        ).fetchone()
+        assert row is not None  # lex_totals has its one row from the migration on
+        stats = Totals(row[0], row[1])
+        idfs = item_idfs(row[2:], stats.docs)
         where, params = ["TRUE"], list[object]()
         if collection is not None:
             where.append("d.collection = %s")
