@@ -441,8 +441,18 @@ def chunk_strategy_option(help: str) -> Callable[[Callable], Callable]:  # noqa:
     show_default=True,
     help="Candidates kept after fusion and reranked.",
 )
-@click.option("--no-rerank", is_flag=True, help="Rank by fusion alone.")
-@click.option("--no-expand", is_flag=True, help="Search the query as it is: no model-written variants.")
+@click.option(
+    "--rerank/--no-rerank",
+    default=None,
+    help="Rerank the candidates, or rank by fusion alone [default: rerank with a cross-encoder only; "
+    "a small generative model's scores measured no gain].",
+)
+@click.option(
+    "--expand/--no-expand",
+    default=None,
+    help="Search model-written variants of the query too, or the query as it is [default: with a "
+    "model trained to expand only; a general small model's expansions measured no gain].",
+)
 @click.option(
     "--budget-ms",
     type=click.IntRange(min=1, max=600_000),
@@ -467,8 +477,8 @@ def query(
     metadata_filter: dict[str, Any] | None,
     intent: str | None,
     candidate_limit: int,
-    no_rerank: bool,
-    no_expand: bool,
+    rerank: bool | None,
+    expand: bool | None,
     budget_ms: int | None,
     explain: bool,
     chunk_strategy: str | None,
@@ -492,8 +502,8 @@ def query(
         explain=explain,
         intent=intent,
         candidate_limit=candidate_limit,
-        rerank=not no_rerank,
-        expand=not no_expand,
+        rerank=rerank,
+        expand=expand,
         budget_ms=budget_ms,
         chunk_strategy=chunk_strategy,
     )
@@ -812,7 +822,9 @@ BENCH_BACKENDS = ("bm25", "vector", "hybrid", "full")
     show_default=True,
     help="hybrid and full: candidates kept after fusion (and reranked, for full).",
 )
-@click.option("--no-expand", is_flag=True, help="hybrid and full: search each query as it is, unexpanded.")
+@click.option(
+    "--expand/--no-expand", default=None, help="hybrid and full: expand each query, or not [default: as a query does]."
+)
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON: per query, per backend, summaries.")
 @pass_ctx
 def bench(
@@ -826,7 +838,7 @@ def bench(
     embed_first: bool,
     keep: bool,
     candidate_limit: int,
-    no_expand: bool,
+    expand: bool | None,
     as_json: bool,
 ) -> None:
     """Measure search quality: precision, recall, MRR, F1 and nDCG@10 per backend (bm25,
@@ -839,7 +851,7 @@ def bench(
         "split": split,
         "maxQueries": max_queries,
         "candidateLimit": candidate_limit,
-        "expand": not no_expand,
+        "expand": expand,
     }
     if fixture is not None:
         if embed_first or keep or max_queries:

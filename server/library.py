@@ -207,8 +207,8 @@ class Index:
         limit: int = 10,
         min_score: float = 0.0,
         candidate_limit: int = 40,
-        rerank: bool = True,
-        expand: bool = True,
+        rerank: bool | None = None,
+        expand: bool | None = None,
         budget_ms: float | None = None,
         explain: bool = False,
         filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
@@ -275,7 +275,7 @@ class Index:
         embed: bool = False,
         keep: bool = False,
         candidate_limit: int = 40,
-        expand: bool = True,
+        expand: bool | None = None,
     ) -> BenchReport:
         """`qmd bench`: search quality per backend (bm25, vector, hybrid, full) on a fixture
         (its parsed JSON, or its file) against an indexed collection, or on a BEIR-format

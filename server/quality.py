@@ -243,8 +243,8 @@ class BenchSpec:
     """BEIR: keep the bench collection (and its vectors) for the next run."""
     candidate_limit: int = DEFAULT_CANDIDATES
     """hybrid and full: candidates kept after fusion (and reranked, for full)."""
-    expand: bool = True
-    """hybrid and full: expand each query with the generate model (False: as `--no-expand`)."""
+    expand: bool | None = None
+    """hybrid and full: expand each query with the generate model (None: as a query does by default)."""
 
 
 # -- metrics ----------------------------------------------------------------------------
@@ -412,7 +412,7 @@ class BenchReport:
     documents: int
     """Documents in the collection measured."""
     candidate_limit: int = DEFAULT_CANDIDATES
-    expand: bool = True
+    expand: bool | None = None
 
 
 Progress = Callable[[dict], None]
@@ -427,7 +427,7 @@ def run(
     kind: Literal["fixture", "beir"],
     warnings: list[str],
     candidate_limit: int = DEFAULT_CANDIDATES,
-    expand: bool = True,
+    expand: bool | None = None,
     progress: Progress | None = None,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> BenchReport:
@@ -528,7 +528,8 @@ def render(report: BenchReport) -> str:
     ]
     ran = list(report.summary)
     if {"hybrid", "full"} & set(ran):
-        lines.append(f"hybrid/full: {report.candidate_limit} candidates, expansion {'on' if report.expand else 'off'}")
+        how = {True: "on", False: "off", None: "as by default"}[report.expand]
+        lines.append(f"hybrid/full: {report.candidate_limit} candidates, expansion {how}")
     if report.kind == "fixture" and ran:
         lines += [
             "",

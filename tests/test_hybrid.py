@@ -35,12 +35,12 @@ class ScriptedReranker:
     """Scores by whether the passage mentions 'angel'; takes `cost` seconds per passage."""
 
     uri = "scripted"
-    method = "query-likelihood"
     passage_tokens = 256
 
-    def __init__(self, cost: float = 0.0, fail: bool = False) -> None:
+    def __init__(self, cost: float = 0.0, fail: bool = False, method: str = "cross-encoder") -> None:
         self.cost = cost
         self.fail = fail
+        self.method = method
         self.calls = 0
 
     def score(self, query: str, passages: list[str]) -> list[float]:
@@ -70,7 +70,7 @@ def test_expansion_lines_route_to_keyword_lists_with_weight_one(engine: Engine) 
         )
 
     expander = Expander(generate, "scripted", None, False, engine.store)
-    out = run(engine, "money investors", legs(expander=expander), rerank=False, explain=True)
+    out = run(engine, "money investors", legs(expander=expander), rerank=False, expand=True, explain=True)
     st = {s.stage: s for s in out.stages}
     assert st["expand"].status == "ran" and "3 lines" in st["expand"].detail
     assert st["vector"].status == "skipped" and "no vectors in this test" in st["vector"].detail
@@ -89,7 +89,7 @@ def test_expansion_failure_is_a_skipped_stage(engine: Engine) -> None:
     def generate(p: Prompt) -> str:
         raise QmdError("the inference worker exited with status 1 while generating")
 
-    out = run(engine, "money investors", legs(expander=Expander(generate, "x", None, False, engine.store)))
+    out = run(engine, "money investors", legs(expander=Expander(generate, "x", None, False, engine.store)), expand=True)
     st = {s.stage: s for s in out.stages}
     assert st["expand"].status == "skipped" and "exited with status 1" in st["expand"].detail
     assert out.hits
@@ -107,6 +107,12 @@ def test_no_expand_turns_the_stage_off_and_asks_no_model(engine: Engine) -> None
     st = {s.stage: s for s in out.stages}
     assert st["expand"].status == "off" and "--no-expand" in st["expand"].detail
     assert calls == [] and out.expansion is None and out.hits
+    # Unasked, a general model does not expand (it measured no gain); one trained to, does.
+    plain = {s.stage: s for s in run(engine, "money investors", legs(expander=expander), rerank=False).stages}
+    assert plain["expand"].status == "off" and "--expand" in plain["expand"].detail and calls == []
+    trained = Expander(generate, "hf:tobil/qmd-query-expansion-1.7B-gguf", None, False, engine.store)
+    out = run(engine, "money investors", legs(expander=trained), rerank=False)
+    assert {s.stage: s for s in out.stages}["expand"].status == "ran" and len(calls) == 1
 
 
 def test_a_fallback_expansion_is_kept_for_the_next_query(engine: Engine) -> None:
@@ -117,9 +123,9 @@ def test_a_fallback_expansion_is_kept_for_the_next_query(engine: Engine) -> None
         return "Sure! Happy to help."
 
     expander = Expander(chatter, "scripted", None, False, engine.store)
-    first = run(engine, "money investors", legs(expander=expander), rerank=False)
+    first = run(engine, "money investors", legs(expander=expander), rerank=False, expand=True)
     engine.store.write(lambda conn: None, bump=False)  # the cache write ahead of it has landed
-    again = run(engine, "money investors", legs(expander=expander), rerank=False)
+    again = run(engine, "money investors", legs(expander=expander), rerank=False, expand=True)
     st = {s.stage: s for s in again.stages}
     assert st["expand"].status == "cached" and "no usable line" in st["expand"].detail
     assert len(calls) == 1 and [h.doc.path for h in again.hits] == [h.doc.path for h in first.hits]
@@ -136,14 +142,24 @@ def test_a_busy_worker_is_part_of_the_budget_plan(engine: Engine) -> None:
 
     rr = ScriptedReranker()
     busy = Legs(None, "no vectors", Expander(generate, "x", None, False, engine.store), "", rr, "", lambda: 5.0)
-    out = run(engine, "money investors", busy, budget_ms=2000)
+    out = run(engine, "money investors", busy, budget_ms=2000, expand=True)
     st = {s.stage: s for s in out.stages}
     assert st["expand"].status == "skipped" and "behind ~5000 ms of other work" in st["expand"].detail
     assert st["rerank"].status == "skipped" and "behind ~5000 ms" in st["rerank"].detail
     assert calls == [] and rr.calls == 0 and out.hits
     idle = Legs(None, "no vectors", Expander(generate, "x", None, False, engine.store), "", rr, "", lambda: 0.0)
-    again = {s.stage: s for s in run(engine, "money investors", idle, budget_ms=60_000).stages}
+    again = {s.stage: s for s in run(engine, "money investors", idle, budget_ms=60_000, expand=True).stages}
     assert again["expand"].status == "ran" and again["rerank"].status == "ran"
+
+
+def test_a_generative_reranker_runs_only_when_asked(engine: Engine) -> None:
+    """Query likelihood of a small generative model measured no gain for its cost (README, 'What
+    each stage buys'): a query that does not say skips it and says so; `rerank=True` runs it."""
+    rr = ScriptedReranker(method="query-likelihood")
+    st = {s.stage: s for s in run(engine, "investors", legs(rr)).stages}
+    assert st["rerank"].status == "off" and "--rerank" in st["rerank"].detail and rr.calls == 0
+    st = {s.stage: s for s in run(engine, "investors", legs(rr), rerank=True).stages}
+    assert st["rerank"].status == "ran" and rr.calls > 0
 
 
 def test_rerank_reorders_and_caches(engine: Engine) -> None:

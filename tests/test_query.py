@@ -122,6 +122,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory, gemma_model: Path) -> Itera
 def test_full_pipeline_then_cache(hybrid: tuple[Env, Daemon]) -> None:
     env, d = hybrid
     q = {"query": "teams that fail to agree on a leader", "collections": ["eval"], "explain": True}
+    q |= {"rerank": True, "expand": True}
     first = d.http.post("/v1/query", json=q).json()
     st = stages(first)
     assert st["expand"]["status"] == "ran", st["expand"]
@@ -142,6 +143,10 @@ def test_full_pipeline_then_cache(hybrid: tuple[Env, Daemon]) -> None:
     env.ok("update")
     third = d.http.post("/v1/query", json=q).json()
     assert stages(third)["expand"]["status"] == "cached"
+    # Unasked, a generative model's query likelihood does not run (it measured no gain), and says so.
+    plain = stages(d.http.post("/v1/query", json={**q, "rerank": None, "expand": None}).json())
+    assert plain["rerank"]["status"] == "off" and "not run by default" in plain["rerank"]["detail"], plain
+    assert plain["expand"]["status"] == "off" and "not run by default" in plain["expand"]["detail"], plain
 
 
 def test_cli_query_and_deep_search_alias(hybrid: tuple[Env, Daemon]) -> None:
@@ -160,12 +165,13 @@ def test_tiny_budget_drops_stages_in_order_and_still_answers(hybrid: tuple[Env, 
     env, d = hybrid
     q = "which policy covers working from home"  # an intent turns the strong-signal skip off
     body = {"query": q, "intent": "remote employees", "budget_ms": 1, "collections": ["eval"]}
+    body |= {"rerank": True, "expand": True}
     answer = d.http.post("/v1/query", json=body).json()
     st = stages(answer)
     assert answer["results"], "keyword search always answers"
     for stage in ("expand", "rerank", "vector"):
         assert st[stage]["status"] == "skipped" and "budget" in st[stage]["detail"], st[stage]
-    r = env.qmd("query", q, "-c", "eval", "--budget-ms", "1", "--intent", "remote employees")
+    r = env.qmd("query", q, "-c", "eval", "--budget-ms", "1", "--intent", "remote employees", "--rerank", "--expand")
     assert r.returncode == 0 and "remote-work-policy.md" in r.stdout
     assert "expand: skipped" in r.stderr and "budget" in r.stderr
 
@@ -174,6 +180,7 @@ def test_budget_spends_on_vectors_before_rerank_and_expansion(hybrid: tuple[Env,
     _, d = hybrid
     # ~150 ms fits a query embedding and a KNN, never a 270M expansion or a rerank pass
     body = {"query": "nodes that cannot elect a coordinator", "intent": "consensus", "budget_ms": 150}
+    body |= {"rerank": True, "expand": True}
     answer = d.http.post("/v1/query", json={**body, "collections": ["eval"]}).json()
     st = stages(answer)
     assert st["expand"]["status"] == "skipped" and "budget" in st["expand"]["detail"]
@@ -234,8 +241,8 @@ def test_hybrid_floors_on_eval(hybrid: tuple[Env, Daemon]) -> None:
     queries = spec["eval_queries"]
     lex = hit_rates_typed(d, queries, "lex")
     vec = hit_rates_typed(d, queries, "vec")
-    full = hit_rates(d, queries, {})
-    norerank = hit_rates(d, queries, {"rerank": False})
+    full = hit_rates(d, queries, {"rerank": True, "expand": True})
+    norerank = hit_rates(d, queries, {"rerank": False, "expand": True})
     print("\nhybrid query on qmd-eval (MiniLM + Gemma 270M expansion and QL rerank):")
     print(f"  {'':<26}{'bm25':>7}{'vec':>7}{'fused':>7}{'+rerank':>8}   floor")
     for k in floors:

@@ -102,18 +102,18 @@ def test_cli_query_expands_on_the_endpoint_then_says_why_not(server: LlamaServer
     said: list[str] = []
     try:
         env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
-        r = env.qmd("query", QUERY, "--explain", "--no-rerank")
+        r = env.qmd("query", QUERY, "--explain", "--no-rerank", "--expand")
         said.append(r.stdout + r.stderr)
         assert r.returncode == 0, r.stderr
         assert "expand: ran (" in r.stderr and "fundraising.md" in r.stdout, r.stderr
-        answer = d.http.post("/v1/query", json={"query": QUERY, "rerank": False}).json()
+        answer = d.http.post("/v1/query", json={"query": QUERY, "rerank": False, "expand": True}).json()
         said.append(json.dumps(answer))
         expand = next(s for s in answer["stages"] if s["stage"] == "expand")
-        # cached, unless the model gave nothing usable or its lines found nothing (neither is kept)
+        # cached, unless its lines found nothing (then it is not kept)
         assert expand["status"] in ("ran", "cached") and answer["expansion"], expand
 
         server.stop()  # the endpoint goes away under a running daemon: keyword search still answers
-        r = env.qmd("query", "sourdough loaf baking times", "--no-rerank")
+        r = env.qmd("query", "sourdough loaf baking times", "--no-rerank", "--expand")
         said.append(r.stdout + r.stderr)
         assert r.returncode == 0 and "bread.md" in r.stdout and "Traceback" not in r.stderr
         assert "expand: skipped" in r.stderr, r.stderr

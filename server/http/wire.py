@@ -123,9 +123,15 @@ class QueryFields(Request):
     intent: str | None = Field(
         None, max_length=2000, description="What the search is for; disambiguates the query and focuses snippets."
     )
-    rerank: bool = Field(True, description="Rerank the merged candidates.")
-    expand: bool = Field(
-        True, description="Expand a plain-text query with the local model (false: search it as it is)."
+    rerank: bool | None = Field(
+        None,
+        description="Rerank the merged candidates (default: when the rerank model is a cross-encoder; "
+        "a small generative model's scores measured no gain, so they run only when asked).",
+    )
+    expand: bool | None = Field(
+        None,
+        description="Expand a plain-text query with the generate model (default: with a model trained "
+        "for it only; a general small model's expansions measured no gain).",
     )
     budget_ms: int | None = Field(
         None,
@@ -351,7 +357,7 @@ class BenchRequest(Request):
     embed: bool = False
     keep: bool = False
     candidate_limit: int = Field(40, ge=1, le=1000, description="hybrid and full: candidates kept after fusion.")
-    expand: bool = Field(True, description="hybrid and full: expand each query with the generate model.")
+    expand: bool | None = Field(None, description="hybrid and full: expand each query (default: as a query does).")
 
     def spec(self) -> BenchSpec:
         """The engine's request; exactly one of `fixture` and `beir`, a BEIR path absolute."""

@@ -365,6 +365,13 @@ class Expander:
         self.chat_template = chat_template
         self.store = store
 
+    @property
+    def fine_tuned(self) -> bool:
+        """Whether this is a model trained to expand queries (the original's qmd-query-expansion),
+        the only kind a query expands with unless it asks: a general small model's expansions
+        measured no gain for their second (`bench/bench_rerank.py`)."""
+        return FINE_TUNED_MARKER in f"{self.name or ''} {self.model_uri}".lower()
+
     def key(self, query: str) -> str:
         """The original's cache key (§12): `expandQuery` + `{"query", "model"}` in that order."""
         return llm_cache.cache_key("expandQuery", {"query": query, "model": self.model_uri})

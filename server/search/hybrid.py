@@ -80,8 +80,10 @@ class QueryOptions:
     min_score: float = 0.0
     all_results: bool = False
     candidate_limit: int = DEFAULT_CANDIDATES
-    rerank: bool = True
-    expand: bool = True
+    rerank: bool | None = None
+    """None: the default, `reranks_by_default` of the rerank model."""
+    expand: bool | None = None
+    """None: the default, with a fine-tuned expansion model only (`Expander.fine_tuned`)."""
     budget_ms: float | None = None
     explain: bool = False
     full: bool = False
@@ -292,8 +294,19 @@ class HybridQuery:
             [probe[0].coordination, *sorted((h.coordination for h in probe[1:]), reverse=True)[:1]] if probe else []
         )
         expander = self.legs.expander
-        if not opts.expand:
+        if opts.expand is False:
             stages.append(Stage("expand", "off", 0, "not requested (--no-expand / expand: false)"))
+            return subs
+        if expander is not None and opts.expand is None and not expander.fine_tuned:
+            stages.append(
+                Stage(
+                    "expand",
+                    "off",
+                    0,
+                    "not run by default: a general small model's expansions measured no gain "
+                    "(README, 'What each stage buys'); --expand (expand: true) runs it",
+                )
+            )
             return subs
         if strong_signal(scores, doc.intent, top_matched_all=bool(probe) and probe[0].matched == probe[0].total):
             second = scores[1] if len(scores) > 1 else 0.0
@@ -347,7 +360,7 @@ class HybridQuery:
                 self.costs.estimate("embed", vec.model) + len(scope.collections) * self.costs.estimate("vsearch")
             )
         rr = self.legs.reranker
-        if rr and opts.rerank:
+        if rr and _reranks(opts, rr):
             eligible = report.eligible if report is not None else self._documents_in(scope)
             total += min(opts.candidate_limit, eligible) * self.costs.estimate("rerank", rr.uri)
         return total
@@ -482,11 +495,22 @@ class HybridQuery:
     ) -> dict[int, tuple[float, float, bool]]:
         """doc id → (normalised score, raw score, cached) for the candidates scored."""
         rr = self.legs.reranker
-        if not opts.rerank:
+        if opts.rerank is False:
             stages.append(Stage("rerank", "off", 0, "not requested (--no-rerank / rerank: false)"))
             return {}
         if rr is None:
             stages.append(Stage("rerank", "skipped", 0, self.legs.reranker_reason))
+            return {}
+        if not _reranks(opts, rr):
+            stages.append(
+                Stage(
+                    "rerank",
+                    "off",
+                    0,
+                    f"not run by default: {rr.method} scores of a small generative model measured no gain "
+                    "(README, 'What each stage buys'); --rerank (rerank: true) runs it",
+                )
+            )
             return {}
         if not candidates:
             return {}
@@ -602,6 +626,17 @@ class HybridQuery:
 
         out.hits, cut = within_answer((pointer(*x) for x in kept), len(kept))
         out.warnings += [cut] if cut else []
+
+
+def reranks_by_default(rr: Reranker) -> bool:
+    """Whether a query that does not say reranks: with a cross-encoder (a rank-pooling GGUF or a
+    rerank endpoint), not with a generative model's query-likelihood or yes/no scores, which
+    cost 0.3-1 s per candidate on 2 cores and measured no gain (`bench/bench_rerank.py`)."""
+    return rr.method == "cross-encoder"
+
+
+def _reranks(opts: QueryOptions, rr: Reranker) -> bool:
+    return opts.rerank if opts.rerank is not None else reranks_by_default(rr)
 
 
 def _behind(ahead: float) -> str:
