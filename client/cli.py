@@ -430,28 +430,36 @@ def chunk_strategy_option(help: str) -> Callable[[Callable], Callable]:  # noqa:
     return click.option("--chunk-strategy", type=click.Choice(CHUNK_STRATEGIES), default=None, help=help)
 
 
+def pipeline_options(candidates_help: str, expand_help: str) -> Callable[[Callable], Callable]:
+    """`-C/--candidate-limit` and `--expand/--no-expand`, as `query` and `bench` take them."""
+
+    def wrap(f: Callable) -> Callable:
+        f = click.option("--expand/--no-expand", default=None, help=expand_help)(f)
+        return click.option(
+            "-C",
+            "--candidate-limit",
+            type=click.IntRange(min=1, max=1000),
+            default=40,
+            show_default=True,
+            help=candidates_help,
+        )(f)
+
+    return wrap
+
+
 @cli.command(help=_QUERY_HELP)
 @search_options(min_score_default=0.0)
 @click.option("--intent", default=None, help="What the search is for: steers passages and reranking.")
-@click.option(
-    "-C",
-    "--candidate-limit",
-    type=click.IntRange(min=1, max=1000),
-    default=40,
-    show_default=True,
-    help="Candidates kept after fusion and reranked.",
+@pipeline_options(
+    "Candidates kept after fusion and reranked.",
+    "Search model-written variants of the query too, or the query as it is [default: with a "
+    "model trained to expand only; a general small model's expansions measured no gain].",
 )
 @click.option(
     "--rerank/--no-rerank",
     default=None,
     help="Rerank the candidates, or rank by fusion alone [default: rerank with a cross-encoder only; "
     "a small generative model's scores measured no gain].",
-)
-@click.option(
-    "--expand/--no-expand",
-    default=None,
-    help="Search model-written variants of the query too, or the query as it is [default: with a "
-    "model trained to expand only; a general small model's expansions measured no gain].",
 )
 @click.option(
     "--budget-ms",
@@ -814,16 +822,9 @@ BENCH_BACKENDS = ("bm25", "vector", "hybrid", "full")
 @click.option("--max-queries", type=click.IntRange(min=1), help="--beir: the first N judged queries only.")
 @click.option("--embed", "embed_first", is_flag=True, help="--beir: embed the corpus first (vector, hybrid, full).")
 @click.option("--keep", is_flag=True, help="--beir: keep the collection and its vectors for the next run.")
-@click.option(
-    "-C",
-    "--candidate-limit",
-    type=click.IntRange(min=1, max=1000),
-    default=40,
-    show_default=True,
-    help="hybrid and full: candidates kept after fusion (and reranked, for full).",
-)
-@click.option(
-    "--expand/--no-expand", default=None, help="hybrid and full: expand each query, or not [default: as a query does]."
+@pipeline_options(
+    "hybrid and full: candidates kept after fusion (and reranked, for full).",
+    "hybrid and full: expand each query, or not [default: as a query does].",
 )
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON: per query, per backend, summaries.")
 @pass_ctx

@@ -5,7 +5,7 @@ stages. (The real models run the same code in test_query.py.)"""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -95,13 +95,19 @@ def test_expansion_failure_is_a_skipped_stage(engine: Engine) -> None:
     assert out.hits
 
 
-def test_no_expand_turns_the_stage_off_and_asks_no_model(engine: Engine) -> None:
+def answering(text: str) -> tuple[list[Prompt], Callable[[Prompt], str]]:
+    """A scripted generate model that always answers `text`, and the prompts it was given."""
     calls: list[Prompt] = []
 
     def generate(p: Prompt) -> str:
         calls.append(p)
-        return "lex: angel investors"
+        return text
 
+    return calls, generate
+
+
+def test_no_expand_turns_the_stage_off_and_asks_no_model(engine: Engine) -> None:
+    calls, generate = answering("lex: angel investors")
     expander = Expander(generate, "scripted", None, False, engine.store)
     out = run(engine, "money investors", legs(expander=expander), rerank=False, expand=False)
     st = {s.stage: s for s in out.stages}
@@ -116,12 +122,7 @@ def test_no_expand_turns_the_stage_off_and_asks_no_model(engine: Engine) -> None
 
 
 def test_a_fallback_expansion_is_kept_for_the_next_query(engine: Engine) -> None:
-    calls: list[Prompt] = []
-
-    def chatter(p: Prompt) -> str:
-        calls.append(p)
-        return "Sure! Happy to help."
-
+    calls, chatter = answering("Sure! Happy to help.")
     expander = Expander(chatter, "scripted", None, False, engine.store)
     first = run(engine, "money investors", legs(expander=expander), rerank=False, expand=True)
     engine.store.write(lambda conn: None, bump=False)  # the cache write ahead of it has landed
@@ -134,11 +135,7 @@ def test_a_fallback_expansion_is_kept_for_the_next_query(engine: Engine) -> None
 def test_a_busy_worker_is_part_of_the_budget_plan(engine: Engine) -> None:
     """Another client's calls ahead in the inference worker (5 s of them) leave no time within a
     2 s budget: expansion and rerank are dropped at once, saying why, and no model is asked."""
-    calls: list[Prompt] = []
-
-    def generate(p: Prompt) -> str:
-        calls.append(p)
-        return "lex: angel investors"
+    calls, generate = answering("lex: angel investors")
 
     rr = ScriptedReranker()
     busy = Legs(None, "no vectors", Expander(generate, "x", None, False, engine.store), "", rr, "", lambda: 5.0)
