@@ -215,7 +215,8 @@ def assign(groups: Sequence[Sequence[Q]], modes: Sequence[str], cap: int) -> dic
 
 
 def query_body(q: Q, **over: Any) -> dict[str, Any]:
-    """What `qmd query TEXT [--intent I]` sends (client/cli.py): default format, limit and candidates."""
+    """What `qmd query TEXT --expand --rerank [--intent I]` sends (client/cli.py): every stage asked
+    for (a plain query now runs neither with these models), default format, limit and candidates."""
     body: dict[str, Any] = {
         "query": q.text,
         "limit": 5,
@@ -227,6 +228,7 @@ def query_body(q: Q, **over: Any) -> dict[str, Any]:
         "intent": q.intent,
         "candidate_limit": 40,
         "rerank": True,
+        "expand": True,
         "budget_ms": None,
     }
     body.update(over)
