@@ -457,9 +457,8 @@ def pipeline_options(candidates_help: str, expand_help: str) -> Callable[[Callab
 )
 @click.option(
     "--rerank/--no-rerank",
-    default=None,
-    help="Rerank the candidates, or rank by fusion alone [default: rerank with a cross-encoder only; "
-    "a small generative model's scores measured no gain].",
+    default=True,
+    help="Rerank the candidates [default], or rank by fusion alone (seconds faster on a CPU).",
 )
 @click.option(
     "--budget-ms",
@@ -485,7 +484,7 @@ def query(
     metadata_filter: dict[str, Any] | None,
     intent: str | None,
     candidate_limit: int,
-    rerank: bool | None,
+    rerank: bool,
     expand: bool | None,
     budget_ms: int | None,
     explain: bool,

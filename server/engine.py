@@ -436,7 +436,7 @@ class Engine:
         legs = Legs(
             *self._vector_leg(opts.collections),
             *(self._expander(cfg) if doc.mode == "expand" else unused),
-            *(self._reranker(cfg) if opts.rerank is not False else unused),
+            *(self._reranker(cfg) if opts.rerank else unused),
             backlog=self.worker.backlog,
         )
         out = HybridQuery(self.store, cfg, legs, self.costs, index_name=self.index_label).run(doc, opts)

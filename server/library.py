@@ -207,7 +207,7 @@ class Index:
         limit: int = 10,
         min_score: float = 0.0,
         candidate_limit: int = 40,
-        rerank: bool | None = None,
+        rerank: bool = True,
         expand: bool | None = None,
         budget_ms: float | None = None,
         explain: bool = False,

@@ -143,9 +143,8 @@ def test_full_pipeline_then_cache(hybrid: tuple[Env, Daemon]) -> None:
     env.ok("update")
     third = d.http.post("/v1/query", json=q).json()
     assert stages(third)["expand"]["status"] == "cached"
-    # Unasked, a generative model's query likelihood does not run (it measured no gain), and says so.
-    plain = stages(d.http.post("/v1/query", json={**q, "rerank": None, "expand": None}).json())
-    assert plain["rerank"]["status"] == "off" and "not run by default" in plain["rerank"]["detail"], plain
+    # Unasked, a general model's expansion does not run (it measured no gain), and says so.
+    plain = stages(d.http.post("/v1/query", json={**q, "expand": None}).json())
     assert plain["expand"]["status"] == "off" and "not run by default" in plain["expand"]["detail"], plain
 
 

@@ -179,12 +179,12 @@ Examples:
 {"type": "vec", "query": "how do we size the database pool"}], "intent": "tuning the API server"}
   {"query": "seed round investors", "collections": ["notes"], "limit": 5}
 
-A plain `query` is expanded by the local model into lex/vec/hyde lines (skipped when the \
-keyword match is already conclusive); all lists are fused (RRF) and, with a cross-encoder \
-rerank model, the best passages reranked (`rerank: true` asks for a small generative model's \
-scores too, which are slow and measured no gain). `score` = fusion blended with rerank, \
-0-1: `fusion` is how strongly the searches agree (1 = first everywhere), `rerank` the \
-reranker's relevance (null if not scored). Threshold on `score` around 0.3 to drop weak pointers.
+A plain `query` runs on keyword and vector search; `expand: true` also has the generate model \
+write lex/vec/hyde lines (by default only a model trained for it does: a general small \
+model's measured no gain). All lists are fused (RRF) and the best passages reranked. \
+`score` = fusion blended with rerank, 0-1: `fusion` is how strongly the searches agree \
+(1 = first everywhere), `rerank` the reranker's relevance (null if not scored). Threshold on \
+`score` around 0.3 to drop weak pointers.
 
 At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
 (default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \

@@ -123,11 +123,7 @@ class QueryFields(Request):
     intent: str | None = Field(
         None, max_length=2000, description="What the search is for; disambiguates the query and focuses snippets."
     )
-    rerank: bool | None = Field(
-        None,
-        description="Rerank the merged candidates (default: when the rerank model is a cross-encoder; "
-        "a small generative model's scores measured no gain, so they run only when asked).",
-    )
+    rerank: bool = Field(True, description="Rerank the merged candidates.")
     expand: bool | None = Field(
         None,
         description="Expand a plain-text query with the generate model (default: with a model trained "

@@ -80,8 +80,7 @@ class QueryOptions:
     min_score: float = 0.0
     all_results: bool = False
     candidate_limit: int = DEFAULT_CANDIDATES
-    rerank: bool | None = None
-    """None: the default, `reranks_by_default` of the rerank model."""
+    rerank: bool = True
     expand: bool | None = None
     """None: the default, with a fine-tuned expansion model only (`Expander.fine_tuned`)."""
     budget_ms: float | None = None
@@ -360,7 +359,7 @@ class HybridQuery:
                 self.costs.estimate("embed", vec.model) + len(scope.collections) * self.costs.estimate("vsearch")
             )
         rr = self.legs.reranker
-        if rr and _reranks(opts, rr):
+        if rr and opts.rerank:
             eligible = report.eligible if report is not None else self._documents_in(scope)
             total += min(opts.candidate_limit, eligible) * self.costs.estimate("rerank", rr.uri)
         return total
@@ -495,22 +494,11 @@ class HybridQuery:
     ) -> dict[int, tuple[float, float, bool]]:
         """doc id → (normalised score, raw score, cached) for the candidates scored."""
         rr = self.legs.reranker
-        if opts.rerank is False:
+        if not opts.rerank:
             stages.append(Stage("rerank", "off", 0, "not requested (--no-rerank / rerank: false)"))
             return {}
         if rr is None:
             stages.append(Stage("rerank", "skipped", 0, self.legs.reranker_reason))
-            return {}
-        if not _reranks(opts, rr):
-            stages.append(
-                Stage(
-                    "rerank",
-                    "off",
-                    0,
-                    f"not run by default: {rr.method} scores of a small generative model measured no gain "
-                    "(README, 'What each stage buys'); --rerank (rerank: true) runs it",
-                )
-            )
             return {}
         if not candidates:
             return {}
@@ -626,17 +614,6 @@ class HybridQuery:
 
         out.hits, cut = within_answer((pointer(*x) for x in kept), len(kept))
         out.warnings += [cut] if cut else []
-
-
-def reranks_by_default(rr: Reranker) -> bool:
-    """Whether a query that does not say reranks: with a cross-encoder (a rank-pooling GGUF or a
-    rerank endpoint), not with a generative model's query-likelihood or yes/no scores, which
-    cost 0.3-1 s per candidate on 2 cores and measured no gain (`bench/bench_rerank.py`)."""
-    return rr.method == "cross-encoder"
-
-
-def _reranks(opts: QueryOptions, rr: Reranker) -> bool:
-    return opts.rerank if opts.rerank is not None else reranks_by_default(rr)
 
 
 def _behind(ahead: float) -> str:
