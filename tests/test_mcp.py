@@ -165,6 +165,7 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
         "collections",
         "intent",
         "rerank",
+        "expand",
         "budgetMs",
         "filter",
         "chunkStrategy",
