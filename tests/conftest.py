@@ -4,9 +4,10 @@ benchmarks use too)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import NoReturn
@@ -15,6 +16,7 @@ import pytest
 from harness import (  # noqa: F401 - daemons_on, free_port: for the test modules
     Daemon,
     Env,
+    Reply,
     Scripted,
     daemons_on,
     free_port,
@@ -22,6 +24,8 @@ from harness import (  # noqa: F401 - daemons_on, free_port: for the test module
     silent_endpoint,
 )
 from pg_server import embedded_postgres
+
+from qmd.server.errors import QmdError
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QMD_SHARED_DIR", ROOT.parent / "shared"))
@@ -58,6 +62,29 @@ def scripted() -> Iterator[Scripted]:
     """A loopback model endpoint answering from a script (`harness.Scripted`)."""
     with scripted_endpoint() as server:
         yield server
+
+
+ECHOED_KEY = "sk-echoed"
+"""The API key the endpoint-failure tests give a client; their 401 replies echo it back."""
+
+
+def endpoint_error(
+    scripted: Scripted,
+    replies: list[Reply],
+    call: Callable[[], object],
+    error: type[QmdError],
+    caplog: pytest.LogCaptureFixture,
+) -> str:
+    """The message of the `error` that `call` (a client holding ECHOED_KEY) raises while
+    `scripted` answers `replies`, checked to have sent the key to the endpoint and to keep it
+    out of the message and out of every log line (debug included)."""
+    caplog.set_level(logging.DEBUG)
+    scripted.replies = list(replies)
+    with pytest.raises(error) as err:
+        call()
+    message = err.value.message
+    assert scripted.auth[0] == f"Bearer {ECHOED_KEY}" and ECHOED_KEY not in message + caplog.text
+    return message
 
 
 @pytest.fixture

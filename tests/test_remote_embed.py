@@ -13,7 +13,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import MODELS_DIR, NOTES, Daemon, Env, Scripted, require, require_llama_server, write
+from conftest import (
+    ECHOED_KEY,
+    MODELS_DIR,
+    NOTES,
+    Daemon,
+    Env,
+    Scripted,
+    endpoint_error,
+    require,
+    require_llama_server,
+    write,
+)
 from harness import LlamaServer, Reply, llama_cpp_server, scripted_endpoint
 
 from qmd.server.index.config import Config
@@ -176,14 +187,13 @@ def test_retries_429_and_5xx_then_succeeds(scripted: Scripted) -> None:
         ((401, {}, b'{"detail": "bad key sk-echoed"}'), "refused the API key in QMD_EMBED_API_KEY (401: bad key ***)"),
     ],
 )
-def test_errors_name_the_endpoint(scripted: Scripted, reply: Reply, message: str) -> None:
-    scripted.replies = [reply, reply]
-    backend = RemoteBackend(scripted.url, "m", environ={"QMD_EMBED_API_KEY": "sk-echoed"})
-    with pytest.raises(RemoteEmbedError) as err:
-        backend.embed(["a"], "query")
-    assert err.value.message.startswith(f"the embeddings endpoint {scripted.url} ")
-    assert message in err.value.message
-    assert "sk-echoed" not in err.value.message and scripted.auth[0] == "Bearer sk-echoed"
+def test_errors_name_the_endpoint(
+    scripted: Scripted, reply: Reply, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = RemoteBackend(scripted.url, "m", environ={"QMD_EMBED_API_KEY": ECHOED_KEY})
+    said = endpoint_error(scripted, [reply, reply], lambda: backend.embed(["a"], "query"), RemoteEmbedError, caplog)
+    assert said.startswith(f"the embeddings endpoint {scripted.url} ")
+    assert message in said
 
 
 def test_fingerprint_names_endpoint_and_model_not_key(scripted: Scripted, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 import test_expansion
-from conftest import NOTES, Daemon, Env, Scripted, free_port, require_llama_server, write
+from conftest import (
+    ECHOED_KEY,
+    NOTES,
+    Daemon,
+    Env,
+    Scripted,
+    endpoint_error,
+    free_port,
+    require_llama_server,
+    write,
+)
 from harness import LlamaServer, Reply, llama_cpp_server
 
 from qmd.server.index.store import Store
@@ -193,14 +203,13 @@ def test_fine_tuned_name_gets_its_training_prompt(scripted: Scripted, store: Sto
 def test_errors_name_the_endpoint_and_never_the_key(
     scripted: Scripted, replies: list[Reply], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    scripted.replies = list(replies)
-    client = RemoteGenerator(scripted.url, "m", environ={"QMD_GENERATE_API_KEY": "sk-echoed"})
-    with pytest.raises(RemoteGenerateError) as err:
-        client.chat([{"role": "user", "content": "hi"}], build_prompt(QUERY, "m", True).params)
-    assert err.value.message.startswith(f"the chat completions endpoint {scripted.url} ")
-    assert message in err.value.message
-    assert scripted.auth[0] == "Bearer sk-echoed" and "sk-echoed" not in err.value.message + caplog.text
+    client = RemoteGenerator(scripted.url, "m", environ={"QMD_GENERATE_API_KEY": ECHOED_KEY})
+    params = build_prompt(QUERY, "m", True).params
+    said = endpoint_error(
+        scripted, replies, lambda: client.chat([{"role": "user", "content": "hi"}], params), RemoteGenerateError, caplog
+    )
+    assert said.startswith(f"the chat completions endpoint {scripted.url} ")
+    assert message in said
 
 
 def test_endpoint_down_fails_at_once() -> None:

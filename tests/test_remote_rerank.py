@@ -14,14 +14,25 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODELS_DIR, NOTES, Daemon, Env, Scripted, free_port, require, unavailable, write
+from conftest import (
+    ECHOED_KEY,
+    MODELS_DIR,
+    NOTES,
+    Daemon,
+    Env,
+    Scripted,
+    endpoint_error,
+    free_port,
+    require,
+    unavailable,
+    write,
+)
 from harness import Reply, scripted_endpoint
 
 from qmd.server.errors import InvalidInput
@@ -117,14 +128,10 @@ def test_retries_a_busy_server_then_succeeds(scripted: Scripted) -> None:
 def test_errors_name_the_endpoint_and_never_the_key(
     scripted: Scripted, replies: list[Reply], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    scripted.replies = list(replies)
-    client = RemoteReranker(scripted.url, "m", environ={"QMD_RERANK_API_KEY": "sk-echoed"})
-    with pytest.raises(RemoteRerankError) as err:
-        client.rerank(QUERY, ["a", "b"])
-    assert err.value.message.startswith(f"the rerank endpoint {scripted.url} ")
-    assert message in err.value.message
-    assert scripted.auth[0] == "Bearer sk-echoed" and "sk-echoed" not in err.value.message + caplog.text
+    client = RemoteReranker(scripted.url, "m", environ={"QMD_RERANK_API_KEY": ECHOED_KEY})
+    said = endpoint_error(scripted, replies, lambda: client.rerank(QUERY, ["a", "b"]), RemoteRerankError, caplog)
+    assert said.startswith(f"the rerank endpoint {scripted.url} ")
+    assert message in said
 
 
 def test_a_refused_format_says_how_to_choose_the_other(scripted: Scripted) -> None:
