@@ -121,10 +121,10 @@ QUEUE_LIMIT = 64
 """Calls that may wait for the worker at once (`QMD_WORKER_QUEUE`); one more fails at once."""
 DISPOSE_TIMEOUT = 30.0
 RECENT_CALLS = 100
+"""Calls `status()["recent"]` remembers: lane, activity, when queued, started and ended, outcome."""
 BACKGROUND_SLICE_S = 0.25
 """What one background embed request may take: a query's call waits at most about this long for
 the one in flight. A job's batch is sent in slices sized by the model's measured pace."""
-"""Calls `status()["recent"]` remembers: lane, activity, when queued, started and ended, outcome."""
 TOKENS_PER_ITEM = 16
 """Generated tokens that count as one item of a completion's deadline."""
 
@@ -474,6 +474,14 @@ def wait_at_most(seconds: float | None) -> Iterator[None]:
         _wait_until.reset(token)
 
 
+def _pace_of(request: Request[Any]) -> tuple[tuple[str, str], int]:
+    """Which running mean a call's time belongs to (its request type and model file), and how
+    many items it is: an embed request's texts, one for any other call."""
+    model = getattr(request, "model", None)
+    items = max(len(request.texts), 1) if isinstance(request, EmbedRequest) else 1
+    return (type(request).__name__, model.path if isinstance(model, LoadParams) else ""), items
+
+
 @dataclass(eq=False)
 class _Job:
     """One call on its way through the dispatcher: queued, running, then done (or abandoned by its caller)."""
@@ -567,10 +575,9 @@ class WorkerClient:
         self._starts = 0
         self._last_crash: dict[str, Any] | None = None
         self._last_used = time.monotonic()
-        self._pace: dict[str, float] = {}
-        """Seconds per embedded text, per model file: a running mean of what the child took."""
-        self._took: dict[tuple[str, str], float] = {}
-        """Seconds per call, per (request type, model file): a running mean, for `backlog`."""
+        self._pace: dict[tuple[str, str], float] = {}
+        """Seconds per item (an embedded text; any other call is one), per (request type, model
+        file): a running mean of what the child took, for `backlog` and the background slices."""
         self._missing: tuple[tuple[str, int], str] | None = None
         """(the llama_cpp install it was, why) once a child could not import llama_cpp."""
 
@@ -629,28 +636,16 @@ class WorkerClient:
             return ahead + (max(self._expected(busy) - (now - busy.started), 0.0) if busy is not None else 0.0)
 
     def _observe(self, job: _Job, seconds: float) -> None:
-        """Fold a finished call's time into the means (under the lock); a much faster call replaces
-        a mean outright, since the first call of a model also loaded it."""
-
-        def fold(means: dict[Any, float], key: Any, value: float) -> None:
-            old = means.get(key)
-            means[key] = value if old is None or value < old / 2 else 0.7 * old + 0.3 * value
-
-        model = getattr(job.request, "model", None)
-        path = model.path if isinstance(model, LoadParams) else ""
-        if isinstance(job.request, EmbedRequest):
-            fold(self._pace, path, seconds / max(len(job.request.texts), 1))
-        else:
-            fold(self._took, (type(job.request).__name__, path), seconds)
+        """Fold a finished call's time into its kind's mean (under the lock); a much faster call
+        replaces the mean outright, since the first call of a model also loaded it."""
+        key, items = _pace_of(job.request)
+        per, old = seconds / items, self._pace.get(key)
+        self._pace[key] = per if old is None or per < old / 2 else 0.7 * old + 0.3 * per
 
     def _expected(self, job: _Job) -> float:
-        """How long `job` should take, by the means (under the lock)."""
-        request = job.request
-        model = getattr(request, "model", None)
-        path = model.path if isinstance(model, LoadParams) else ""
-        if isinstance(request, EmbedRequest):
-            return self._pace.get(path, 0.0) * len(request.texts)
-        return self._took.get((type(request).__name__, path), 0.0)
+        """How long `job` should take, by its kind's mean (under the lock; 0 when not seen yet)."""
+        key, items = _pace_of(job.request)
+        return self._pace.get(key, 0.0) * items
 
     def _slice(self, params: LoadParams, left: int) -> int:
         """Texts to send in the next embed request: all of them in the interactive lane; in the
@@ -658,7 +653,7 @@ class WorkerClient:
         if _lane.get() != "background":
             return left
         with self._lock:
-            pace = self._pace.get(params.path)
+            pace = self._pace.get((EmbedRequest.__name__, params.path))
         return max(1, min(left, 4 if pace is None else int(BACKGROUND_SLICE_S / max(pace, 1e-4))))
 
     def count_tokens(self, spec: ModelSpec, texts: list[str], *, timeout: float | None = None) -> list[int]:
