@@ -21,7 +21,7 @@ from typing import Literal
 from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
 from qmd.server import quality
-from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
+from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound, QmdError
 from qmd.server.index import catalog, metadata, trust, upkeep, vectors
 from qmd.server.index.chunking import CHUNK_STRATEGIES, ChunkStrategy
 from qmd.server.index.code_chunks import grammar_status
@@ -31,6 +31,7 @@ from qmd.server.index.config import (
     Config,
     ConfigFile,
     ConfigSource,
+    check_index_url,
     expand_path,
     normalize_context_key,
     validate_collection_name,
@@ -47,7 +48,7 @@ from qmd.server.index.documents import (
 from qmd.server.index.embed_job import EmbedReport, embed_pending, strategy_groups
 from qmd.server.index.indexer import Progress, Scope, Summary, index_collection, run_hook, split_mask
 from qmd.server.index.loaders import Pages, split_page
-from qmd.server.index.store import Store
+from qmd.server.index.store import open_store
 from qmd.server.index.watcher import Watcher, off
 from qmd.server.models.embedders import Embedder, Embedders, EmbedderUnavailable, LocalBackend, embed_query
 from qmd.server.models.refs import (
@@ -94,7 +95,7 @@ class Engine:
     ) -> None:
         self.paths = paths
         self.config_file: ConfigSource = config or ConfigFile(paths.config, base=paths.project_root)
-        self.store = Store(paths.db)
+        self.store = open_store(paths.db, self._index_url())
         self.worker = worker or WorkerClient()
         self._owns_worker = worker is None
         """A daemon's other indexes share its default index's worker; the owner closes it."""
@@ -113,6 +114,20 @@ class Engine:
         self.trust = trust.TrustFile()
         """The user's approvals of project configs (`index.trust`), read on each use."""
         self._mirror(self.config)  # validates the YAML and records it in the index at start
+
+    def _index_url(self) -> str | None:
+        """The Postgres server of this index, if it has one: `QMD_INDEX_URL`, else the
+        config's `index_url`. A project's own config may not name one: a cloned repository
+        never makes the daemon connect to a server its user did not choose."""
+        if env := os.environ.get("QMD_INDEX_URL"):
+            return check_index_url(env, "QMD_INDEX_URL")
+        url = self.config_file.load().index_url
+        if url is not None and self.paths.project_root is not None:
+            raise Forbidden(
+                f"{self.paths.config} names a Postgres server (index_url), and a project's config may not:"
+                " set index_url in your own config (~/.config/qmd/<index>.yml) or QMD_INDEX_URL"
+            )
+        return url
 
     # -- config -------------------------------------------------------------
 
@@ -526,11 +541,21 @@ class Engine:
 
     def metadata(self, opts: MetadataOptions) -> MetadataReport:
         """Discovery: the keys, types and values filters can be written from, in one snapshot."""
+        if self.store.postgres:
+            raise InvalidInput(metadata.PG_NO_FILTERS.replace("metadata filters are", "metadata discovery is"))
         with self.store.read() as conn:
             return discover(conn, opts)
 
     def collection_keys(self, names: list[str], n: int = 5, *, values: int = 0) -> dict[str, CollectionKeys]:
-        """Each collection's most covered keys, for status and listings (a discovery each)."""
+        """Each collection's most covered keys, for status and listings (a discovery each).
+        On Postgres, which cannot filter by them yet, only the documents' counts."""
+        if self.store.postgres:
+            with self.store.read() as conn:
+                counts = {name: metadata.extraction_counts(conn, [name]) for name in names}
+            return {
+                name: CollectionKeys(name, c.documents, c.with_metadata, c.pending, 0, [], 0)
+                for name, c in counts.items()
+            }
         with self.store.read() as conn:
             return {ck.collection: ck for ck in top_keys(conn, names, n, values=values)}
 
@@ -1123,7 +1148,7 @@ class Engine:
             index=self.paths.name,
             index_path=str(self.paths.db),
             config_path=str(self.paths.config),
-            size_bytes=upkeep.index_bytes(self.paths.db),
+            size_bytes=self.store.size_bytes(),
             documents=counts.documents,
             unique_contents=counts.unique_contents,
             sqlite_version=self.store.sqlite_version,

@@ -4,6 +4,7 @@ benchmarks use too)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -154,6 +155,72 @@ def postgres_url() -> Iterator[str]:
         except Exception as e:  # the wheel missing, initdb or the server failing: no Postgres here
             unavailable(f"embedded Postgres did not start: {type(e).__name__}: {e}")
         yield url
+
+
+BACKEND = os.environ.get("QMD_TEST_BACKEND", "sqlite")
+"""Which backend every test's index is on: `sqlite` (the default), or `postgres`, when
+the suite runs as the Postgres backend's contract (`QMD_TEST_BACKEND=postgres`)."""
+
+
+@pytest.fixture(scope="session")
+def postgres_template(request: pytest.FixtureRequest) -> str | None:
+    """Under `QMD_TEST_BACKEND=postgres`, a database with the schema migrated and pgvector
+    made, that each test's own database is copied from; None on SQLite."""
+    if BACKEND == "sqlite":
+        return None
+    if BACKEND != "postgres":
+        pytest.fail(f"QMD_TEST_BACKEND must be sqlite or postgres, got {BACKEND!r}")
+    import psycopg
+
+    from qmd.server.index import pg
+
+    url: str = request.getfixturevalue("postgres_url")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE qmd_template")
+    template = pg_database(url, "qmd_template")
+    with psycopg.connect(template, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector")
+    pg.connect(template).close()
+    return url
+
+
+_DATABASES = itertools.count()
+
+
+def pg_database(url: str, name: str) -> str:
+    """`url` with its database replaced by `name` (the embedded server's URL is a libpq URI)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+@pytest.fixture(autouse=True)
+def index_backend(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, postgres_template: str | None
+) -> Iterator[None]:
+    """Every test's index on the backend the run is for: nothing to do on SQLite (beyond
+    keeping a developer's own QMD_INDEX_URL out of the tests); on Postgres, a fresh database
+    per test, named to in-process engines by QMD_INDEX_URL and to the harness's daemons by
+    QMD_TEST_INDEX_URL."""
+    monkeypatch.delenv("QMD_INDEX_URL", raising=False)
+    monkeypatch.delenv("QMD_TEST_INDEX_URL", raising=False)
+    if postgres_template is None:
+        yield
+        return
+    import psycopg
+
+    name = f"t{os.getpid()}_{next(_DATABASES)}"
+    with psycopg.connect(postgres_template, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE qmd_template")
+    url = pg_database(postgres_template, name)
+    monkeypatch.setenv("QMD_INDEX_URL", url)
+    monkeypatch.setenv("QMD_TEST_INDEX_URL", url)
+    try:
+        yield
+    finally:
+        with psycopg.connect(postgres_template, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture(scope="session")

@@ -76,6 +76,8 @@ class Env:
             "NO_COLOR": "1",
             "PYTHONUNBUFFERED": "1",
         }
+        if url := os.environ.get("QMD_TEST_INDEX_URL"):  # the suite run on Postgres (tests/conftest.py)
+            self.vars["QMD_INDEX_URL"] = url
 
     @property
     def url(self) -> str:

@@ -22,7 +22,7 @@ from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, InvalidInput
 from qmd.server.index import llm_cache, upkeep
 from qmd.server.index.db import sqlite3
-from qmd.server.index.store import Store
+from qmd.server.index.store import Store, index_bytes
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 NO_WATCH = {"QMD_WATCH": "0"}
@@ -110,11 +110,11 @@ def test_vacuum_shrinks_the_file_after_mass_deletion(engine: Engine, tmp_path: P
     for i in range(1400):
         (docs / f"d{i:04}.md").unlink()
     engine.update()
-    before = upkeep.index_bytes(engine.paths.db)
+    before = index_bytes(engine.paths.db)
     report = engine.cleanup()
     assert report.vacuum is not None and report.vacuum.ran, report.vacuum
     assert report.found.inactive_documents == 1400 and report.found.orphan_contents == 1400
-    assert report.bytes_before == before and report.bytes_after == upkeep.index_bytes(engine.paths.db)
+    assert report.bytes_before == before and report.bytes_after == index_bytes(engine.paths.db)
     assert report.bytes_after < before / 3, (before, report.bytes_after)
     assert not Path(f"{engine.paths.db}-wal").exists() or Path(f"{engine.paths.db}-wal").stat().st_size == 0
     # the index still works, reads and writes

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from qmd.server.index import vectors
 from qmd.server.index.config import Collection, Config
-from qmd.server.index.db import sqlite3
+from qmd.server.index.db import Connection
 from qmd.server.index.indexer import delete_orphan_content
 from qmd.server.index.store import fts_delete, fts_put
 
@@ -55,7 +55,7 @@ class FileEntry:
     hash: str
 
 
-def collection_states(conn: sqlite3.Connection) -> dict[str, CollectionState]:
+def collection_states(conn: Connection) -> dict[str, CollectionState]:
     """Every collection the index knows of, in three scans rather than three per collection."""
     counts: dict[str, int] = dict(
         conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 GROUP BY collection").fetchall()
@@ -79,12 +79,12 @@ def collection_states(conn: sqlite3.Connection) -> dict[str, CollectionState]:
     }
 
 
-def document_counts(conn: sqlite3.Connection) -> DocumentCounts:
+def document_counts(conn: Connection) -> DocumentCounts:
     documents, unique = conn.execute("SELECT COUNT(*), COUNT(DISTINCT hash) FROM documents WHERE active = 1").fetchone()
     return DocumentCounts(documents=documents, unique_contents=unique)
 
 
-def list_files(conn: sqlite3.Connection, collection: str, prefix: str) -> list[FileEntry]:
+def list_files(conn: Connection, collection: str, prefix: str) -> list[FileEntry]:
     """Active files of a collection at `prefix` (a file, or a folder without its
     trailing slash; "" for all), by path. Sizes are in bytes of UTF-8, as `get` returns them."""
     rows = conn.execute(
@@ -96,7 +96,7 @@ def list_files(conn: sqlite3.Connection, collection: str, prefix: str) -> list[F
     return [FileEntry(path, modified_at, size, digest) for path, modified_at, size, digest in rows]
 
 
-def sync_collections(conn: sqlite3.Connection, cfg: Config) -> None:
+def sync_collections(conn: Connection, cfg: Config) -> None:
     """Mirror the YAML collections into `store_collections` (spec §2.2), so another
     reader of the index file sees the collections without the YAML."""
     conn.execute("DELETE FROM store_collections")
@@ -118,13 +118,15 @@ def sync_collections(conn: sqlite3.Connection, cfg: Config) -> None:
     )
     if cfg.global_context:
         conn.execute(
-            "INSERT OR REPLACE INTO store_config(key, value) VALUES ('global_context', ?)", (cfg.global_context,)
+            "INSERT INTO store_config(key, value) VALUES ('global_context', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (cfg.global_context,),
         )
     else:
         conn.execute("DELETE FROM store_config WHERE key = 'global_context'")
 
 
-def mirrored_config(conn: sqlite3.Connection) -> Config:
+def mirrored_config(conn: Connection) -> Config:
     """The collections and global context as `sync_collections` last recorded them: what
     an index file says about itself when no YAML comes with it (the library's index-only mode)."""
     collections = {
@@ -146,7 +148,7 @@ def mirrored_config(conn: sqlite3.Connection) -> Config:
     return Config(collections=collections, global_context=row[0] if row else None)
 
 
-def delete_collection(conn: sqlite3.Connection, name: str) -> int:
+def delete_collection(conn: Connection, name: str) -> int:
     """Remove every trace of a collection; returns how many active documents it had.
     Bodies another collection still shares stay."""
     fts_delete(
@@ -160,7 +162,7 @@ def delete_collection(conn: sqlite3.Connection, name: str) -> int:
     return deleted
 
 
-def rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
+def rename_collection(conn: Connection, old: str, new: str) -> None:
     """Rename in place, keeping bodies and vectors. The FTS rows are rewritten because
     their `filepath` column carries the collection name."""
     conn.execute("UPDATE documents SET collection = ? WHERE collection = ?", (new, old))
@@ -171,6 +173,6 @@ def rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
         (new,),
     )
     for doc_id, path, title, body in rows.fetchall():
-        fts_put(conn, doc_id, f"{new}/{path}", title, body)
+        fts_put(conn, doc_id, new, path, title, body)
     for table in ("skipped_files", "collection_runs"):
         conn.execute(f"UPDATE {table} SET collection = ? WHERE collection = ?", (new, old))

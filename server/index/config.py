@@ -168,6 +168,9 @@ class Config:
     models: dict[str, str] = field(default_factory=dict)
     query_budget_ms: int | None = None
     """The hybrid query's budget when a request gives none (`query_budget_ms:`)."""
+    index_url: str | None = None
+    """A Postgres server that holds this index (`index_url: postgresql://…`) instead of the
+    SQLite file; `QMD_INDEX_URL` overrides it."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def get(self, name: str) -> Collection:
@@ -209,6 +212,8 @@ class Config:
             out["models"] = dict(self.models)
         if self.query_budget_ms is not None:
             out["query_budget_ms"] = self.query_budget_ms
+        if self.index_url is not None:
+            out["index_url"] = self.index_url
         out["collections"] = {n: c.to_yaml() for n, c in self.collections.items()}
         return out
 
@@ -235,7 +240,11 @@ class Config:
             raise InvalidInput(
                 f"{source}: query_budget_ms must be a whole number of milliseconds from 1 to 600000, got {budget!r}"
             )
+        url = raw.pop("index_url", None)
+        if url is not None:
+            url = check_index_url(url, f"{source}: index_url")
         return cls(
+            index_url=url,
             collections={str(n): Collection.from_yaml(str(n), c, source, base) for n, c in colls_raw.items()},
             global_context=raw.pop("global_context", None),
             editor_uri=editor,
@@ -243,6 +252,13 @@ class Config:
             query_budget_ms=budget,
             extra=raw,
         )
+
+
+def check_index_url(value: object, what: str) -> str:
+    """A Postgres URL as `index_url` / `QMD_INDEX_URL` take it, or a clear error."""
+    if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
+        raise InvalidInput(f"{what} must be a postgresql://… URL (user, host, port and database), got {value!r}")
+    return value
 
 
 class ConfigSource(Protocol):

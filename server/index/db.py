@@ -1,13 +1,22 @@
-"""The sqlite3 module the index uses.
+"""What the index layer's SQL runs on: the sqlite3 module, and the two protocols both
+backends meet (SQLite's own connection, and server/index/pg_store.py's adapter over a
+Postgres one), so everything above the stores is written once.
 
 Python builds often ship an SQLite without extension loading (so no sqlite-vec) and
 an old FTS5. `pysqlite3-binary` bundles a current SQLite with both; the stdlib
 module is the fallback, and the store announces when vectors are unavailable.
+
+The SQL the modules write is the dialect both speak: `?` placeholders, ``ON CONFLICT``
+upserts, ``RETURNING`` for new ids. What only one backend has (FTS5, vec0, pragmas,
+VACUUM) is behind `is_postgres`, in the module that owns it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     # pysqlite3 ships no type information; its dbapi2 mirrors the stdlib module, so
@@ -19,4 +28,75 @@ else:
     except ImportError:  # pragma: no cover - platforms without the wheel
         import sqlite3
 
-__all__ = ["sqlite3"]
+__all__ = ["Connection", "Cursor", "IndexStore", "is_postgres", "sqlite3"]
+
+T = TypeVar("T")
+
+
+class Cursor(Protocol):
+    """What a statement's result offers: rows by position or by column name."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """A connection to either backend, as the index modules use it."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Cursor: ...
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+
+class IndexStore(Protocol):
+    """One index, on SQLite (server/index/store.py) or Postgres (server/index/pg_store.py):
+    reads on per-thread connections, every write one transaction on one writer thread."""
+
+    postgres: bool
+
+    @property
+    def generation(self) -> int:
+        """Bumped after every committed write (on Postgres, by any daemon): lets callers
+        cache what they derive from the index."""
+        ...
+
+    @property
+    def vec_version(self) -> str | None:
+        """The vector extension's version; None when vectors are unavailable."""
+        ...
+
+    @property
+    def sqlite_version(self) -> str: ...
+
+    @property
+    def location(self) -> str:
+        """Where the index lives, for messages: a file path or a URL without its password."""
+        ...
+
+    def read(self) -> AbstractContextManager[Connection]: ...
+
+    def submit(self, fn: Callable[[Connection], T], *, bump: bool = True) -> Future[T]: ...
+
+    def write(self, fn: Callable[[Connection], T], *, bump: bool = True) -> T: ...
+
+    def maintain(self, fn: Callable[[Connection], T]) -> T: ...
+
+    def size_bytes(self) -> int:
+        """What the index takes on disk (files, or the server's relations)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def is_postgres(conn: Connection) -> bool:
+    """Whether `conn` is a Postgres index's (the adapter says so; sqlite3's does not)."""
+    return bool(getattr(conn, "postgres", False))

@@ -19,7 +19,7 @@ from wcmatch import glob as wglob
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from qmd.server.index import metadata
 from qmd.server.index.config import Config
-from qmd.server.index.db import sqlite3
+from qmd.server.index.db import Connection, sqlite3
 from qmd.server.index.metadata import Metadata
 
 _DOCID_RE = re.compile(r"^[0-9a-fA-F]{6,64}$")
@@ -103,12 +103,12 @@ def _row(r: sqlite3.Row, meta: Metadata | None = None) -> DocRow:
     return DocRow(r["id"], r["collection"], r["path"], r["title"], r["hash"], r["modified_at"], r["body"], meta or {})
 
 
-def fetch(conn: sqlite3.Connection, collection: str, path: str) -> DocRow | None:
+def fetch(conn: Connection, collection: str, path: str) -> DocRow | None:
     r = conn.execute(_DOC_SELECT + " AND d.collection = ? AND d.path = ?", (collection, path)).fetchone()
     return _row(r) if r else None
 
 
-def fetch_ids(conn: sqlite3.Connection, ids: list[int]) -> dict[int, DocRow]:
+def fetch_ids(conn: Connection, ids: list[int]) -> dict[int, DocRow]:
     """These documents, with their metadata."""
     rows: list[sqlite3.Row] = []
     for i in range(0, len(ids), 500):
@@ -118,7 +118,7 @@ def fetch_ids(conn: sqlite3.Connection, ids: list[int]) -> dict[int, DocRow]:
     return {r["id"]: _row(r, metas.get(r["id"])) for r in rows}
 
 
-def by_docid(conn: sqlite3.Connection, docid: str, collections: list[str]) -> DocRow:
+def by_docid(conn: Connection, docid: str, collections: list[str]) -> DocRow:
     rows = [
         _row(r)
         for r in conn.execute(_DOC_SELECT + " AND d.hash LIKE ? ORDER BY d.collection, d.path LIMIT 50", (docid + "%",))
@@ -147,7 +147,7 @@ def _under(path: Path, root: Path) -> str | None:
     return None
 
 
-def find_document(conn: sqlite3.Connection, config: Config, name: str, cwd: str | None) -> DocRow:
+def find_document(conn: Connection, config: Config, name: str, cwd: str | None) -> DocRow:
     """Resolve what a user typed (docid, qmd:// path, file path, partial path)."""
     names = list(config.collections)
     raw = name.strip()
@@ -206,7 +206,7 @@ def _like_escape(s: str) -> str:
     return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def similar_paths(conn: sqlite3.Connection, config: Config, query: str, limit: int = 5) -> list[str]:
+def similar_paths(conn: Connection, config: Config, query: str, limit: int = 5) -> list[str]:
     """'Did you mean' candidates: close matches on the whole path and on the file name."""
     rows = [
         (r["collection"], r["path"])
@@ -226,7 +226,7 @@ def similar_paths(conn: sqlite3.Connection, config: Config, query: str, limit: i
     return out[:limit]
 
 
-def _not_found(conn: sqlite3.Connection, config: Config, raw: str, rel: str) -> NotFound:
+def _not_found(conn: Connection, config: Config, raw: str, rel: str) -> NotFound:
     for coll in config.collections.values():
         rule = next((g for g in coll.ignore if wglob.globmatch(rel, g, flags=MATCH_FLAGS)), None)
         if rule is not None:
@@ -242,7 +242,7 @@ def is_comma_list(pattern: str) -> bool:
     return "," in pattern and not any(ch in pattern for ch in "*?{")
 
 
-def glob_documents(conn: sqlite3.Connection, config: Config, pattern: str) -> list[DocRow]:
+def glob_documents(conn: Connection, config: Config, pattern: str) -> list[DocRow]:
     matcher = wglob.compile([pattern], flags=MATCH_FLAGS)
     out: list[DocRow] = []
     for r in conn.execute(

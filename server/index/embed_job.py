@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from qmd.server.index import vectors
 from qmd.server.index.chunking import DEFAULT_CHUNK_STRATEGY, Chunk, ChunkStrategy
 from qmd.server.index.code_chunks import language_for
-from qmd.server.index.db import sqlite3
-from qmd.server.index.store import Store
+from qmd.server.index.db import Connection, IndexStore
 from qmd.server.models.embedders import Embedder
 
 Progress = Callable[[dict], None]
@@ -98,7 +97,7 @@ def strategy_groups(
 
 
 def embed_pending(
-    store: Store,
+    store: IndexStore,
     embedder: Embedder,
     *,
     collections: list[str] | None,
@@ -115,7 +114,7 @@ def embed_pending(
     t0 = time.monotonic()
     report = EmbedReport(model=embedder.model_name, fingerprint=embedder.fingerprint)
 
-    def prepare(conn: sqlite3.Connection, strategy: ChunkStrategy, names: list[str] | None) -> vectors.Space:
+    def prepare(conn: Connection, strategy: ChunkStrategy, names: list[str] | None) -> vectors.Space:
         fingerprint = embedder.fingerprint_for(strategy)
         old = vectors.find_space(conn, fingerprint)
         if force and old and collections:  # only the named collections' contents start over
@@ -174,7 +173,7 @@ def embed_pending(
 
 
 def _embed_group(
-    store: Store,
+    store: IndexStore,
     embedder: Embedder,
     group: _Group,
     max_docs_per_batch: int,
@@ -223,7 +222,7 @@ class _Doc:
 
 
 def _embed_documents(
-    store: Store,
+    store: IndexStore,
     embedder: Embedder,
     space: vectors.Space,
     docs: list[_Doc],
@@ -266,7 +265,7 @@ def _embed_documents(
         left.append(len(fresh))
     if copied:
 
-        def write_copies(conn: sqlite3.Connection) -> int:
+        def write_copies(conn: Connection) -> int:
             for d, chunk_rows in copied.items():
                 vectors.write_document(
                     conn, space=space, content_hash=docs[d].content_hash, chunks=chunk_rows, total=totals[d]
@@ -300,7 +299,7 @@ def _embed_documents(
                 report.truncated.append({"file": docs[d].name, "chunk": seq, "tokens": row.tokens, "limit": embs.limit})
             rows.setdefault(d, []).append(row)
 
-        def write(conn: sqlite3.Connection, rows: dict[int, list[vectors.ChunkVector]] = rows) -> int:
+        def write(conn: Connection, rows: dict[int, list[vectors.ChunkVector]] = rows) -> int:
             for d, chunk_rows in rows.items():
                 vectors.write_document(
                     conn, space=space, content_hash=docs[d].content_hash, chunks=chunk_rows, total=totals[d]

@@ -28,8 +28,8 @@ from wcmatch import glob as wglob
 from qmd.server.errors import HookFailed
 from qmd.server.index import loaders, metadata, vectors
 from qmd.server.index.config import Collection
-from qmd.server.index.db import sqlite3
-from qmd.server.index.store import Store, fts_delete, fts_put, utcnow
+from qmd.server.index.db import Connection, IndexStore
+from qmd.server.index.store import fts_delete, fts_put, utcnow
 
 BUILTIN_EXCLUDED_DIRS = frozenset({"node_modules", ".git", ".cache", "vendor", "dist", "build"})
 GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.EXTGLOB
@@ -327,7 +327,7 @@ def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds")
 
 
-def _deactivate(conn: sqlite3.Connection, ids: list[int]) -> None:
+def _deactivate(conn: Connection, ids: list[int]) -> None:
     """A document leaves the index: its keyword rows and metadata go, and its metadata
     turns pending (NULL), so a document holds metadata rows only while active and
     extracted, and when its file comes back the update that reactivates it extracts
@@ -372,7 +372,7 @@ def run_hook(coll: Collection) -> str:
     return output
 
 
-def _existing(store: Store, collection: str, scope: Scope | None) -> tuple[dict[str, _Existing], int]:
+def _existing(store: IndexStore, collection: str, scope: Scope | None) -> tuple[dict[str, _Existing], int]:
     """The collection's document rows (those `scope` covers, when given) by path, and how
     many of all its documents are active."""
     select = "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?"
@@ -398,7 +398,7 @@ def _existing(store: Store, collection: str, scope: Scope | None) -> tuple[dict[
 
 
 def index_collection(
-    store: Store, coll: Collection, progress: Progress | None = None, scope: Scope | None = None
+    store: IndexStore, coll: Collection, progress: Progress | None = None, scope: Scope | None = None
 ) -> Summary:
     """Bring the index in line with the collection's files on disk: all of them, or only
     the paths `scope` covers (the watcher's pass over what changed). A scoped pass that
@@ -512,7 +512,7 @@ def index_collection(
     return summary
 
 
-def _apply(conn: sqlite3.Connection, collection: str, ops: list[_Op]) -> None:
+def _apply(conn: Connection, collection: str, ops: list[_Op]) -> None:
     now = utcnow()
     deactivate: list[int] = []
     written: list[str] = []
@@ -535,25 +535,24 @@ def _apply(conn: sqlite3.Connection, collection: str, ops: list[_Op]) -> None:
             doc_id, loaded = op[1]
         f = loaded.found
         conn.execute(
-            "INSERT OR IGNORE INTO content(hash, doc, created_at) VALUES (?, ?, ?)",
+            "INSERT INTO content(hash, doc, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
             (loaded.hash, loaded.text, now),
         )
         mtime = _iso(f.mtime_ns)
         if doc_id is None:
             cur = conn.execute(
                 "INSERT INTO documents(collection, path, title, hash, created_at, modified_at, active, size, mtime_ns)"
-                " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) RETURNING id",
                 (collection, f.rel, loaded.title, loaded.hash, now, mtime, f.size, f.mtime_ns),
             )
-            doc_id = cur.lastrowid
-            assert doc_id is not None  # set by every INSERT into a rowid table
+            doc_id = int(cur.fetchone()[0])
         else:
             conn.execute(
                 "UPDATE documents SET title = ?, hash = ?, modified_at = ?, active = 1, size = ?, mtime_ns = ?"
                 " WHERE id = ?",
                 (loaded.title, loaded.hash, mtime, f.size, f.mtime_ns, doc_id),
             )
-        fts_put(conn, doc_id, f"{collection}/{f.rel}", loaded.title, loaded.text)
+        fts_put(conn, doc_id, collection, f.rel, loaded.title, loaded.text)
         metadata.store(conn, doc_id, loaded.meta)
         written.append(loaded.hash)
     # A content embedded already (a copy, a move, a file restored) is searchable by
@@ -564,7 +563,7 @@ def _apply(conn: sqlite3.Connection, collection: str, ops: list[_Op]) -> None:
         _deactivate(conn, deactivate)
 
 
-def _extract_pending(store: Store, collection: str) -> int:
+def _extract_pending(store: IndexStore, collection: str) -> int:
     """Extract the metadata of documents indexed before it existed (schema migration 3)
     or whose extraction was cut short: their files are unchanged, so the walk did not
     read them. Bodies come from the index, a batch at a time."""
@@ -588,21 +587,21 @@ def _extract_pending(store: Store, collection: str) -> int:
     return len(ids)
 
 
-def _finish(conn: sqlite3.Connection, gone: list[int]) -> int:
+def _finish(conn: Connection, gone: list[int]) -> int:
     _deactivate(conn, gone)
     return delete_orphan_content(conn)
 
 
-def delete_orphan_content(conn: sqlite3.Connection) -> int:
+def delete_orphan_content(conn: Connection) -> int:
     """Bodies no document row points at any more (inactive rows keep theirs)."""
     return conn.execute("DELETE FROM content WHERE hash NOT IN (SELECT DISTINCT hash FROM documents)").rowcount
 
 
-def _record_run(store: Store, summary: Summary, *, walk_empty: bool, scope: Scope | None = None) -> None:
+def _record_run(store: IndexStore, summary: Summary, *, walk_empty: bool, scope: Scope | None = None) -> None:
     """Record the run's report; its skipped files replace those recorded for the paths it
     walked (all of them, or those in `scope`)."""
 
-    def fn(conn: sqlite3.Connection) -> None:
+    def fn(conn: Connection) -> None:
         now = utcnow()
         if not walk_empty:
             recorded = conn.execute("SELECT path FROM skipped_files WHERE collection = ?", (summary.collection,))
@@ -611,11 +610,13 @@ def _record_run(store: Store, summary: Summary, *, walk_empty: bool, scope: Scop
                 [(summary.collection, p) for (p,) in recorded.fetchall() if scope is None or scope.covers(p)],
             )
         conn.executemany(
-            "INSERT OR REPLACE INTO skipped_files(collection, path, reason, seen_at) VALUES (?, ?, ?, ?)",
+            "INSERT INTO skipped_files(collection, path, reason, seen_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (collection, path) DO UPDATE SET reason = excluded.reason, seen_at = excluded.seen_at",
             [(summary.collection, p, r, now) for p, r in summary.skipped],
         )
         conn.execute(
-            "INSERT OR REPLACE INTO collection_runs(collection, updated_at, summary) VALUES (?, ?, ?)",
+            "INSERT INTO collection_runs(collection, updated_at, summary) VALUES (?, ?, ?)"
+            " ON CONFLICT (collection) DO UPDATE SET updated_at = excluded.updated_at, summary = excluded.summary",
             (summary.collection, now, json.dumps({"line": summary.line(), "warnings": summary.warnings})),
         )
 

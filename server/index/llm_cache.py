@@ -17,8 +17,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 
-from qmd.server.index.db import sqlite3
-from qmd.server.index.store import Store
+from qmd.server.index.db import Connection, IndexStore
 
 
 def cache_key(kind: str, payload: dict) -> str:
@@ -26,7 +25,7 @@ def cache_key(kind: str, payload: dict) -> str:
     return hashlib.sha256((kind + json.dumps(payload, separators=(",", ":"), ensure_ascii=False)).encode()).hexdigest()
 
 
-def get_many(store: Store, keys: list[str]) -> dict[str, str]:
+def get_many(store: IndexStore, keys: list[str]) -> dict[str, str]:
     """Cached results by key; absent keys are missing from the answer."""
     out: dict[str, str] = {}
     with store.read() as conn:
@@ -37,11 +36,11 @@ def get_many(store: Store, keys: list[str]) -> dict[str, str]:
     return out
 
 
-def get(store: Store, key: str) -> str | None:
+def get(store: IndexStore, key: str) -> str | None:
     return get_many(store, [key]).get(key)
 
 
-def put_many(store: Store, items: dict[str, str], *, model: str) -> None:
+def put_many(store: IndexStore, items: dict[str, str], *, model: str) -> None:
     """Store results of `model` (its URI) without waiting for the writer: a lost cache
     entry costs only a recomputation."""
     if not items:
@@ -50,13 +49,15 @@ def put_many(store: Store, items: dict[str, str], *, model: str) -> None:
     rows = [(k, v, now, model) for k, v in items.items()]
     store.submit(
         lambda conn: conn.executemany(
-            "INSERT OR REPLACE INTO llm_cache(hash, result, created_at, model) VALUES (?, ?, ?, ?)", rows
+            "INSERT INTO llm_cache(hash, result, created_at, model) VALUES (?, ?, ?, ?) ON CONFLICT (hash) DO UPDATE"
+            " SET result = excluded.result, created_at = excluded.created_at, model = excluded.model",
+            rows,
         ),
         bump=False,
     )
 
 
-def delete(store: Store, key: str) -> None:
+def delete(store: IndexStore, key: str) -> None:
     store.submit(lambda conn: conn.execute("DELETE FROM llm_cache WHERE hash = ?", (key,)), bump=False)
 
 
@@ -72,12 +73,12 @@ def _stale(models: list[str] | tuple[str, ...] | None, before: str) -> tuple[str
     )
 
 
-def count_stale(conn: sqlite3.Connection, models: list[str] | tuple[str, ...] | None, before: str) -> int:
+def count_stale(conn: Connection, models: list[str] | tuple[str, ...] | None, before: str) -> int:
     where, args = _stale(models, before)
     return int(conn.execute(f"SELECT count(*) FROM llm_cache WHERE {where}", args).fetchone()[0])
 
 
-def prune(conn: sqlite3.Connection, models: list[str] | tuple[str, ...] | None, before: str) -> int:
+def prune(conn: Connection, models: list[str] | tuple[str, ...] | None, before: str) -> int:
     """Drop what `count_stale` counts; returns how many (writer only)."""
     where, args = _stale(models, before)
     return conn.execute(f"DELETE FROM llm_cache WHERE {where}", args).rowcount

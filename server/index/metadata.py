@@ -17,6 +17,7 @@ works), `time: 1:30` is not 90 and `012` is twelve. Only `true`/`false` are bool
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 import yaml
 
-from qmd.server.index.db import sqlite3
+from qmd.server.index.db import Connection, is_postgres
 
 Scalar: TypeAlias = str | int | float | bool
 Metadata: TypeAlias = dict[str, Scalar | list[Scalar]]
@@ -278,6 +279,13 @@ def _eligible(collection: str | None, doc_filter: DocFilter | None, *, per_docum
     return " AND ".join(where) or "1", params
 
 
+PG_NO_FILTERS: Final = (
+    "metadata filters are not available on a Postgres index yet: search without --filter (`filter`),"
+    " or on a SQLite index"
+)
+"""The answer to a filtered search of a Postgres index, until its values can be compared there."""
+
+
 def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
     """`SELECT id FROM documents …`: the documents a search of `collection` (None: every
     collection) may return. Under a filter only active documents whose metadata was
@@ -335,19 +343,24 @@ def _rows(doc_id: int, entries: Sequence[Entry]) -> list[tuple[int, str, str, in
     return sorted(rows, key=lambda row: row[5] == ARRAY_REST)
 
 
-def store(conn: sqlite3.Connection, doc_id: int, extracted: Extracted) -> None:
-    """Replace a document's metadata (writer only)."""
+def store(conn: Connection, doc_id: int, extracted: Extracted) -> None:
+    """Replace a document's metadata (writer only). On Postgres a value is its JSON text
+    (a column there has one type)."""
     conn.execute("DELETE FROM document_metadata WHERE doc_id = ?", (doc_id,))
+    rows = _rows(doc_id, extracted.entries)
+    if is_postgres(conn):
+        rows = [(d, k, t, json.dumps(v), f, m) for d, k, t, v, f, m in rows]
     conn.executemany(
-        "INSERT OR IGNORE INTO document_metadata(doc_id, key, type, value, folded, multi) VALUES (?, ?, ?, ?, ?, ?)",
-        _rows(doc_id, extracted.entries),
+        "INSERT INTO document_metadata(doc_id, key, type, value, folded, multi) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        rows,
     )
     conn.execute(
         "UPDATE documents SET meta_state = ?, meta_error = ? WHERE id = ?", (extracted.state, extracted.error, doc_id)
     )
 
 
-def store_many(conn: sqlite3.Connection, extracted: Sequence[tuple[int, Extracted]]) -> None:
+def store_many(conn: Connection, extracted: Sequence[tuple[int, Extracted]]) -> None:
     for doc_id, ex in extracted:
         store(conn, doc_id, ex)
 
@@ -356,7 +369,7 @@ def _loaded(type_: str, value: Any) -> Scalar:
     return bool(value) if type_ == "boolean" else value
 
 
-def fetch(conn: sqlite3.Connection, doc_ids: Sequence[int]) -> dict[int, Metadata]:
+def fetch(conn: Connection, doc_ids: Sequence[int]) -> dict[int, Metadata]:
     """The stored metadata of these documents (those that have some), keys in name order."""
     out: dict[int, Metadata] = {}
     for i in range(0, len(doc_ids), 500):
@@ -366,6 +379,8 @@ def fetch(conn: sqlite3.Connection, doc_ids: Sequence[int]) -> dict[int, Metadat
             f" WHERE doc_id IN ({','.join('?' * len(part))}) ORDER BY doc_id, key, type, value",
             part,
         ).fetchall()
+        if is_postgres(conn):  # JSON text there, so sorted again as SQLite orders the values
+            rows = sorted(((r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows), key=lambda r: r[:4])
         for doc_id, key, type_, value, multi in rows:
             meta = out.setdefault(doc_id, {})
             v = _loaded(type_, value)
@@ -399,7 +414,7 @@ class ExtractionCounts:
 
 
 def extraction_counts(
-    conn: sqlite3.Connection, collections: Sequence[str] | None = None, examples: int = 5
+    conn: Connection, collections: Sequence[str] | None = None, examples: int = 5
 ) -> ExtractionCounts:
     scope, args = (
         ("", [])
@@ -410,8 +425,8 @@ def extraction_counts(
         )
     )
     total, ok, pending, rejected = conn.execute(
-        "SELECT count(*), coalesce(sum(meta_state = 1), 0), coalesce(sum(meta_state IS NULL), 0),"
-        f" coalesce(sum(meta_state = 2), 0) FROM documents WHERE active = 1{scope}",
+        "SELECT count(*), count(*) FILTER (WHERE meta_state = 1), count(*) FILTER (WHERE meta_state IS NULL),"
+        f" count(*) FILTER (WHERE meta_state = 2) FROM documents WHERE active = 1{scope}",
         args,
     ).fetchone()
     shown = conn.execute(
@@ -422,7 +437,7 @@ def extraction_counts(
     return ExtractionCounts(total, ok, pending, rejected, tuple(Rejection(c, p, r or "") for c, p, r in shown))
 
 
-def count_eligible(conn: sqlite3.Connection, collections: Sequence[str], doc_filter: DocFilter) -> int:
+def count_eligible(conn: Connection, collections: Sequence[str], doc_filter: DocFilter) -> int:
     total = 0
     for name in collections:
         sql, params = ids_sql(name, doc_filter)

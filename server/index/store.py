@@ -1,4 +1,5 @@
 """The SQLite index: one writer thread, concurrent readers; the schema is migrated on open.
+(Its Postgres twin is server/index/pg_store.py; `open_store` picks one.)
 
 Following datasette: every write is a function handed to a single writer thread
 through a queue and run inside one `BEGIN IMMEDIATE` transaction, so writes never
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from qmd.paths import private_file
-from qmd.server.index.db import sqlite3
+from qmd.server.index.db import Connection, IndexStore, is_postgres, sqlite3
 from qmd.server.index.schema import migrate
 from qmd.server.search.lexical import norm_cjk
 
@@ -31,16 +32,29 @@ def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def fts_put(conn: sqlite3.Connection, doc_id: int, filepath: str, title: str, body: str) -> None:
-    """(Re)write one active document's FTS row; rowid = documents.id."""
+def fts_put(conn: Connection, doc_id: int, collection: str, path: str, title: str, body: str) -> None:
+    """(Re)write one active document's keyword-index row; rowid = documents.id. The
+    ``filepath`` column is ``collection/path``."""
+    if is_postgres(conn):
+        from qmd.server.index import pg_lexical, pg_store
+
+        assert isinstance(conn, pg_store.PgConnection)
+        pg_lexical.put_documents(conn.raw, [pg_lexical.LexDoc(doc_id, collection, f"{collection}/{path}", title, body)])
+        return
     conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (doc_id,))
     conn.execute(
         "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
-        (doc_id, filepath, norm_cjk(title), norm_cjk(body)),
+        (doc_id, f"{collection}/{path}", norm_cjk(title), norm_cjk(body)),
     )
 
 
-def fts_delete(conn: sqlite3.Connection, doc_ids: list[int]) -> None:
+def fts_delete(conn: Connection, doc_ids: list[int]) -> None:
+    if is_postgres(conn):
+        from qmd.server.index import pg_lexical, pg_store
+
+        assert isinstance(conn, pg_store.PgConnection)
+        pg_lexical.delete_documents(conn.raw, doc_ids)
+        return
     for i in range(0, len(doc_ids), 500):
         chunk = doc_ids[i : i + 500]
         conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
@@ -116,8 +130,30 @@ def _load_vec(conn: sqlite3.Connection) -> str | None:
         return None
 
 
+def index_bytes(db: Path) -> int:
+    """The index on disk: the database file and its write-ahead log."""
+    total = 0
+    for path in (db, Path(f"{db}-wal")):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def open_store(db: Path, url: str | None) -> IndexStore:
+    """The index at `url` (a Postgres server) when one is given, else the SQLite file `db`."""
+    if url is None:
+        return Store(db)
+    from qmd.server.index.pg_store import PgStore
+
+    return PgStore(url)
+
+
 class Store:
     """Owns the index file. Use `read()` for queries and `write(fn)` for changes."""
+
+    postgres = False
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -149,6 +185,7 @@ class Store:
             raise
         self.sqlite_version: str = sqlite3.sqlite_version
         """The SQLite library the index runs on (pysqlite3's bundled one, or the system's)."""
+        self.location = str(path)
         self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="qmd-writer", daemon=True)
         self._writer.start()
 
@@ -231,6 +268,9 @@ class Store:
             with self._readers_lock:
                 self._readers.append(conn)
         yield conn
+
+    def size_bytes(self) -> int:
+        return index_bytes(self.path)
 
     def close(self) -> None:
         if self._closed:

@@ -34,9 +34,8 @@ from typing import Literal
 
 from qmd.server.index import catalog, llm_cache, vectors
 from qmd.server.index.config import Collection
-from qmd.server.index.db import sqlite3
+from qmd.server.index.db import Connection, IndexStore
 from qmd.server.index.indexer import delete_orphan_content, discover
-from qmd.server.index.store import Store
 
 VACUUM_FREE_SHARE = 0.10
 """VACUUM rewrites the whole file: worth it from this share of free pages on (below, SQLite
@@ -45,17 +44,6 @@ CACHE_MAX_AGE_DAYS = 30
 
 Step = Callable[[str], None]
 """Told each step as it starts (`qmd cleanup` shows them)."""
-
-
-def index_bytes(db: Path) -> int:
-    """The index on disk: the database file and its write-ahead log."""
-    total = 0
-    for path in (db, Path(f"{db}-wal")):
-        try:
-            total += path.stat().st_size
-        except OSError:
-            pass
-    return total
 
 
 @dataclass(frozen=True)
@@ -104,7 +92,7 @@ class Orphans:
     """Why spaces could not be judged (the embedder is unavailable), "" when they were."""
 
 
-def _kept(conn: sqlite3.Connection, keep: Configured) -> tuple[list[vectors.Space], list[vectors.Space]]:
+def _kept(conn: Connection, keep: Configured) -> tuple[list[vectors.Space], list[vectors.Space]]:
     """The index's vector spaces: (kept, stale)."""
     every = vectors.spaces(conn)
     if keep.fingerprints is None:
@@ -114,11 +102,11 @@ def _kept(conn: sqlite3.Connection, keep: Configured) -> tuple[list[vectors.Spac
     ]
 
 
-def _chunks(conn: sqlite3.Connection, space: vectors.Space) -> int:
+def _chunks(conn: Connection, space: vectors.Space) -> int:
     return int(conn.execute("SELECT count(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()[0])
 
 
-def _unconfigured(conn: sqlite3.Connection, keep: Configured) -> list[str]:
+def _unconfigured(conn: Connection, keep: Configured) -> list[str]:
     return [
         name
         for (name,) in conn.execute("SELECT DISTINCT collection FROM documents ORDER BY collection")
@@ -126,7 +114,7 @@ def _unconfigured(conn: sqlite3.Connection, keep: Configured) -> list[str]:
     ]
 
 
-def survey(conn: sqlite3.Connection, keep: Configured) -> Orphans:
+def survey(conn: Connection, keep: Configured) -> Orphans:
     """Count what `cleanup` would drop, changing nothing. The bodies and vectors of a
     collection no longer configured count as held until its documents go (they go with them)."""
     kept, stale = _kept(conn, keep)
@@ -184,7 +172,7 @@ class _Dropped:
     cache_entries: int
 
 
-def _drop(conn: sqlite3.Connection, keep: Configured) -> _Dropped:
+def _drop(conn: Connection, keep: Configured) -> _Dropped:
     """Everything `survey` counts, in one transaction (writer only)."""
     gone = _unconfigured(conn, keep)
     for name in gone:
@@ -202,11 +190,11 @@ def _drop(conn: sqlite3.Connection, keep: Configured) -> _Dropped:
     return _Dropped(gone, rows, cache)
 
 
-def _optimize_fts(conn: sqlite3.Connection) -> None:
+def _optimize_fts(conn: Connection) -> None:
     conn.execute("INSERT INTO documents_fts(documents_fts) VALUES ('optimize')")
 
 
-def _vacuum(conn: sqlite3.Connection, db: Path, want: bool | None) -> Vacuum:
+def _vacuum(conn: Connection, db: Path, want: bool | None) -> Vacuum:
     """VACUUM when asked, or when worth it (`want` None), and there is room on disk for the
     copy it makes; then truncate the WAL either way. Outside any transaction (writer only)."""
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
@@ -231,8 +219,17 @@ def _vacuum(conn: sqlite3.Connection, db: Path, want: bool | None) -> Vacuum:
     return outcome
 
 
+def _vacuum_pg(conn: Connection, want: bool | None) -> Vacuum:
+    """On Postgres, VACUUM (ANALYZE) only when asked: autovacuum keeps the tables otherwise."""
+    if not want:
+        return Vacuum(False, "Postgres' autovacuum reclaims space; --vacuum runs VACUUM (ANALYZE) now", 0, 0)
+    t0 = time.monotonic()
+    conn.execute("VACUUM (ANALYZE)")
+    return Vacuum(True, "asked for (--vacuum)", 0, 0, time.monotonic() - t0)
+
+
 def cleanup(
-    store: Store, keep: Configured, *, dry_run: bool = False, vacuum: bool | None = None, step: Step | None = None
+    store: IndexStore, keep: Configured, *, dry_run: bool = False, vacuum: bool | None = None, step: Step | None = None
 ) -> CleanupReport:
     """Drop what `survey` counts, optimize FTS, VACUUM when worth it. The caller keeps
     updates and embeds out meanwhile (`Engine.cleanup`)."""
@@ -240,7 +237,7 @@ def cleanup(
     say = step or (lambda _: None)
     with store.read() as conn:
         found = survey(conn, keep)
-    report = CleanupReport(dry_run=dry_run, found=found, bytes_before=index_bytes(store.path))
+    report = CleanupReport(dry_run=dry_run, found=found, bytes_before=store.size_bytes())
     if dry_run:
         report.bytes_after = report.bytes_before
         report.seconds = time.monotonic() - t0
@@ -250,14 +247,19 @@ def cleanup(
     report.collections_removed = dropped.collections
     report.search_rows_removed = dropped.search_rows
     report.cache_entries_removed = dropped.cache_entries
-    say("optimizing the keyword index")
-    store.write(_optimize_fts)
-    report.fts_optimized = True
-    say("vacuum")
-    report.vacuum = store.maintain(functools.partial(_vacuum, db=store.path, want=vacuum))
+    if store.postgres:
+        # the postings need no merging; autovacuum reclaims space unless a VACUUM is asked for
+        say("vacuum")
+        report.vacuum = store.maintain(functools.partial(_vacuum_pg, want=vacuum))
+    else:
+        say("optimizing the keyword index")
+        store.write(_optimize_fts)
+        report.fts_optimized = True
+        say("vacuum")
+        report.vacuum = store.maintain(functools.partial(_vacuum, db=Path(store.location), want=vacuum))
     with store.read() as conn:
         report.left = survey(conn, keep)
-    report.bytes_after = index_bytes(store.path)
+    report.bytes_after = store.size_bytes()
     report.seconds = time.monotonic() - t0
     return report
 
@@ -317,7 +319,7 @@ class _Doc:
     meta_error: str
 
 
-def coverage(store: Store, coll: Collection, space: vectors.Space | None, vectors_note: str = "") -> Coverage:
+def coverage(store: IndexStore, coll: Collection, space: vectors.Space | None, vectors_note: str = "") -> Coverage:
     """The collection's folder walked now, against its documents, its recorded skips and
     its vectors in `space` (the configured embedder's space for its chunk strategy; None
     when there is none yet: everything is pending vectors)."""

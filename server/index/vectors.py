@@ -11,6 +11,11 @@ rows are made from (a chunk shared by two collections is embedded once).
 vec0 is never joined with other tables in one statement (it hangs; spec §4.2): every
 search is a KNN statement first, then plain lookups (or, under a selective metadata
 filter, no KNN at all: `vec_distance_cosine` over the eligible chunks' stored vectors).
+
+On a Postgres index the space's table is pgvector's (server/index/pg_vectors.py: an HNSW
+index, the same cosine distance); everything else here is the same SQL on both. The
+functions that touch the space's table (`_create_table` … `_delete_rows`, `_knn`) are
+the only ones that look at the backend.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from qmd.server.index.db import sqlite3
-from qmd.server.index.metadata import DocFilter, ids_sql
+from qmd.server.errors import InvalidInput
+from qmd.server.index.db import Connection, is_postgres, sqlite3
+from qmd.server.index.metadata import PG_NO_FILTERS, DocFilter, ids_sql
 from qmd.server.index.store import utcnow
 
 if TYPE_CHECKING:
@@ -52,71 +58,116 @@ class Space:
     dims: int
 
 
-def find_space(conn: sqlite3.Connection, fingerprint: str) -> Space | None:
+def _pg(conn: Connection) -> Any:
+    """The psycopg connection under a Postgres index's adapter."""
+    from qmd.server.index.pg_store import PgConnection
+
+    assert isinstance(conn, PgConnection)
+    return conn.raw
+
+
+def _create_table(conn: Connection, space: Space) -> None:
+    if is_postgres(conn):
+        from qmd.server.index import pg_vectors
+
+        pg_vectors.create_space_table(_pg(conn), space.id, space.dims)
+        return
+    conn.execute(
+        f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
+        f"collection_id INTEGER PARTITION KEY, embedding float[{space.dims}] distance_metric=cosine)"
+    )
+
+
+def _drop_table(conn: Connection, space: Space) -> None:
+    if is_postgres(conn):
+        from qmd.server.index import pg_vectors
+
+        pg_vectors.drop_space_table(_pg(conn), space.id)
+        return
+    conn.execute(f"DROP TABLE IF EXISTS {_vec_table(space.id)}")
+
+
+def _insert_rows(conn: Connection, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
+    """(vector_rows id, collection id, packed embedding) into the space's table."""
+    if not rows:
+        return
+    if is_postgres(conn):
+        from qmd.server.index import pg_vectors
+
+        pg_vectors.insert_rows(_pg(conn), space.id, rows)
+        return
+    conn.executemany(f"INSERT INTO {_vec_table(space.id)}(rowid, collection_id, embedding) VALUES (?, ?, ?)", rows)
+
+
+def _delete_rows(conn: Connection, space: Space, row_ids: Sequence[int]) -> None:
+    if not row_ids:
+        return
+    if is_postgres(conn):
+        from qmd.server.index import pg_vectors
+
+        pg_vectors.delete_rows(_pg(conn), space.id, row_ids)
+        return
+    conn.executemany(f"DELETE FROM {_vec_table(space.id)} WHERE rowid = ?", [(rid,) for rid in row_ids])
+
+
+def find_space(conn: Connection, fingerprint: str) -> Space | None:
     r = conn.execute(
         "SELECT id, fingerprint, model, dims FROM vector_spaces WHERE fingerprint = ?", (fingerprint,)
     ).fetchone()
     return Space(*r) if r else None
 
 
-def spaces(conn: sqlite3.Connection) -> list[Space]:
+def spaces(conn: Connection) -> list[Space]:
     return [Space(*r) for r in conn.execute("SELECT id, fingerprint, model, dims FROM vector_spaces ORDER BY id")]
 
 
-def ensure_space(conn: sqlite3.Connection, fingerprint: str, model: str, dims: int) -> Space:
+def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> Space:
     """The space for this fingerprint, created with its vec0 table on first use (writer only)."""
     space = find_space(conn, fingerprint)
     if space:
         if space.dims != dims:
             raise RuntimeError(f"vector space {fingerprint[:12]} has {space.dims} dims, the embedder gave {dims}")
         return space
-    cur = conn.execute(
-        "INSERT INTO vector_spaces(fingerprint, model, dims, created_at) VALUES (?, ?, ?, ?)",
+    row = conn.execute(
+        "INSERT INTO vector_spaces(fingerprint, model, dims, created_at) VALUES (?, ?, ?, ?) RETURNING id",
         (fingerprint, model, dims, utcnow()),
-    )
-    assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
-    space = Space(cur.lastrowid, fingerprint, model, dims)
-    conn.execute(
-        f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
-        f"collection_id INTEGER PARTITION KEY, embedding float[{dims}] distance_metric=cosine)"
-    )
+    ).fetchone()
+    space = Space(int(row[0]), fingerprint, model, dims)
+    _create_table(conn, space)
     return space
 
 
-def drop_space(conn: sqlite3.Connection, space: Space) -> None:
-    conn.execute(f"DROP TABLE IF EXISTS {_vec_table(space.id)}")
+def drop_space(conn: Connection, space: Space) -> None:
+    _drop_table(conn, space)
     conn.execute("DELETE FROM vector_rows WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM content_vectors WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM vector_spaces WHERE id = ?", (space.id,))
 
 
-def forget_hashes(conn: sqlite3.Connection, space: Space, hashes: Iterable[str]) -> int:
+def forget_hashes(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
     """Drop these contents' vectors from the space (`qmd embed -f -c NAME`, orphans in
     `qmd cleanup`), leaving the other collections' vectors alone; returns the chunks dropped."""
-    table = _vec_table(space.id)
     dropped = 0
     for h in hashes:
         chunk_ids = [
             r[0] for r in conn.execute("SELECT id FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h))
         ]
         for chunk in chunk_ids:
-            for (rid,) in conn.execute("SELECT id FROM vector_rows WHERE chunk_id = ?", (chunk,)).fetchall():
-                conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (rid,))
+            rows = [r[0] for r in conn.execute("SELECT id FROM vector_rows WHERE chunk_id = ?", (chunk,)).fetchall()]
+            _delete_rows(conn, space, rows)
             conn.execute("DELETE FROM vector_rows WHERE chunk_id = ?", (chunk,))
         dropped += conn.execute("DELETE FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)).rowcount
     return dropped
 
 
-def collection_id(conn: sqlite3.Connection, name: str, *, create: bool) -> int | None:
+def collection_id(conn: Connection, name: str, *, create: bool) -> int | None:
     r = conn.execute("SELECT id FROM vector_collection_ids WHERE name = ?", (name,)).fetchone()
     if r or not create:
         return r[0] if r else None
-    rowid = conn.execute("INSERT INTO vector_collection_ids(name) VALUES (?)", (name,)).lastrowid
-    assert rowid is not None  # an INSERT into a rowid table always sets it
-    return rowid
+    return int(conn.execute("INSERT INTO vector_collection_ids(name) VALUES (?) RETURNING id", (name,)).fetchone()[0])
 
 
-def rename_collection(conn: sqlite3.Connection, old: str, new: str) -> None:
+def rename_collection(conn: Connection, old: str, new: str) -> None:
     """A rename is one row: vec0 partitions are keyed by the id, not the name."""
     conn.execute("UPDATE vector_collection_ids SET name = ? WHERE name = ?", (new, old))
 
@@ -142,7 +193,7 @@ def chunk_key(title: str | None, text: str) -> str:
     return hashlib.sha256(f"{title or ''}\0{text}".encode()).hexdigest()
 
 
-def reusable(conn: sqlite3.Connection, space: Space, keys: Sequence[str]) -> dict[str, tuple[int, bool, bytes]]:
+def reusable(conn: Connection, space: Space, keys: Sequence[str]) -> dict[str, tuple[int, bool, bytes]]:
     """Of these chunk keys, those the space already holds a vector for: key → (tokens,
     clipped, packed embedding), from any content (an earlier version of the document, a
     copy elsewhere)."""
@@ -159,13 +210,18 @@ def reusable(conn: sqlite3.Connection, space: Space, keys: Sequence[str]) -> dic
 
 
 def write_document(
-    conn: sqlite3.Connection, space: Space, content_hash: str, chunks: Sequence[ChunkVector], total: int
+    conn: Connection, space: Space, content_hash: str, chunks: Sequence[ChunkVector], total: int
 ) -> None:
     """Store one content hash's chunk vectors (all of them, or the next batch of them)."""
     now = utcnow()
     for c in chunks:
+        # a replaced row gets a new id, as SQLite's INSERT OR REPLACE gave it: the search rows
+        # of the old one are dropped by the next reconciliation (`sync_partitions`)
         conn.execute(
-            "INSERT OR REPLACE INTO content_vectors(space_id, hash, seq, pos, end_pos, start_line, end_line, tokens,"
+            "DELETE FROM content_vectors WHERE space_id = ? AND hash = ? AND seq = ?", (space.id, content_hash, c.seq)
+        )
+        conn.execute(
+            "INSERT INTO content_vectors(space_id, hash, seq, pos, end_pos, start_line, end_line, tokens,"
             " clipped, total_chunks, embed_fingerprint, embedded_at, embedding, chunk_key)"
             " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
@@ -187,7 +243,7 @@ def write_document(
         )
 
 
-def complete_hashes(conn: sqlite3.Connection, space: Space) -> set[str]:
+def complete_hashes(conn: Connection, space: Space) -> set[str]:
     return {
         r[0]
         for r in conn.execute(
@@ -197,14 +253,13 @@ def complete_hashes(conn: sqlite3.Connection, space: Space) -> set[str]:
     }
 
 
-def add_partitions(conn: sqlite3.Connection, space: Space, hashes: Iterable[str]) -> int:
+def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
     """Give each of these contents whose chunks are all written a vec0 row per chunk in every
     collection an active document holding it is in (those it lacks): the embed job calls this
     in the transaction that writes a batch, so a content counted as embedded is searchable from
     that commit on, a killed daemon included. Removals are `sync_partitions`' job. Returns the
     rows added."""
-    table = _vec_table(space.id)
-    added = 0
+    added: list[tuple[int, int, bytes]] = []
     for h in dict.fromkeys(hashes):
         chunks = conn.execute(
             "SELECT id, total_chunks, embedding FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)
@@ -217,26 +272,23 @@ def add_partitions(conn: sqlite3.Connection, space: Space, hashes: Iterable[str]
             cid = collection_id(conn, coll, create=True)
             assert cid is not None
             for chunk, _total, emb in chunks:
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?)",
+                row = conn.execute(
+                    "INSERT INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?)"
+                    " ON CONFLICT DO NOTHING RETURNING id",
                     (space.id, chunk, cid),
-                )
-                if cur.rowcount:
-                    conn.execute(
-                        f"INSERT INTO {table}(rowid, collection_id, embedding) VALUES (?, ?, ?)",
-                        (cur.lastrowid, cid, emb),
-                    )
-                    added += 1
-    return added
+                ).fetchone()
+                if row is not None:
+                    added.append((int(row[0]), cid, emb))
+    _insert_rows(conn, space, added)
+    return len(added)
 
 
-def sync_partitions(conn: sqlite3.Connection, space: Space) -> tuple[int, int]:
+def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     """Make the vec0 partitions match the active documents: add a row for every
     (embedded chunk, collection holding that content), drop rows whose collection no
     longer holds it. The reconciliation at the end of an embed run (documents removed,
     moved or copied since their batch was written); rows for new vectors are added as
     each batch commits (`add_partitions`). Returns (added, removed)."""
-    table = _vec_table(space.id)
     complete = complete_hashes(conn, space)
     wanted: set[tuple[int, int]] = set()
     pairs = conn.execute("SELECT DISTINCT collection, hash FROM documents WHERE active = 1").fetchall()
@@ -254,21 +306,21 @@ def sync_partitions(conn: sqlite3.Connection, space: Space) -> tuple[int, int]:
         for r in conn.execute("SELECT id, chunk_id, collection_id FROM vector_rows WHERE space_id = ?", (space.id,))
     }
     removed = [rid for key, rid in have.items() if key not in wanted]
-    for rid in removed:
-        conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (rid,))
-        conn.execute("DELETE FROM vector_rows WHERE id = ?", (rid,))
-    added = 0
+    _delete_rows(conn, space, removed)
+    conn.executemany("DELETE FROM vector_rows WHERE id = ?", [(rid,) for rid in removed])
+    added: list[tuple[int, int, bytes]] = []
     for chunk, cid in wanted - have.keys():
         emb = conn.execute("SELECT embedding FROM content_vectors WHERE id = ?", (chunk,)).fetchone()[0]
         rid = conn.execute(
-            "INSERT INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?)", (space.id, chunk, cid)
-        ).lastrowid
-        conn.execute(f"INSERT INTO {table}(rowid, collection_id, embedding) VALUES (?, ?, ?)", (rid, cid, emb))
-        added += 1
-    return added, len(removed)
+            "INSERT INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?) RETURNING id",
+            (space.id, chunk, cid),
+        ).fetchone()[0]
+        added.append((int(rid), cid, emb))
+    _insert_rows(conn, space, added)
+    return len(added), len(removed)
 
 
-def pending_hashes(conn: sqlite3.Connection, space: Space | None, collections: Iterable[str] | None = None) -> set[str]:
+def pending_hashes(conn: Connection, space: Space | None, collections: Iterable[str] | None = None) -> set[str]:
     """Active content in scope without a complete set of vectors in this space."""
     names = list(collections) if collections is not None else None
     q = "SELECT DISTINCT hash FROM documents WHERE active = 1"
@@ -297,11 +349,11 @@ class VectorCounts:
     old version, a deleted file): kept until `qmd cleanup` (`index.upkeep`)."""
 
 
-def count_vectors(conn: sqlite3.Connection, space: Space | None) -> VectorCounts:
+def count_vectors(conn: Connection, space: Space | None) -> VectorCounts:
     return count_spaces(conn, [space] if space else [])
 
 
-def count_spaces(conn: sqlite3.Connection, used: Sequence[Space]) -> VectorCounts:
+def count_spaces(conn: Connection, used: Sequence[Space]) -> VectorCounts:
     """`VectorCounts` over the spaces in use (one per chunk strategy the collections use):
     the others' contents are stale. One walk of each space's hash index, with one probe
     of `documents` per content, tells embedded chunks from orphaned ones."""
@@ -322,7 +374,7 @@ def count_spaces(conn: sqlite3.Connection, used: Sequence[Space]) -> VectorCount
     return VectorCounts(embedded_chunks=embedded, stale_contents=stale, orphan_chunks=orphans)
 
 
-def orphan_hashes(conn: sqlite3.Connection, space: Space) -> list[str]:
+def orphan_hashes(conn: Connection, space: Space) -> list[str]:
     """Contents with vectors in this space that no active document holds."""
     return [
         r[0]
@@ -343,7 +395,7 @@ class VecHit:
 
 
 def search(
-    conn: sqlite3.Connection,
+    conn: Connection,
     space: Space,
     query: Sequence[float],
     collection: str,
@@ -368,6 +420,8 @@ def search(
     cid = collection_id(conn, collection, create=False)
     if cid is None:
         return []
+    if not isinstance(conn, sqlite3.Connection):
+        return _search_pg(conn, space, query, cid, collection, limit, doc_filter)
     qblob = pack(query)
     k = min(MAX_K, max(limit * 3, 10))
     eligible: set[int] | None = None
@@ -406,14 +460,40 @@ def search(
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
 
 
-def _knn(conn: sqlite3.Connection, space: Space, qblob: bytes, k: int, cid: int) -> list[tuple[int, float]]:
+def _search_pg(
+    conn: Connection,
+    space: Space,
+    query: Sequence[float],
+    cid: int,
+    collection: str,
+    limit: int,
+    doc_filter: DocFilter | None,
+) -> list[VecHit]:
+    """`search` on Postgres: HNSW nearest rows of the partition (exact for a small one,
+    `pg_vectors.knn`), widened until `limit` documents are found."""
+    from qmd.server.index import pg_vectors
+
+    raw = _pg(conn)
+    if doc_filter is not None:
+        raise InvalidInput(PG_NO_FILTERS)
+    k = min(MAX_K, max(limit * 3, 10))
+    while True:
+        knn = pg_vectors.knn(raw, space.id, query, k, cid)
+        best = _documents_for(conn, knn, collection)
+        if len(best) >= limit or len(knn) < k or k >= MAX_K:
+            break
+        k = min(MAX_K, k * 4)
+    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
+
+
+def _knn(conn: Connection, space: Space, qblob: bytes, k: int, cid: int) -> list[tuple[int, float]]:
     return conn.execute(
         f"SELECT rowid, distance FROM {_vec_table(space.id)} WHERE embedding MATCH ? AND k = ? AND collection_id = ?",
         (qblob, k, cid),
     ).fetchall()
 
 
-def _chunks_of(conn: sqlite3.Connection, space: Space, eligible_json: str) -> list[int]:
+def _chunks_of(conn: Connection, space: Space, eligible_json: str) -> list[int]:
     """The chunks of these documents (a JSON array of ids) in the space: the ids only, from
     the hash index (no vector is read)."""
     ids = conn.execute(
@@ -425,7 +505,7 @@ def _chunks_of(conn: sqlite3.Connection, space: Space, eligible_json: str) -> li
 
 
 def _search_eligible(
-    conn: sqlite3.Connection, space: Space, qblob: bytes, cid: int, limit: int, eligible_json: str
+    conn: Connection, space: Space, qblob: bytes, cid: int, limit: int, eligible_json: str
 ) -> list[VecHit]:
     """The eligible documents (a JSON array of ids) ranked by the distance to each one's
     nearest chunk, measured on every chunk of theirs that is in the collection's
@@ -449,7 +529,7 @@ def _search_eligible(
 
 
 def _documents_for(
-    conn: sqlite3.Connection, knn: list[tuple[int, float]], collection: str, eligible: set[int] | None = None
+    conn: Connection, knn: list[tuple[int, float]], collection: str, eligible: set[int] | None = None
 ) -> dict[int, VecHit]:
     best: dict[int, VecHit] = {}
     for i in range(0, len(knn), 500):

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 from qmd.server.errors import InvalidInput
-from qmd.server.index.db import sqlite3
+from qmd.server.index.db import Connection
 from qmd.server.index.metadata import Rejection, Scalar, ValueType
 from qmd.server.search.filters import Bound, Condition, Filter, Not, check_binding_budget, filter_sql, match_sql
 
@@ -197,7 +197,7 @@ class MetadataReport:
 
 
 @contextmanager
-def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def snapshot(conn: Connection) -> Iterator[Connection]:
     """One read transaction, so every statement inside sees the same index; inside a
     caller's transaction, that one. Ended at once, as an open reader keeps the WAL
     from being checkpointed."""
@@ -211,7 +211,7 @@ def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         conn.execute("COMMIT")
 
 
-def discover(conn: sqlite3.Connection, options: MetadataOptions) -> MetadataReport:
+def discover(conn: Connection, options: MetadataOptions) -> MetadataReport:
     """The metadata report for `options`, read from one snapshot of the index on
     `conn` (a reader: it never writes)."""
     with snapshot(conn):
@@ -233,7 +233,7 @@ class _Census:
     """Documents of the whole index, in scope or not, that hold entries."""
 
 
-def _census(conn: sqlite3.Connection, scope_json: str, flt: Filter | None) -> tuple[_Census, list[Bound]]:
+def _census(conn: Connection, scope_json: str, flt: Filter | None) -> tuple[_Census, list[Bound]]:
     """One pass over the scope's active documents (each sum costs a few ms over 100k).
     `+` keeps the planner off the collection index, whose seeks would each cost a row
     lookup: a scan of the table is cheaper unless the scope is a small part of the
@@ -265,7 +265,7 @@ def _census(conn: sqlite3.Connection, scope_json: str, flt: Filter | None) -> tu
     return _Census(documents, with_metadata, pending, rejected, eligible, eligible_with_rows, rows), fparams
 
 
-def _rejections(conn: sqlite3.Connection, scope_json: str) -> list[Rejection]:
+def _rejections(conn: Connection, scope_json: str) -> list[Rejection]:
     rows = conn.execute(
         "SELECT collection, path, coalesce(meta_error, '') FROM documents"
         " WHERE active = 1 AND meta_state = 2 AND collection IN (SELECT value FROM json_each(?))"
@@ -599,7 +599,7 @@ class _Pair:
         return TypeReport(self.type, self.multi, self.documents, self.distinct, window, remaining, rng, contributing)
 
 
-def _read_pairs(conn: sqlite3.Connection, stmt: _Statement) -> tuple[int, list[_Pair]]:
+def _read_pairs(conn: Connection, stmt: _Statement) -> tuple[int, list[_Pair]]:
     total = 0
     pairs: dict[tuple[str, str], _Pair] = {}
     rows = conn.execute(stmt.sql, stmt.params).fetchall()
@@ -618,7 +618,7 @@ def _read_pairs(conn: sqlite3.Connection, stmt: _Statement) -> tuple[int, list[_
     return total, list(pairs.values())
 
 
-def _discover(conn: sqlite3.Connection, options: MetadataOptions) -> MetadataReport:
+def _discover(conn: Connection, options: MetadataOptions) -> MetadataReport:
     scope = list(options.collections)
     scope_json = json.dumps(scope)
     census, fparams = _census(conn, scope_json, options.filter)
@@ -666,9 +666,7 @@ class CollectionKeys:
     remaining_keys: int
 
 
-def top_keys(
-    conn: sqlite3.Connection, collections: Sequence[str], n: int = 5, *, values: int = 0
-) -> list[CollectionKeys]:
+def top_keys(conn: Connection, collections: Sequence[str], n: int = 5, *, values: int = 0) -> list[CollectionKeys]:
     """Each collection's `n` most covered keys with their document counts (and a
     preview of `values` values per type, for `collection show`), all from one
     snapshot. Costs a discovery per collection: linear in the collection's entries."""

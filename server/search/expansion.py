@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from qmd.server.index import llm_cache
-from qmd.server.index.store import Store
+from qmd.server.index.db import IndexStore
 from qmd.server.models.protocol import GenerationParams
 from qmd.server.models.refs import RemoteRef
 from qmd.server.models.remote import RemoteGenerator
@@ -332,7 +332,7 @@ def remote_generate(client: RemoteGenerator) -> Callable[[Prompt], str]:
     return generate
 
 
-def remote_expander(ref: RemoteRef, store: Store) -> Expander:
+def remote_expander(ref: RemoteRef, store: IndexStore) -> Expander:
     """The Expander of a generate model served by an endpoint; a `RemoteGenerateError` when
     the setting cannot work (no model name, no key for OpenAI).
 
@@ -357,7 +357,7 @@ class Expander:
         model_uri: str,
         name: str | None,
         chat_template: bool,
-        store: Store,
+        store: IndexStore,
     ) -> None:
         self.generate = generate
         self.model_uri = model_uri

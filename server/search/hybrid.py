@@ -32,8 +32,8 @@ from qmd.server.index import llm_cache
 from qmd.server.index.chunking import DEFAULT_CHUNK_STRATEGY, ChunkStrategy
 from qmd.server.index.code_chunks import code_unit
 from qmd.server.index.config import Config
+from qmd.server.index.db import IndexStore
 from qmd.server.index.documents import DocRow, fetch_ids
-from qmd.server.index.store import Store
 from qmd.server.index.vectors import VecHit
 from qmd.server.models.worker import wait_at_most
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
@@ -196,7 +196,7 @@ class HybridQuery:
 
     def __init__(
         self,
-        store: Store,
+        store: IndexStore,
         config: Config,
         legs: Legs,
         costs: CostModel,

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from qmd.server.errors import InvalidInput
 from qmd.server.index.config import Config
+from qmd.server.index.db import Connection, IndexStore, sqlite3
 from qmd.server.index.documents import DocRow, fetch_ids
-from qmd.server.index.store import Store
+from qmd.server.index.metadata import PG_NO_FILTERS
 from qmd.server.search.lexical import LexHit, LexQuery, parse_lex, search_fts
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
@@ -33,11 +34,24 @@ class KeywordHit:
     """The original's score (`LexHit.coordination`), for spec §13.2's strong-signal test."""
 
 
-def lexical_hits(store: Store, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
+def _search(conn: Connection, query: LexQuery, collection: str, fetch: int, scope: Scope) -> list[LexHit]:
+    """One collection's best `fetch` by bm25, from FTS5 or from the Postgres postings."""
+    if isinstance(conn, sqlite3.Connection):
+        return search_fts(conn, query, collection, fetch, scope.doc_filter)
+    from qmd.server.index.pg_store import PgConnection
+    from qmd.server.search.lexical_pg import search_pg
+
+    assert isinstance(conn, PgConnection)
+    if scope.doc_filter is not None:
+        raise InvalidInput(PG_NO_FILTERS)
+    return search_pg(conn.raw, query, fetch, collection=collection)
+
+
+def lexical_hits(store: IndexStore, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
     with store.read() as conn:
         best: dict[int, LexHit] = {}
         for name in scope.collections:
-            for h in search_fts(conn, query, name, fetch, scope.doc_filter):
+            for h in _search(conn, query, name, fetch, scope):
                 if h.doc_id not in best or h.score > best[h.doc_id].score:
                     best[h.doc_id] = h
         ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]
@@ -45,7 +59,7 @@ def lexical_hits(store: Store, query: LexQuery, scope: Scope, fetch: int) -> lis
     return [KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination) for h in ranked if h.doc_id in docs]
 
 
-def search(store: Store, config: Config, query: str, opts: SearchOptions, index_name: str | None) -> SearchOutcome:
+def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, index_name: str | None) -> SearchOutcome:
     if len(query) > MAX_QUERY_CHARS:
         raise InvalidInput(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
     if opts.limit < 1:

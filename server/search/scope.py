@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from qmd.server.index import metadata
 from qmd.server.index.config import Config
-from qmd.server.index.db import sqlite3
+from qmd.server.index.db import Connection
 from qmd.server.index.metadata import DocFilter
 from qmd.server.search.filters import Filter, filter_sql
 
@@ -56,7 +56,7 @@ class FilterReport:
     """Documents whose metadata was rejected (`qmd status` says why): no filter sees them."""
 
 
-def filter_report(conn: sqlite3.Connection, scope: Scope) -> FilterReport | None:
+def filter_report(conn: Connection, scope: Scope) -> FilterReport | None:
     if scope.doc_filter is None:
         return None
     counts = metadata.extraction_counts(conn, scope.collections, examples=0)

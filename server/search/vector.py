@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from qmd.server.errors import Unavailable
 from qmd.server.index import vectors
 from qmd.server.index.config import Config
+from qmd.server.index.db import IndexStore
 from qmd.server.index.documents import fetch_ids
 from qmd.server.index.store import Store
 from qmd.server.search.lexical import parse_lex
@@ -24,7 +25,7 @@ class VectorUnavailable(Unavailable):
 
 
 def vector_search(
-    store: Store,
+    store: IndexStore,
     config: Config,
     spaces: Mapping[str, vectors.Space],
     query_vector: Sequence[float],
@@ -69,7 +70,7 @@ def vector_search(
 
 
 def vector_hits(
-    store: Store, spaces: Mapping[str, vectors.Space], query_vector: Sequence[float], scope: Scope, fetch: int
+    store: IndexStore, spaces: Mapping[str, vectors.Space], query_vector: Sequence[float], scope: Scope, fetch: int
 ) -> list[vectors.VecHit]:
     """Each document's nearest chunk over the collections in `scope`, nearest first; each
     collection in the space of its chunk strategy (`spaces`; one without is not embedded).
@@ -79,7 +80,8 @@ def vector_hits(
     from qmd.server.index.vector_index import index_of
 
     best: dict[int, vectors.VecHit] = {}
-    index = index_of(store)
+    # Postgres has its own (HNSW): the in-memory pass is SQLite's
+    index = index_of(store) if isinstance(store, Store) else None
     with store.read() as conn:
         for name in scope.collections:
             if name not in spaces:

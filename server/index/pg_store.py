@@ -1,0 +1,291 @@
+"""An index on a Postgres server, behind the same store contract as SQLite's
+(server/index/store.py): per-thread read connections, every write one transaction on one
+writer thread fed by a queue, `generation` bumped by each committed write.
+
+The index modules write their SQL once, in the dialect both backends speak (see
+server/index/db.py); `PgConnection` is the thin adapter that lets psycopg run it: ``?``
+placeholders become ``%s``, the few spellings only SQLite has are rewritten by one table
+(`_REWRITES`), rows answer by position and by column name as ``sqlite3.Row`` does, and
+numeric aggregates come back as int or float, never Decimal. What has no common spelling
+(FTS5 and its Postgres postings, vec0 and pgvector, pragmas and VACUUM) is chosen by
+`is_postgres` in the module that owns it.
+
+Many daemons may serve one server: the generation is a row every write moves, so a
+daemon sees another's writes in its caches; coordination of who indexes what is an
+advisory lock per collection (`collection_lock`), which Postgres releases when the
+holder's session ends, a crashed daemon's included.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.adapt import Loader
+
+from qmd.server.errors import InvalidInput, Unavailable
+from qmd.server.index import pg
+from qmd.server.index.db import Cursor, sqlite3
+
+log = logging.getLogger("qmd.pg")
+T = TypeVar("T")
+
+STATEMENT_TIMEOUT_MS = 30_000
+"""A read statement's limit (`QMD_PG_STATEMENT_TIMEOUT_MS`): a stuck query gives a clear
+error instead of holding a request forever. Writes have none (a large update may take long)."""
+
+_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # a JSON array parameter as a set of values (collection names, model names)
+    (re.compile(r"SELECT value FROM json_each\(\?\)"), "SELECT value FROM json_array_elements_text(?::json) AS value"),
+    # SQLite's unary plus keeps the planner off an index; Postgres has no + for text
+    (re.compile(r"(?<![\w)\]])\+(?=[a-z_]+\.[a-z_]+)"), ""),
+    (re.compile(r"\binstr\("), "strpos("),
+    # an empty list: SQLite allows `x IN ()`, Postgres wants an (empty) subquery of x's type
+    (re.compile(r"([\w.]+) (NOT )?IN \(\)"), r"\1 \2IN (SELECT \1 WHERE false)"),
+    # SQLite's LIKE ignores ASCII case; with the C collation ILIKE folds ASCII only, too
+    (re.compile(r"\bLIKE\b"), "ILIKE"),
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def translate(sql: str) -> str:
+    """`sql` as psycopg takes it (always given a parameter tuple, maybe empty): the rewrites, ``?`` → ``%s`` outside string
+    literals and quoted names, and every ``%`` doubled (psycopg reads ``%`` as a placeholder)."""
+    for pattern, repl in _REWRITES:
+        sql = pattern.sub(repl, sql)
+    out: list[str] = []
+    quote = ""
+    for ch in sql:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "?":
+            out.append("%s")
+            continue
+        out.append("%%" if ch == "%" else ch)
+    return "".join(out)
+
+
+class Row(tuple[Any, ...]):
+    """A result row by position or by column name, as ``sqlite3.Row``."""
+
+    _names: dict[str, int]
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._names[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+
+def _rows(cursor: psycopg.Cursor[Any]) -> Callable[[Sequence[Any]], Row]:
+    names = {c.name: i for i, c in enumerate(cursor.description or ())}
+
+    def make(values: Sequence[Any]) -> Row:
+        row = Row(values)
+        row._names = names
+        return row
+
+    return make
+
+
+class _NumericLoader(Loader):
+    """numeric (what sum() and avg() of integers give) as int when whole, else float."""
+
+    def load(self, data: Any) -> int | float:
+        text = bytes(data).decode()
+        return int(text) if "." not in text and "e" not in text.lower() else float(text)
+
+
+class PgConnection:
+    """A psycopg connection speaking the index modules' SQL (see the module docstring)."""
+
+    postgres = True
+
+    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+        self.raw = raw
+        """The psycopg connection itself, for the Postgres-only modules (postings, pgvector)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
+        cur = self.raw.cursor(row_factory=_rows)
+        cur.execute(translate(sql), tuple(parameters))
+        return cur
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Cursor:
+        cur = self.raw.cursor(row_factory=_rows)
+        cur.executemany(translate(sql), [tuple(p) for p in parameters])
+        return cur
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
+def _statement_timeout() -> int:
+    raw = os.environ.get("QMD_PG_STATEMENT_TIMEOUT_MS", "")
+    if not raw:
+        return STATEMENT_TIMEOUT_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"QMD_PG_STATEMENT_TIMEOUT_MS must be a whole number of milliseconds, got {raw!r}") from None
+    if value < 0:
+        raise InvalidInput(f"QMD_PG_STATEMENT_TIMEOUT_MS must be 0 (no limit) or more, got {raw!r}")
+    return value
+
+
+def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
+    try:
+        raw = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as e:
+        raise Unavailable(f"Postgres index {pg.describe(url)} is not reachable: {str(e).strip()}") from None
+    raw.adapters.register_loader("numeric", _NumericLoader)
+    if timeout_ms is not None:
+        raw.execute("SELECT set_config('statement_timeout', %s, false)", (str(timeout_ms),))
+    return raw
+
+
+class PgStore:
+    """The index on a Postgres server at `url`; the same contract as `Store`."""
+
+    postgres = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._timeout = _statement_timeout()
+        pg.connect(url).close()  # reachable, and the schema migrated (under its lock)
+        wconn = _open(url, timeout_ms=None)
+        try:
+            row = wconn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+            self._vec_version: str | None = None if row is None else f"pgvector {row[0]}"
+            if row is None:
+                log.warning("%s has no `vector` extension: vector search is unavailable", self.location)
+            version = wconn.execute("SHOW server_version").fetchone()
+            assert version is not None
+            self.server_version = str(version[0])
+        except BaseException:
+            wconn.close()
+            raise
+        self._queue: queue.Queue[tuple[Callable[[PgConnection], object], Future[Any], bool, bool] | None] = (
+            queue.Queue()
+        )
+        self._local = threading.local()
+        self._readers: list[psycopg.Connection[Any]] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="qmd-pg-writer", daemon=True)
+        self._writer.start()
+
+    @property
+    def location(self) -> str:
+        return pg.describe(self.url)
+
+    @property
+    def vec_version(self) -> str | None:
+        return self._vec_version
+
+    @property
+    def sqlite_version(self) -> str:
+        """The SQLite library whose FTS5 tokenizer cuts the text (server/index/fts_tokens.py)."""
+        return sqlite3.sqlite_version
+
+    @property
+    def generation(self) -> int:
+        with self.read() as conn:
+            return int(conn.execute("SELECT generation FROM qmd_generation").fetchone()[0])
+
+    # -- writes -------------------------------------------------------------
+
+    def _write_loop(self, raw: psycopg.Connection[Any]) -> None:
+        conn = PgConnection(raw)
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            fn, fut, bump, transaction = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                if transaction:
+                    with raw.transaction():
+                        result = fn(conn)
+                        if bump:
+                            raw.execute("UPDATE qmd_generation SET generation = generation + 1")
+                else:
+                    result = fn(conn)
+            except psycopg.OperationalError as e:
+                fut.set_exception(Unavailable(f"Postgres index {self.location}: {str(e).strip()}"))
+                if raw.closed or raw.broken:
+                    raw = _open(self.url, timeout_ms=None)
+                    conn = PgConnection(raw)
+            except BaseException as e:  # noqa: BLE001 - the caller gets the exception
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+        raw.close()
+
+    def submit(self, fn: Callable[[PgConnection], T], *, bump: bool = True) -> Future[T]:
+        """Queue `fn(conn)` to run in one transaction on the writer thread."""
+        return self._enqueue(fn, bump, transaction=True)
+
+    def _enqueue(self, fn: Callable[[PgConnection], T], bump: bool, *, transaction: bool) -> Future[T]:
+        if self._closed:
+            raise RuntimeError("the index is closed")
+        fut: Future[T] = Future()
+        self._queue.put((fn, fut, bump, transaction))
+        return fut
+
+    def write(self, fn: Callable[[PgConnection], T], *, bump: bool = True) -> T:
+        return self.submit(fn, bump=bump).result()
+
+    def maintain(self, fn: Callable[[PgConnection], T]) -> T:
+        """Run `fn(conn)` on the writer thread outside any transaction."""
+        return self._enqueue(fn, False, transaction=False).result()
+
+    # -- reads --------------------------------------------------------------
+
+    @contextmanager
+    def read(self) -> Iterator[PgConnection]:
+        raw: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if raw is None or raw.closed or raw.broken:
+            raw = _open(self.url, timeout_ms=self._timeout)
+            self._local.conn = raw
+            with self._readers_lock:
+                self._readers.append(raw)
+        try:
+            yield PgConnection(raw)
+        except psycopg.errors.QueryCanceled as e:
+            raise Unavailable(
+                f"a query on the Postgres index {self.location} ran past its statement timeout"
+                f" ({self._timeout} ms, QMD_PG_STATEMENT_TIMEOUT_MS): {str(e).strip()}"
+            ) from None
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"Postgres index {self.location}: {str(e).strip()}") from None
+
+    def size_bytes(self) -> int:
+        with self.read() as conn:
+            return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._writer.join(timeout=30)
+        with self._readers_lock:
+            for raw in self._readers:
+                raw.close()
+            self._readers.clear()
