@@ -36,6 +36,7 @@ from qmd.server.index.config import (
     normalize_context_key,
     validate_collection_name,
 )
+from qmd.server.index.db import IndexStore
 from qmd.server.index.documents import (
     find_document,
     glob_documents,
@@ -91,11 +92,17 @@ class Engine:
     `paths.config` unless the caller holds them itself (`MemoryConfig`)."""
 
     def __init__(
-        self, paths: IndexPaths, config: ConfigSource | None = None, *, worker: WorkerClient | None = None
+        self,
+        paths: IndexPaths,
+        config: ConfigSource | None = None,
+        *,
+        worker: WorkerClient | None = None,
+        store: IndexStore | None = None,
     ) -> None:
         self.paths = paths
         self.config_file: ConfigSource = config or ConfigFile(paths.config, base=paths.project_root)
-        self.store = open_store(paths.db, self._index_url())
+        self.store = store or open_store(paths.db, self._index_url())
+        """The index (the caller's, or the one `QMD_INDEX_URL` / `index_url` / the file names)."""
         self.worker = worker or WorkerClient()
         self._owns_worker = worker is None
         """A daemon's other indexes share its default index's worker; the owner closes it."""
@@ -367,7 +374,8 @@ class Engine:
                     output = run_hook(coll)
                     if progress:
                         progress({"event": "hook_done", "collection": coll.name, "output": output})
-                summary = index_collection(self.store, coll, progress)
+                with self.store.exclusive(f"update:{coll.name}"):
+                    summary = index_collection(self.store, coll, progress)
                 if gated:
                     summary.warnings.insert(0, _note(gate, "update", coll))
                 out.append(summary)
@@ -393,7 +401,8 @@ class Engine:
             if coll is None or not coll.watch or self.gate(cfg).blocks("path", name):
                 return None
             self._mirror(cfg)
-            return index_collection(self.store, coll, scope=scope)
+            with self.store.exclusive(f"update:{name}"):
+                return index_collection(self.store, coll, scope=scope)
 
     def background_embedder(self) -> tuple[Embedder | None, str]:
         """The embedder the watcher may use for what it indexed, or why there is none: only a
@@ -692,7 +701,7 @@ class Engine:
         with self._embed:
             emb = self.embedder(download=True, progress=progress)
             switched = self._set_chunk_strategy(collections, chunk_strategy) if chunk_strategy else []
-            with background_lane():  # a query's worker calls go before the job's next batch
+            with self.store.exclusive("embed"), background_lane():  # a query's calls go before the next batch
                 report = embed_pending(
                     self.store,
                     emb,
@@ -1146,7 +1155,7 @@ class Engine:
         return IndexStatus(
             version=__version__,
             index=self.paths.name,
-            index_path=str(self.paths.db),
+            index_path=self.store.location,
             config_path=str(self.paths.config),
             size_bytes=self.store.size_bytes(),
             documents=counts.documents,

@@ -31,9 +31,10 @@ from qmd.server.errors import InvalidInput
 from qmd.server.index import catalog
 from qmd.server.index.chunking import ChunkStrategy
 from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConfig
+from qmd.server.index.db import IndexStore
 from qmd.server.index.embed_job import EmbedReport
 from qmd.server.index.indexer import Summary
-from qmd.server.index.store import Store
+from qmd.server.index.store import open_store
 from qmd.server.quality import BACKENDS, BenchReport, BenchSpec
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
@@ -52,7 +53,8 @@ def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connec
     config: str | os.PathLike[str] | None = None,
     models: Mapping[str, str] | None = None,
 ) -> Index:
-    """Open (or create) the index at `index`.
+    """Open (or create) the index at `index`: a SQLite file, or a Postgres server's
+    ``postgresql://…`` URL (the `postgres` extra).
 
     `collections` gives them inline (`{name: {"path": …, "pattern": …, "ignore": […],
     "context": {…}}}`, as in `index.yml`); `config` names a YAML file that holds them
@@ -60,7 +62,8 @@ def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connec
     recorded when it was last written. `models` (`{"embed": uri, "generate": uri,
     "rerank": uri}`) goes with inline collections; a YAML file has its own `models:`.
     """
-    db = Path(index).expanduser()
+    url = str(index) if str(index).startswith(("postgresql://", "postgres://")) else None
+    db = cache_root() / "index.sqlite" if url else Path(index).expanduser()
     if collections is not None and config is not None:
         raise InvalidInput("give either 'collections' (inline) or 'config' (a YAML file), not both")
     if models is not None and config is not None:
@@ -68,26 +71,25 @@ def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connec
     yml = Path(config).expanduser() if config is not None else db.with_suffix(".yml")
     paths = IndexPaths(name=DEFAULT_INDEX, db=db, config=yml, cache_dir=cache_root())
     source: ConfigSource
-    if config is not None:
-        source = ConfigFile(yml)
-    elif collections is not None:
-        raw = {"collections": dict(collections), "models": dict(models or {})}
-        source = MemoryConfig(Config.from_yaml(raw, Path("collections")))
-    else:
-        source = MemoryConfig(_recorded_config(db, models))
-    return Index(Engine(paths, source))
-
-
-def _recorded_config(db: Path, models: Mapping[str, str] | None) -> Config:
-    """What the index file says about its collections (none for a new file)."""
-    if not db.exists():
-        return Config(models=dict(models or {}))
-    store = Store(db)
+    store = open_store(db, url)
     try:
-        with store.read() as conn:
-            recorded = catalog.mirrored_config(conn)
-    finally:
+        if config is not None:
+            source = ConfigFile(yml)
+        elif collections is not None:
+            raw = {"collections": dict(collections), "models": dict(models or {})}
+            source = MemoryConfig(Config.from_yaml(raw, Path("collections")))
+        else:
+            source = MemoryConfig(_recorded_config(store, models))
+        return Index(Engine(paths, source, store=store))
+    except BaseException:
         store.close()
+        raise
+
+
+def _recorded_config(store: IndexStore, models: Mapping[str, str] | None) -> Config:
+    """What the index says about its collections (none for a new one)."""
+    with store.read() as conn:
+        recorded = catalog.mirrored_config(conn)
     return Config(collections=recorded.collections, global_context=recorded.global_context, models=dict(models or {}))
 
 

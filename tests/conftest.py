@@ -9,12 +9,13 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NoReturn
 
 import pytest
 from harness import (  # noqa: F401 - daemons_on, free_port: for the test modules
+    BACKEND,
     Daemon,
     Env,
     Reply,
@@ -157,9 +158,14 @@ def postgres_url() -> Iterator[str]:
         yield url
 
 
-BACKEND = os.environ.get("QMD_TEST_BACKEND", "sqlite")
-"""Which backend every test's index is on: `sqlite` (the default), or `postgres`, when
-the suite runs as the Postgres backend's contract (`QMD_TEST_BACKEND=postgres`)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On Postgres, tests of what only SQLite has are skipped, saying why."""
+    if BACKEND == "sqlite":
+        return
+    for item in items:
+        if (mark := item.get_closest_marker("sqlite_only")) is not None:
+            why = mark.args[0] if mark.args else "SQLite only"
+            item.add_marker(pytest.mark.skip(reason=f"SQLite backend only: {why}"))
 
 
 @pytest.fixture(scope="session")
@@ -195,10 +201,36 @@ def pg_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
+@contextmanager
+def new_database(server: str, *, template: str | None = None, vector: bool = True) -> Iterator[str]:
+    """A database of its own on the test server, copied from `template` or made empty
+    (with the `vector` extension unless not wanted); dropped afterwards, whoever is
+    still connected to it (a daemon a test left behind)."""
+    import psycopg
+
+    name = f"t{os.getpid()}_{next(_DATABASES)}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template or 'template0'}")
+    url = pg_database(server, name)
+    try:
+        if template is None and vector:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION vector")
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def pg_index(postgres_url: str) -> Iterator[str]:
+    """The URL of an empty Postgres database with pgvector, for one test."""
+    with new_database(postgres_url) as url:
+        yield url
+
+
 @pytest.fixture(autouse=True)
-def index_backend(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, postgres_template: str | None
-) -> Iterator[None]:
+def index_backend(monkeypatch: pytest.MonkeyPatch, postgres_template: str | None) -> Iterator[None]:
     """Every test's index on the backend the run is for: nothing to do on SQLite (beyond
     keeping a developer's own QMD_INDEX_URL out of the tests); on Postgres, a fresh database
     per test, named to in-process engines by QMD_INDEX_URL and to the harness's daemons by
@@ -208,19 +240,10 @@ def index_backend(
     if postgres_template is None:
         yield
         return
-    import psycopg
-
-    name = f"t{os.getpid()}_{next(_DATABASES)}"
-    with psycopg.connect(postgres_template, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE qmd_template")
-    url = pg_database(postgres_template, name)
-    monkeypatch.setenv("QMD_INDEX_URL", url)
-    monkeypatch.setenv("QMD_TEST_INDEX_URL", url)
-    try:
+    with new_database(postgres_template, template="qmd_template") as url:
+        monkeypatch.setenv("QMD_INDEX_URL", url)
+        monkeypatch.setenv("QMD_TEST_INDEX_URL", url)
         yield
-    finally:
-        with psycopg.connect(postgres_template, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture(scope="session")

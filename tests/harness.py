@@ -45,6 +45,11 @@ def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout
     return proc.returncode
 
 
+BACKEND = os.environ.get("QMD_TEST_BACKEND", "sqlite")
+"""Which backend every test's index is on: `sqlite` (the default), or `postgres`, when
+the suite runs as the Postgres backend's contract (`QMD_TEST_BACKEND=postgres`)."""
+
+
 class Env:
     """Temporary HOME/XDG dirs and a port: one qmd installation that no other run, and not
     the user's own index or daemon, can see."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS_DIR, NOTES, Daemon, Env, require, write
+from harness import BACKEND
 
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
@@ -68,7 +69,8 @@ def test_deleted_files_leave_rows_until_cleanup_drops_them(engine: Engine, tmp_p
     report = engine.cleanup()
     assert (report.found.inactive_documents, report.found.orphan_contents) == (1, 1)
     assert report.left is not None and _orphans(engine) == NONE
-    assert report.fts_optimized and report.vacuum is not None
+    # Postgres' postings have no segments to merge
+    assert report.fts_optimized == (BACKEND == "sqlite") and report.vacuum is not None
     assert [h.doc.display_path for h in engine.search("version").hits] == ["notes/fundraising.md"]
     (notes / "ideas.md").write_text("# Ideas\n\nBack again.\n")
     engine.update()  # a file restored after cleanup is simply new
@@ -102,6 +104,7 @@ def test_a_collection_removed_from_the_yaml_by_hand_is_dropped(engine: Engine, t
         assert conn.execute("SELECT count(*) FROM content WHERE doc LIKE '%zebra%'").fetchone()[0] == 0
 
 
+@pytest.mark.sqlite_only("the index file shrinks")
 def test_vacuum_shrinks_the_file_after_mass_deletion(engine: Engine, tmp_path: Path) -> None:
     para = "Replicas agree on a log even when a minority of nodes fail or lag behind. "
     docs = write(tmp_path / "docs", {f"d{i:04}.md": f"# Doc {i}\n\n{para * 30} token{i}\n" for i in range(1500)})

@@ -94,6 +94,13 @@ class IndexStore(Protocol):
         """What the index takes on disk (files, or the server's relations)."""
         ...
 
+    def exclusive(self, what: str) -> AbstractContextManager[None]:
+        """Hold `what` (``update:<collection>``, ``embed``) against every other process
+        serving this index, waiting a while for a holder to finish: on Postgres an advisory
+        lock, which the server releases if the holder dies; on SQLite nothing (one daemon
+        owns the file, and its own locks order its work)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -19,11 +19,14 @@ holder's session ends, a crashed daemon's included.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import queue
 import re
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -32,7 +35,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.adapt import Loader
 
-from qmd.server.errors import InvalidInput, Unavailable
+from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.index import pg
 from qmd.server.index.db import Cursor, sqlite3
 
@@ -58,8 +61,8 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
 
 @functools.lru_cache(maxsize=1024)
 def translate(sql: str) -> str:
-    """`sql` as psycopg takes it (always given a parameter tuple, maybe empty): the rewrites, ``?`` → ``%s`` outside string
-    literals and quoted names, and every ``%`` doubled (psycopg reads ``%`` as a placeholder)."""
+    """`sql` as psycopg takes it (always given a parameter tuple, maybe empty): the rewrites,
+    ``?`` → ``%s`` outside string literals and quoted names, and every ``%`` doubled."""
     for pattern, repl in _REWRITES:
         sql = pattern.sub(repl, sql)
     out: list[str] = []
@@ -134,6 +137,28 @@ class PgConnection:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
+LOCK_WAIT_S = 60.0
+"""How long an update or embed waits for another daemon's on the same collection (`QMD_PG_LOCK_WAIT_S`)."""
+
+
+def _lock_wait() -> float:
+    raw = os.environ.get("QMD_PG_LOCK_WAIT_S", "")
+    if not raw:
+        return LOCK_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"QMD_PG_LOCK_WAIT_S must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise InvalidInput(f"QMD_PG_LOCK_WAIT_S must be 0 or more, got {raw!r}")
+    return value
+
+
+def _first(cur: psycopg.Cursor[Any]) -> Any:
+    row = cur.fetchone()
+    return None if row is None else row[0]
+
+
 def _statement_timeout() -> int:
     raw = os.environ.get("QMD_PG_STATEMENT_TIMEOUT_MS", "")
     if not raw:
@@ -149,7 +174,9 @@ def _statement_timeout() -> int:
 
 def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
     try:
-        raw = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        # the application name tells a daemon waiting for a lock who holds it (`PgStore.exclusive`)
+        name = f"qmd pid {os.getpid()} on {socket.gethostname()}"
+        raw = psycopg.connect(url, autocommit=True, connect_timeout=10, application_name=name)
     except psycopg.Error as e:
         raise Unavailable(f"Postgres index {pg.describe(url)} is not reachable: {str(e).strip()}") from None
     raw.adapters.register_loader("numeric", _NumericLoader)
@@ -274,6 +301,32 @@ class PgStore:
             ) from None
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres index {self.location}: {str(e).strip()}") from None
+
+    @contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """An advisory lock on a session of its own, held until the block ends; another
+        holder is waited for up to `LOCK_WAIT_S` (`QMD_PG_LOCK_WAIT_S`), then refused, naming it."""
+        key = int.from_bytes(hashlib.blake2b(f"qmd:{what}".encode(), digest_size=8).digest(), "big", signed=True)
+        raw = _open(self.url, timeout_ms=None)
+        try:
+            deadline = time.monotonic() + _lock_wait()
+            while not _first(raw.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
+                if time.monotonic() >= deadline:
+                    holder = raw.execute(
+                        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                        " WHERE l.locktype = 'advisory' AND l.granted"
+                        " AND (l.classid::bigint << 32 | l.objid::bigint) = %s",
+                        (key,),
+                    ).fetchone()
+                    by = f" by {holder[0]}" if holder and holder[0] else " by another daemon"
+                    raise Conflict(
+                        f"{what.replace(':', ' of collection ', 1)} is running{by} on {self.location};"
+                        f" waited {_lock_wait():g} s (QMD_PG_LOCK_WAIT_S). Try again when it is done."
+                    )
+                time.sleep(0.2)
+            yield
+        finally:
+            raw.close()  # ends the session, and the lock with it
 
     def size_bytes(self) -> int:
         with self.read() as conn:

@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -271,6 +271,9 @@ class Store:
 
     def size_bytes(self) -> int:
         return index_bytes(self.path)
+
+    def exclusive(self, what: str) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def close(self) -> None:
         if self._closed:

@@ -221,7 +221,9 @@ def _vacuum(conn: Connection, db: Path, want: bool | None) -> Vacuum:
 
 def _vacuum_pg(conn: Connection, want: bool | None) -> Vacuum:
     """On Postgres, VACUUM (ANALYZE) only when asked: autovacuum keeps the tables otherwise."""
-    if not want:
+    if want is False:
+        return Vacuum(False, "not asked for (--no-vacuum)", 0, 0)
+    if want is None:
         return Vacuum(False, "Postgres' autovacuum reclaims space; --vacuum runs VACUUM (ANALYZE) now", 0, 0)
     t0 = time.monotonic()
     conn.execute("VACUUM (ANALYZE)")

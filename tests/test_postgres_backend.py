@@ -1,0 +1,249 @@
+"""An index on Postgres (issue 14): the store contract behind `index_url` / QMD_INDEX_URL,
+as the CLI, the library and several daemons use it. (The whole suite also runs with every
+test's index on Postgres: `QMD_TEST_BACKEND=postgres`, tests/conftest.py.)"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import NOTES, Daemon, Env, new_database, write
+
+import qmd
+from qmd.server.engine import Engine
+from qmd.server.errors import Conflict, Forbidden, InvalidInput, Unavailable
+from qmd.server.index import pg
+from qmd.server.index.config import Config
+from qmd.server.index.pg_store import PgStore, translate
+
+
+def test_translate_speaks_psycopg_and_leaves_literals_alone() -> None:
+    assert translate("SELECT a FROM t WHERE b = ? AND c LIKE '%?%'") == (
+        "SELECT a FROM t WHERE b = %s AND c ILIKE '%%?%%'"
+    )
+    assert translate("SELECT 1 WHERE x NOT IN () AND y IN ()") == (
+        "SELECT 1 WHERE x NOT IN (SELECT x WHERE false) AND y IN (SELECT y WHERE false)"
+    )
+    assert translate("SELECT instr(a, ?) FROM d WHERE +d.collection IN (SELECT value FROM json_each(?))") == (
+        "SELECT strpos(a, %s) FROM d WHERE d.collection IN"
+        " (SELECT value FROM json_array_elements_text(%s::json) AS value)"
+    )
+
+
+def test_the_library_opens_a_postgres_index_by_url(pg_index: str, tmp_path: Path) -> None:
+    notes = write(tmp_path / "notes", NOTES)
+    with qmd.open(pg_index, collections={"notes": {"path": str(notes)}}) as index:
+        index.update()
+        hits = index.search("fundraising").hits
+        assert hits and hits[0].doc.display_path == "notes/fundraising.md"
+        assert index.status().index_path == pg.describe(pg_index)
+    with qmd.open(pg_index) as index:  # the collections as the index recorded them
+        assert [c.name for c in index.collections()] == ["notes"]
+        assert index.search("fundraising").hits
+
+
+def test_an_unreachable_server_is_a_clear_error_without_the_password(tmp_path: Path) -> None:
+    url = f"postgresql://qmd:s3cret@/qmd?host={tmp_path}&port=1"
+    with pytest.raises(Unavailable) as e:
+        qmd.open(url)
+    assert "is not reachable" in e.value.message and "s3cret" not in e.value.message
+    assert "qmd:***@" in e.value.message
+
+
+def test_index_url_must_be_a_postgres_url(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="index_url must be a postgresql://"):
+        Config.from_yaml({"index_url": "mysql://x"}, tmp_path / "index.yml")
+    assert Config.from_yaml({"index_url": "postgresql://h/db"}, tmp_path / "index.yml").index_url == "postgresql://h/db"
+
+
+def test_a_projects_config_may_not_name_a_server(tmp_path: Path, pg_index: str) -> None:
+    """A cloned repository's `.qmd/index.yml` never makes the daemon connect anywhere."""
+    from qmd.paths import IndexPaths
+
+    project = tmp_path / "repo"
+    (project / ".qmd").mkdir(parents=True)
+    (project / ".qmd" / "index.yml").write_text(f"index_url: {pg_index}\ncollections: {{}}\n")
+    with pytest.raises(Forbidden, match="a project's config may not"):
+        Engine(IndexPaths.for_project(project))
+
+
+def test_a_filtered_search_is_refused_clearly(pg_index: str, tmp_path: Path) -> None:
+    notes = write(tmp_path / "notes", {"a.md": "---\nstatus: done\n---\n# A\n\nalpha words\n"})
+    with qmd.open(pg_index, collections={"notes": {"path": str(notes)}}) as index:
+        index.update()
+        with pytest.raises(InvalidInput, match="not available on a Postgres index yet"):
+            index.search("alpha", filter={"field": "status", "operator": "eq", "value": "done"})
+        with pytest.raises(InvalidInput, match="metadata discovery is not available"):
+            index.metadata()
+        assert index.search("alpha").hits  # unfiltered, it answers
+
+
+def test_without_pgvector_keyword_search_answers_and_vectors_are_announced(postgres_url: str, tmp_path: Path) -> None:
+    notes = write(tmp_path / "notes", NOTES)
+    with (
+        new_database(postgres_url, vector=False) as url,
+        qmd.open(url, collections={"notes": {"path": str(notes)}}) as index,
+    ):
+        index.update()
+        assert index.search("fundraising").hits
+        status = index.status()
+        assert status.sqlite_vec is None and not status.vector.available
+
+
+def test_a_collection_held_by_another_daemon_is_waited_for_then_refused(
+    pg_index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QMD_PG_LOCK_WAIT_S", "0.6")
+    a, b = PgStore(pg_index), PgStore(pg_index)
+    try:
+        with a.exclusive("update:notes"):
+            t0 = time.monotonic()
+            with pytest.raises(Conflict) as e, b.exclusive("update:notes"):
+                pass
+            assert time.monotonic() - t0 >= 0.6
+            assert "update of collection notes is running by qmd pid" in e.value.message
+            with b.exclusive("update:other"):  # another collection is free
+                pass
+        with b.exclusive("update:notes"):  # released with the block
+            pass
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_lock_is_released_when_its_holder_is_killed(pg_index: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from qmd.server.index.pg_store import PgStore\n"
+            "s = PgStore(sys.argv[1])\n"
+            "with s.exclusive('embed'):\n    print('held', flush=True); time.sleep(600)",
+            pg_index,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    monkeypatch.setenv("QMD_PG_LOCK_WAIT_S", "20")
+    store = PgStore(pg_index)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        got = threading.Event()
+
+        def take() -> None:
+            with store.exclusive("embed"):
+                got.set()
+
+        t = threading.Thread(target=take)
+        t.start()
+        time.sleep(0.5)
+        assert not got.is_set()  # waiting for the holder
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+        t.join(timeout=15)
+        assert got.is_set()  # the server ended the dead session's lock
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        store.close()
+
+
+# -- the daemon and the CLI --------------------------------------------------------
+
+
+def on_postgres(env: Env, url: str) -> Env:
+    env.vars["QMD_INDEX_URL"] = url
+    return env
+
+
+def docs_in(url: str) -> tuple[int, int]:
+    """(active documents, distinct paths) in the index: a doubled document would show."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*), count(DISTINCT (collection, path)) FROM documents WHERE active = 1")
+        found = row.fetchone()
+        assert found is not None
+        return int(found[0]), int(found[1])
+
+
+@pytest.mark.slow
+def test_the_cli_on_a_postgres_index(pg_index: str, tmp_path: Path) -> None:
+    env = on_postgres(Env(tmp_path / "a"), pg_index)
+    notes = write(tmp_path / "notes", NOTES)
+    d = Daemon(env)
+    try:
+        env.ok("collection", "add", str(notes), "--name", "notes")
+        hits = env.json("search", "fundraising", "--json")
+        assert hits[0]["file"].startswith("qmd://notes/fundraising.md")
+        assert "1: # Raising a seed round" in env.ok("get", "notes/fundraising.md")
+        status = env.ok("status")
+        assert "postgresql://" in status
+        (notes / "fundraising.md").write_text("# Money\n\nA seed round closed in spring.\n")
+        env.ok("update")
+        assert env.json("search", "seed round", "--json")[0]["file"].startswith("qmd://notes/fundraising.md")
+        r = env.qmd("search", "seed", "--filter", '{"field": "status", "operator": "eq", "value": "done"}')
+        assert r.returncode != 0 and "not available on a Postgres index yet" in r.stderr
+        assert "Traceback" not in r.stderr
+    finally:
+        d.stop()
+
+
+def many(n: int) -> dict[str, str | bytes]:
+    return {f"d{i % 10}/n{i:05}.md": f"# Note {i}\n\nconsensus replicas term{i} lag\n" for i in range(n)}
+
+
+@pytest.mark.slow
+def test_two_daemons_serve_one_index_and_take_turns_updating(pg_index: str, tmp_path: Path) -> None:
+    notes = write(tmp_path / "notes", many(1200))
+    a, b = on_postgres(Env(tmp_path / "a"), pg_index), on_postgres(Env(tmp_path / "b"), pg_index)
+    da, db = Daemon(a), Daemon(b)
+    try:
+        for env in (a, b):
+            (env.config / "qmd").mkdir(parents=True, exist_ok=True)
+            (env.config / "qmd" / "index.yml").write_text(f"collections:\n  notes:\n    path: {notes}\n")
+        runs = [a.qmd_background("update"), b.qmd_background("update")]
+        # queries on B while the updates run
+        while runs[0].poll() is None or runs[1].poll() is None:
+            r = b.qmd("search", "consensus", "-n", "3")
+            assert r.returncode == 0, r.stderr
+            time.sleep(0.2)
+        outs = [p.communicate() for p in runs]
+        assert [p.returncode for p in runs] == [0, 0], outs
+        assert docs_in(pg_index) == (1200, 1200)
+        # one indexed the files, the other, having waited, found them unchanged
+        assert sorted("1200 unchanged" in out for out, _ in outs) == [False, True], outs
+        assert b.json("search", "term1199", "--json")[0]["file"].startswith("qmd://notes/d9/n01199.md")
+    finally:
+        da.stop()
+        db.stop()
+
+
+@pytest.mark.slow
+def test_a_daemon_killed_mid_update_leaves_the_other_to_finish(pg_index: str, tmp_path: Path) -> None:
+    notes = write(tmp_path / "notes", many(3000))
+    a, b = on_postgres(Env(tmp_path / "a"), pg_index), on_postgres(Env(tmp_path / "b"), pg_index)
+    for env in (a, b):
+        (env.config / "qmd").mkdir(parents=True, exist_ok=True)
+        (env.config / "qmd" / "index.yml").write_text(f"collections:\n  notes:\n    path: {notes}\n")
+    da, db = Daemon(a), Daemon(b)
+    try:
+        run = a.qmd_background("update")
+        deadline = time.monotonic() + 120
+        while docs_in(pg_index)[0] < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        da.stop(signal.SIGKILL)
+        run.wait(timeout=30)
+        midway = docs_in(pg_index)[0]
+        assert 0 < midway < 3000, midway
+        out = b.ok("update", timeout=300)  # B's lock wait ends with A's session
+        assert docs_in(pg_index) == (3000, 3000), out
+        assert b.json("search", "term2999", "--json")[0]["file"].startswith("qmd://notes/d9/n02999.md")
+    finally:
+        if da.proc.poll() is None:
+            da.stop()
+        db.stop()
