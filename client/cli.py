@@ -1545,6 +1545,47 @@ def mcp_stop(c: Ctx) -> None:
     _stop(c)
 
 
+@cli.group("index")
+def index_group() -> None:
+    """Move an index between backends (SQLite and Postgres)."""
+
+
+def _index_spec(spec: str) -> str:
+    """A file given relative to here, made absolute (the daemon has another working directory)."""
+    if spec.startswith(("postgresql://", "postgres://")) or ("/" not in spec and not spec.endswith((".sqlite", ".db"))):
+        return spec
+    return os.path.abspath(os.path.expanduser(spec))
+
+
+@index_group.command("copy")
+@click.argument("source")
+@click.argument("destination")
+@click.option("--replace", is_flag=True, help="Empty a destination that already holds an index (else refused).")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@pass_ctx
+def index_copy(c: Ctx, source: str, destination: str, replace: bool, as_json: bool) -> None:
+    """Copy the index SOURCE into DESTINATION, vectors included.
+
+    Each is an index name, a SQLite file or a postgresql:// URL: `qmd index copy index
+    postgresql://host/qmd` moves the default index to a Postgres server (then set
+    `index_url:` in its config). All or nothing: interrupted, the destination is as it was.
+    """
+    bar = ProgressBar()
+    body = {"source": _index_spec(source), "destination": _index_spec(destination), "replace": replace}
+    try:
+        for ev in c.daemon.stream("/v1/index/copy", body):
+            if ev["event"] == "progress":
+                bar.draw(ev["done"], ev["total"], ev["table"])
+            elif ev["event"] == "step":
+                bar.clear()
+                c.note(f"copy: {ev['step']}")
+            elif ev["event"] == "done":
+                bar.clear()
+                _out(json.dumps(ev["report"], indent=2) if as_json else formats.render_copy(ev["report"]))
+    finally:
+        bar.clear()
+
+
 @cli.group()
 def daemon() -> None:
     """Stop the background daemon (qmdd). Any command starts it again."""

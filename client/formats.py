@@ -810,6 +810,17 @@ def orphan_lines(orphans: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def render_copy(report: Mapping[str, Any]) -> str:
+    rows = report["rows"]
+    return (
+        f"Copied {report['source']} → {report['destination']} in {report['seconds']:.1f}s:"
+        f" {rows.get('documents', 0)} documents, {rows.get('content_vectors', 0)} chunk vectors"
+        f" in {rows.get('vector_spaces', 0)} vector spaces, {rows.get('llm_cache', 0)} cached model answers.\n"
+        f"Checked: every table holds as many rows as the source's; {report['keyword_documents']} documents"
+        f" searchable by keyword, {report['vector_rows']} vector search rows."
+    )
+
+
 def render_cleanup(report: Mapping[str, Any]) -> str:
     """`qmd cleanup`: what it dropped (or would), the vacuum, the bytes before and after."""
     dry = report["dry_run"]

@@ -23,6 +23,7 @@ from qmd.paths import DEFAULT_INDEX, IndexPaths
 from qmd.server import quality
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound, QmdError
 from qmd.server.index import catalog, metadata, trust, upkeep, vectors
+from qmd.server.index import copy as index_copy
 from qmd.server.index.chunking import CHUNK_STRATEGIES, ChunkStrategy
 from qmd.server.index.code_chunks import grammar_status
 from qmd.server.index.config import (
@@ -32,6 +33,7 @@ from qmd.server.index.config import (
     ConfigFile,
     ConfigSource,
     check_index_url,
+    describe_url,
     expand_path,
     normalize_context_key,
     validate_collection_name,
@@ -876,6 +878,49 @@ class Engine:
         """What the index holds that nothing needs (doctor shows it; `cleanup` drops it)."""
         with self.store.read() as conn:
             return upkeep.survey(conn, self._configured())
+
+    def _index_at(self, spec: str) -> str:
+        """Where `spec` (an index name, a SQLite file, a ``postgresql://`` URL) keeps its index:
+        the URL, or the file's absolute path. A name's config may give its server."""
+        if "://" in spec:
+            return check_index_url(spec, f"{spec!r}: an index given by URL")
+        if "/" in spec or spec.endswith((".sqlite", ".db")):
+            return str(Path(spec).expanduser().resolve())
+        paths = IndexPaths.resolve(spec)
+        url = ConfigFile(paths.config).load().index_url if paths.config.exists() else None
+        return url or str(paths.db)
+
+    def copy_index(
+        self,
+        source: str,
+        destination: str,
+        *,
+        replace: bool = False,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> index_copy.CopyReport:
+        """`qmd index copy`: the index at `source` into `destination` (index_copy). Updates
+        and embeds of this index wait meanwhile, so a copy of it is of one moment; the index
+        this daemon serves is never a destination."""
+        src, dst = self._index_at(source), self._index_at(destination)
+        here = self.store.location if not self.store.postgres else self._index_url()
+        if describe_url(src) == describe_url(dst) or src == dst:
+            raise InvalidInput(f"the source and the destination are the same index ({describe_url(src)})")
+        if dst in (here, self.store.location):
+            raise Conflict(
+                f"{describe_url(dst)} is the index this daemon serves, so it cannot be copied into:"
+                " copy into another, then point the config at it (index_url) and restart the daemon"
+            )
+        if not src.startswith(("postgresql://", "postgres://")) and not Path(src).exists():
+            raise NotFound(f"there is no index at {src}")
+        with self._update, self._embed:
+            if src in (here, self.store.location):
+                return index_copy.copy_index(self.store, dst, replace=replace, progress=progress, cancel=cancel)
+            store = open_store(Path(src), src if src.startswith(("postgresql://", "postgres://")) else None)
+            try:
+                return index_copy.copy_index(store, dst, replace=replace, progress=progress, cancel=cancel)
+            finally:
+                store.close()
 
     def cleanup(
         self,

@@ -18,8 +18,7 @@ from conftest import NOTES, Daemon, Env, new_database, write
 import qmd
 from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, Unavailable
-from qmd.server.index import pg
-from qmd.server.index.config import Config
+from qmd.server.index.config import Config, describe_url
 from qmd.server.index.pg_store import PgStore, translate
 
 
@@ -42,7 +41,7 @@ def test_the_library_opens_a_postgres_index_by_url(pg_index: str, tmp_path: Path
         index.update()
         hits = index.search("fundraising").hits
         assert hits and hits[0].doc.display_path == "notes/fundraising.md"
-        assert index.status().index_path == pg.describe(pg_index)
+        assert index.status().index_path == describe_url(pg_index)
     with qmd.open(pg_index) as index:  # the collections as the index recorded them
         assert [c.name for c in index.collections()] == ["notes"]
         assert index.search("fundraising").hits

@@ -47,6 +47,7 @@ from qmd.server.http.wire import (
     CollectionPatch,
     ContextAdd,
     ContextRemove,
+    CopyRequest,
     EmbedRequest,
     Health,
     HitOut,
@@ -376,6 +377,20 @@ def cleanup(body: CleanupRequest, request: Request) -> StreamingResponse:
         return {"report": report_out(report)}
 
     return stream_job(request, "cleanup", run)
+
+
+@router.post("/v1/index/copy", tags=["cli"])
+def copy_index(body: CopyRequest, request: Request) -> StreamingResponse:
+    """Streams `progress` events (rows per table) and `step` events, then `done` with the
+    report (rows per table, checked equal on both sides), or `error`: the destination is
+    then as it was."""
+    e = engine_of(request)
+
+    def run(progress: Callable[[dict], None], cancel: threading.Event) -> dict:
+        report = e.copy_index(body.source, body.destination, replace=body.replace, progress=progress, cancel=cancel)
+        return {"report": asdict(report)}
+
+    return stream_job(request, "copy", run)
 
 
 @router.get("/v1/coverage", tags=["cli"])

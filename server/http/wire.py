@@ -421,6 +421,14 @@ class UpdateRequest(Request):
     collections: list[str] | None = None
 
 
+class CopyRequest(Request):
+    """`qmd index copy`: one index into another, between SQLite and Postgres (`index.copy`)."""
+
+    source: str = Field(min_length=1, description="An index name, a SQLite file or a postgresql:// URL.")
+    destination: str = Field(min_length=1, description="Where the copy goes; the same forms as `source`.")
+    replace: bool = Field(False, description="Empty a destination that holds an index first (else refused).")
+
+
 class CleanupRequest(Request):
     """`qmd cleanup`: drop what the index holds that nothing needs (`index.upkeep`)."""
 

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
@@ -259,6 +260,16 @@ def check_index_url(value: object, what: str) -> str:
     if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
         raise InvalidInput(f"{what} must be a postgresql://… URL (user, host, port and database), got {value!r}")
     return value
+
+
+def describe_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 class ConfigSource(Protocol):

@@ -16,12 +16,12 @@ a search reads one snapshot.
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
 from qmd import __version__
 from qmd.server.errors import IndexTooNew, MigrationFailed, Unavailable
+from qmd.server.index.config import describe_url
 
 log = logging.getLogger("qmd.pg")
 
@@ -178,25 +178,15 @@ compares bytewise (``COLLATE "C"``), as SQLite's does, so orders and prefix rang
 MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2)
 
 
-def describe(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
 def connect(url: str) -> psycopg.Connection:
     """An autocommit connection to the index at `url`, its schema migrated to the latest
     version. A server that does not answer is `Unavailable`, naming it (never its password)."""
     try:
         conn = psycopg.connect(url, autocommit=True)
     except psycopg.Error as e:
-        raise Unavailable(f"Postgres index {describe(url)} is not reachable: {str(e).strip()}") from None
+        raise Unavailable(f"Postgres index {describe_url(url)} is not reachable: {str(e).strip()}") from None
     try:
-        migrate(conn, describe(url))
+        migrate(conn, describe_url(url))
     except BaseException:
         conn.close()
         raise

@@ -37,6 +37,7 @@ from psycopg.adapt import Loader
 
 from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.index import pg
+from qmd.server.index.config import describe_url
 from qmd.server.index.db import Cursor, sqlite3
 
 log = logging.getLogger("qmd.pg")
@@ -52,6 +53,8 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
     # SQLite's unary plus keeps the planner off an index; Postgres has no + for text
     (re.compile(r"(?<![\w)\]])\+(?=[a-z_]+\.[a-z_]+)"), ""),
     (re.compile(r"\binstr\("), "strpos("),
+    # a reader's BEGIN is a snapshot on SQLite: repeatable read is Postgres' one
+    (re.compile(r"^BEGIN$"), "BEGIN ISOLATION LEVEL REPEATABLE READ"),
     # an empty list: SQLite allows `x IN ()`, Postgres wants an (empty) subquery of x's type
     (re.compile(r"([\w.]+) (NOT )?IN \(\)"), r"\1 \2IN (SELECT \1 WHERE false)"),
     # SQLite's LIKE ignores ASCII case; with the C collation ILIKE folds ASCII only, too
@@ -178,7 +181,7 @@ def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
         name = f"qmd pid {os.getpid()} on {socket.gethostname()}"
         raw = psycopg.connect(url, autocommit=True, connect_timeout=10, application_name=name)
     except psycopg.Error as e:
-        raise Unavailable(f"Postgres index {pg.describe(url)} is not reachable: {str(e).strip()}") from None
+        raise Unavailable(f"Postgres index {describe_url(url)} is not reachable: {str(e).strip()}") from None
     raw.adapters.register_loader("numeric", _NumericLoader)
     if timeout_ms is not None:
         raw.execute("SELECT set_config('statement_timeout', %s, false)", (str(timeout_ms),))
@@ -218,7 +221,7 @@ class PgStore:
 
     @property
     def location(self) -> str:
-        return pg.describe(self.url)
+        return describe_url(self.url)
 
     @property
     def vec_version(self) -> str | None:

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from qmd.paths import private_file
+from qmd.server.errors import Unavailable
+from qmd.server.index.config import describe_url
 from qmd.server.index.db import Connection, IndexStore, is_postgres, sqlite3
 from qmd.server.index.schema import migrate
 from qmd.server.search.lexical import norm_cjk
@@ -145,8 +147,13 @@ def open_store(db: Path, url: str | None) -> IndexStore:
     """The index at `url` (a Postgres server) when one is given, else the SQLite file `db`."""
     if url is None:
         return Store(db)
-    from qmd.server.index.pg_store import PgStore
-
+    try:
+        from qmd.server.index.pg_store import PgStore
+    except ImportError as e:
+        raise Unavailable(
+            f"the index is on a Postgres server ({describe_url(url)}), and this qmd cannot reach one: {e}."
+            " Install the postgres extra: pip install 'qmd[postgres]'"
+        ) from None
     return PgStore(url)
 
 

@@ -66,7 +66,7 @@ def _pg(conn: Connection) -> Any:
     return conn.raw
 
 
-def _create_table(conn: Connection, space: Space) -> None:
+def create_space_table(conn: Connection, space: Space) -> None:
     if is_postgres(conn):
         from qmd.server.index import pg_vectors
 
@@ -87,7 +87,7 @@ def _drop_table(conn: Connection, space: Space) -> None:
     conn.execute(f"DROP TABLE IF EXISTS {_vec_table(space.id)}")
 
 
-def _insert_rows(conn: Connection, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
+def insert_space_rows(conn: Connection, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
     """(vector_rows id, collection id, packed embedding) into the space's table."""
     if not rows:
         return
@@ -133,7 +133,7 @@ def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> S
         (fingerprint, model, dims, utcnow()),
     ).fetchone()
     space = Space(int(row[0]), fingerprint, model, dims)
-    _create_table(conn, space)
+    create_space_table(conn, space)
     return space
 
 
@@ -279,7 +279,7 @@ def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int
                 ).fetchone()
                 if row is not None:
                     added.append((int(row[0]), cid, emb))
-    _insert_rows(conn, space, added)
+    insert_space_rows(conn, space, added)
     return len(added)
 
 
@@ -316,7 +316,7 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
             (space.id, chunk, cid),
         ).fetchone()[0]
         added.append((int(rid), cid, emb))
-    _insert_rows(conn, space, added)
+    insert_space_rows(conn, space, added)
     return len(added), len(removed)
 
 
