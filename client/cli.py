@@ -928,9 +928,11 @@ def doctor(c: Ctx) -> None:
     lines += [f"{ok} {k} {v}" for k, v in d["packages"].items() if v]
     lines += [f"{warn} {k} not installed" for k, v in d["packages"].items() if not v]
     lines.append(f"{ok} SQLite {d['sqlite']}")
-    lines.append(
-        f"{ok} sqlite-vec {d['sqlite_vec']}" if d["sqlite_vec"] else f"{warn} sqlite-vec could not load: no vectors"
-    )
+    lines += [f"{ok if c['ok'] else warn} {c['what']}" for c in d["index"]]
+    if d["backend"] == "sqlite":
+        lines.append(
+            f"{ok} sqlite-vec {d['sqlite_vec']}" if d["sqlite_vec"] else f"{warn} sqlite-vec could not load: no vectors"
+        )
     if inf.get("models_missing"):
         lines.append(f"{warn} {inf['models_missing']}")
     backend = inf.get("backend") or "not started yet"

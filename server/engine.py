@@ -1070,6 +1070,8 @@ class Engine:
             },
             "sqlite": self.store.sqlite_version,
             "sqlite_vec": self.store.vec_version,
+            "backend": "postgres" if self.store.postgres else "sqlite",
+            "index": [asdict(c) for c in self.store.checks()],
             "inference": self.worker.status(),
             "models": models,
             "vector": asdict(self.vector_state()),

@@ -18,6 +18,7 @@ from conftest import NOTES, Daemon, Env, new_database, write
 import qmd
 from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, Unavailable
+from qmd.server.index import vectors
 from qmd.server.index.config import Config, describe_url
 from qmd.server.index.pg_store import PgStore, translate
 
@@ -153,6 +154,25 @@ def test_a_lock_is_released_when_its_holder_is_killed(pg_index: str, monkeypatch
         store.close()
 
 
+def test_doctor_checks_the_server_its_extension_and_the_hnsw_indexes(
+    postgres_url: str, pg_index: str, tmp_path: Path
+) -> None:
+    notes = write(tmp_path / "notes", NOTES)
+    with qmd.open(pg_index, collections={"notes": {"path": str(notes)}}) as index:
+        store = index.engine.store
+        store.write(lambda conn: vectors.ensure_space(conn, "fp", "m", 4))
+        checks = store.checks()
+        assert [c.ok for c in checks] == [True, True, True], checks
+        assert "PostgreSQL 18" in checks[0].what and "schema version" in checks[0].what
+        assert checks[1].what.startswith("pgvector 0.8") and "1 vector space" in checks[2].what
+        space = store.write(lambda conn: vectors.ensure_space(conn, "fp", "m", 4))
+        store.write(lambda conn: conn.execute(f"DROP INDEX vectors_s{space.id}_hnsw"))
+        assert not store.checks()[2].ok and f"vectors_s{space.id}" in store.checks()[2].what
+    with new_database(postgres_url, vector=False) as url, qmd.open(url) as index:
+        checks = index.engine.store.checks()
+        assert not checks[1].ok and "CREATE EXTENSION vector" in checks[1].what
+
+
 # -- the daemon and the CLI --------------------------------------------------------
 
 
@@ -182,6 +202,8 @@ def test_the_cli_on_a_postgres_index(pg_index: str, tmp_path: Path) -> None:
         assert "1: # Raising a seed round" in env.ok("get", "notes/fundraising.md")
         status = env.ok("status")
         assert "postgresql://" in status
+        doctor = env.ok("doctor")
+        assert "✓ index postgresql://" in doctor and "PostgreSQL 18" in doctor and "✓ pgvector 0.8" in doctor
         (notes / "fundraising.md").write_text("# Money\n\nA seed round closed in spring.\n")
         env.ok("update")
         assert env.json("search", "seed round", "--json")[0]["file"].startswith("qmd://notes/fundraising.md")

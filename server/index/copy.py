@@ -144,7 +144,7 @@ def _fill(src: Connection, dst: Connection, progress: Progress, report: CopyRepo
     report.keyword_documents = _keyword_index(dst)
     progress({"event": "step", "step": "rebuilding the vector tables"})
     for space in vectors.spaces(dst):
-        vectors.create_space_table(dst, space)
+        vectors.create_space_table(dst, space, bulk=True)
         rows = [
             (int(rid), int(cid), bytes(emb))
             for rid, cid, emb in dst.execute(
@@ -154,6 +154,7 @@ def _fill(src: Connection, dst: Connection, progress: Progress, report: CopyRepo
             ).fetchall()
         ]
         vectors.insert_space_rows(dst, space, rows)
+        vectors.index_space_table(dst, space)
         report.vector_rows += len(rows)
     progress({"event": "step", "step": "checking the copy"})
     found = _counts(dst)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -28,9 +29,17 @@ else:
     except ImportError:  # pragma: no cover - platforms without the wheel
         import sqlite3
 
-__all__ = ["Connection", "Cursor", "IndexStore", "is_postgres", "sqlite3"]
+__all__ = ["Connection", "Cursor", "IndexCheck", "IndexStore", "is_postgres", "sqlite3"]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class IndexCheck:
+    """One line of `qmd doctor` about the index's backend."""
+
+    ok: bool
+    what: str
 
 
 class Cursor(Protocol):
@@ -94,6 +103,10 @@ class IndexStore(Protocol):
 
     def size_bytes(self) -> int:
         """What the index takes on disk (files, or the server's relations)."""
+        ...
+
+    def checks(self) -> list[IndexCheck]:
+        """What `qmd doctor` says about the backend: versions, extensions, indexes."""
         ...
 
     def exclusive(self, what: str) -> AbstractContextManager[None]:

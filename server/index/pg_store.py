@@ -38,7 +38,7 @@ from psycopg.adapt import Loader
 from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.index import pg
 from qmd.server.index.config import describe_url
-from qmd.server.index.db import Cursor, sqlite3
+from qmd.server.index.db import Cursor, IndexCheck, sqlite3
 
 log = logging.getLogger("qmd.pg")
 T = TypeVar("T")
@@ -330,6 +330,43 @@ class PgStore:
             yield
         finally:
             raw.close()  # ends the session, and the lock with it
+
+    def checks(self) -> list[IndexCheck]:
+        """The server, its extensions, the schema and the indexes searches rely on."""
+        from qmd.server.index import pg_vectors
+
+        with self.read() as conn:
+            t0 = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            rtt = (time.perf_counter() - t0) * 1000
+            version = pg.schema_version(conn.raw)
+            spaces = [int(r[0]) for r in conn.execute("SELECT id FROM vector_spaces ORDER BY id")]
+            indexed = {
+                r[0] for r in conn.execute("SELECT tablename FROM pg_indexes WHERE indexdef ILIKE '%USING hnsw%'")
+            }
+        out = [
+            IndexCheck(
+                True,
+                f"index {self.location} (PostgreSQL {self.server_version}, schema version {version},"
+                f" {rtt:.1f} ms a round trip; statement timeout {self._timeout} ms)",
+            )
+        ]
+        vec = self._vec_version
+        if vec is None:
+            out.append(IndexCheck(False, "no `vector` extension: no vector search (CREATE EXTENSION vector)"))
+        else:
+            recent = tuple(int(p) for p in vec.split()[-1].split(".")[:2]) >= (0, 8)
+            out.append(IndexCheck(recent, vec if recent else f"{vec}: before 0.8 scoped searches come up short"))
+        missing = [pg_vectors.table_name(s) for s in spaces if pg_vectors.table_name(s) not in indexed]
+        out.append(
+            IndexCheck(
+                not missing,
+                f"HNSW index on {len(spaces)} vector space(s)"
+                if not missing
+                else f"no HNSW index on {', '.join(missing)}: vector search there scans every row",
+            )
+        )
+        return out
 
     def size_bytes(self) -> int:
         with self.read() as conn:

@@ -22,7 +22,7 @@ from typing import TypeVar
 from qmd.paths import private_file
 from qmd.server.errors import Unavailable
 from qmd.server.index.config import describe_url
-from qmd.server.index.db import Connection, IndexStore, is_postgres, sqlite3
+from qmd.server.index.db import Connection, IndexCheck, IndexStore, is_postgres, sqlite3
 from qmd.server.index.schema import migrate
 from qmd.server.search.lexical import norm_cjk
 
@@ -281,6 +281,15 @@ class Store:
 
     def exclusive(self, what: str) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def checks(self) -> list[IndexCheck]:
+        with self.read() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            fts = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'documents_fts'").fetchone()[0]
+        return [
+            IndexCheck(True, f"index {self.path} (SQLite {self.sqlite_version}, schema version {version})"),
+            IndexCheck(bool(fts), "keyword index (FTS5)" if fts else "the keyword index (FTS5 table) is missing"),
+        ]
 
     def close(self) -> None:
         if self._closed:

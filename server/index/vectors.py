@@ -66,16 +66,26 @@ def _pg(conn: Connection) -> Any:
     return conn.raw
 
 
-def create_space_table(conn: Connection, space: Space) -> None:
+def create_space_table(conn: Connection, space: Space, *, bulk: bool = False) -> None:
+    """The space's search table. `bulk`: rows come all at once next (a copy), and
+    `index_space_table` follows them (Postgres builds HNSW far faster over rows in place)."""
     if is_postgres(conn):
         from qmd.server.index import pg_vectors
 
-        pg_vectors.create_space_table(_pg(conn), space.id, space.dims)
+        pg_vectors.create_space_table(_pg(conn), space.id, space.dims, indexed=not bulk)
         return
     conn.execute(
         f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
         f"collection_id INTEGER PARTITION KEY, embedding float[{space.dims}] distance_metric=cosine)"
     )
+
+
+def index_space_table(conn: Connection, space: Space) -> None:
+    """Index a table made with `bulk` (vec0 needs nothing)."""
+    if is_postgres(conn):
+        from qmd.server.index import pg_vectors
+
+        pg_vectors.build_index(_pg(conn), space.id)
 
 
 def _drop_table(conn: Connection, space: Space) -> None:
