@@ -126,12 +126,14 @@ class Engine:
 
     def _index_url(self) -> str | None:
         """The Postgres server of this index, if it has one: `QMD_INDEX_URL`, else the
-        config's `index_url`. A project's own config may not name one: a cloned repository
-        never makes the daemon connect to a server its user did not choose."""
-        if env := os.environ.get("QMD_INDEX_URL"):
+        config's `index_url`. A project's index (`qmd init`) stays in its `.qmd/` folder:
+        QMD_INDEX_URL is not for it, and its own config may not name a server, so a cloned
+        repository never makes the daemon connect to a server its user did not choose."""
+        project = self.paths.project_root is not None
+        if (env := os.environ.get("QMD_INDEX_URL")) and not project:
             return check_index_url(env, "QMD_INDEX_URL")
         url = self.config_file.load().index_url
-        if url is not None and self.paths.project_root is not None:
+        if url is not None and project:
             raise Forbidden(
                 f"{self.paths.config} names a Postgres server (index_url), and a project's config may not:"
                 " set index_url in your own config (~/.config/qmd/<index>.yml) or QMD_INDEX_URL"

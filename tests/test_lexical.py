@@ -15,7 +15,7 @@ import pytest
 
 from qmd.server.index.db import sqlite3 as sqlite_index
 from qmd.server.index.schema import FTS_TABLE
-from qmd.server.index.store import Store, fts_delete, fts_put, repair_fts_totals
+from qmd.server.index.store import FtsDoc, Store, fts_delete, fts_put, repair_fts_totals
 from qmd.server.search.lexical import (
     STOP_WORDS,
     LexQuery,
@@ -827,11 +827,11 @@ def test_bm25_after_edits_and_removals_equals_a_fresh_index(tmp_path: Path) -> N
     docs = ["alpha beta gamma", "alpha delta", "beta beta epsilon", "gamma zeta", "eta theta alpha"]
     fresh, edited = Store(tmp_path / "fresh.sqlite"), Store(tmp_path / "edited.sqlite")
     try:
-        fresh.write(lambda c: [fts_put(c, i + 1, "c", "p", "", d) for i, d in enumerate(docs)])
-        edited.write(lambda c: [fts_put(c, i + 1, "c", "p", "", "old words " * (i + 1)) for i in range(8)])
+        fresh.write(lambda c: fts_put(c, [FtsDoc(i + 1, "c", "p", "", d) for i, d in enumerate(docs)]))
+        edited.write(lambda c: fts_put(c, [FtsDoc(i + 1, "c", "p", "", "old words " * (i + 1)) for i in range(8)]))
         edited.write(lambda c: fts_delete(c, list(range(1, 9))))
-        edited.write(lambda c: [fts_put(c, i + 11, "c", "p", "", d) for i, d in enumerate(docs)])
-        edited.write(lambda c: fts_put(c, 13, "c", "p", "", docs[2]))  # an edit: delete and insert
+        edited.write(lambda c: fts_put(c, [FtsDoc(i + 11, "c", "p", "", d) for i, d in enumerate(docs)]))
+        edited.write(lambda c: fts_put(c, [FtsDoc(13, "c", "p", "", docs[2])]))  # an edit: delete and insert
         sql = "SELECT bm25(documents_fts, 1.5, 4.0, 1.0) FROM documents_fts WHERE documents_fts MATCH ? ORDER BY rowid"
         for query in ('"alpha" OR "gamma"', '"beta"'):
             with fresh.read() as a, edited.read() as b:

@@ -14,7 +14,7 @@ from qmd.server.index import vectors
 from qmd.server.index.config import Collection, Config
 from qmd.server.index.db import Connection
 from qmd.server.index.indexer import delete_orphan_content
-from qmd.server.index.store import fts_delete, fts_put
+from qmd.server.index.store import FtsDoc, fts_delete, fts_put
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,6 @@ def rename_collection(conn: Connection, old: str, new: str) -> None:
         " WHERE d.collection = ? AND d.active = 1",
         (new,),
     )
-    for doc_id, path, title, body in rows.fetchall():
-        fts_put(conn, doc_id, new, path, title, body)
+    fts_put(conn, [FtsDoc(doc_id, new, path, title, body) for doc_id, path, title, body in rows.fetchall()])
     for table in ("skipped_files", "collection_runs"):
         conn.execute(f"UPDATE {table} SET collection = ? WHERE collection = ?", (new, old))

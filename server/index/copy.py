@@ -28,7 +28,7 @@ from typing import Any
 from qmd.server.errors import Conflict, QmdError
 from qmd.server.index import vectors
 from qmd.server.index.db import Connection, IndexStore, is_postgres
-from qmd.server.index.store import Store, fts_put
+from qmd.server.index.store import FtsDoc, Store, fts_put
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -167,14 +167,15 @@ def _fill(src: Connection, dst: Connection, progress: Progress, report: CopyRepo
 
 
 def _keyword_index(conn: Connection) -> int:
-    """Index every active document for keyword search, as an update does."""
+    """Index every active document for keyword search, as an update does, a batch at a time."""
     n = 0
-    for doc_id, collection, path, title, body in conn.execute(
+    cur = conn.execute(
         "SELECT d.id, d.collection, d.path, d.title, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
         " WHERE d.active = 1 ORDER BY d.id"
-    ).fetchall():
-        fts_put(conn, int(doc_id), collection, path, title, body)
-        n += 1
+    )
+    while rows := cur.fetchmany(BATCH):
+        fts_put(conn, [FtsDoc(int(i), coll, path, title, body) for i, coll, path, title, body in rows])
+        n += len(rows)
     return n
 
 

@@ -29,7 +29,7 @@ from qmd.server.errors import HookFailed
 from qmd.server.index import loaders, metadata, vectors
 from qmd.server.index.config import Collection
 from qmd.server.index.db import Connection, IndexStore
-from qmd.server.index.store import fts_delete, fts_put, utcnow
+from qmd.server.index.store import FtsDoc, fts_delete, fts_put, utcnow
 
 BUILTIN_EXCLUDED_DIRS = frozenset({"node_modules", ".git", ".cache", "vendor", "dist", "build"})
 GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.EXTGLOB
@@ -516,6 +516,7 @@ def _apply(conn: Connection, collection: str, ops: list[_Op]) -> None:
     now = utcnow()
     deactivate: list[int] = []
     written: list[str] = []
+    keyword: list[FtsDoc] = []
     doc_id: int | None
     for op in ops:
         if op[0] == "deactivate":
@@ -552,9 +553,10 @@ def _apply(conn: Connection, collection: str, ops: list[_Op]) -> None:
                 " WHERE id = ?",
                 (loaded.title, loaded.hash, mtime, f.size, f.mtime_ns, doc_id),
             )
-        fts_put(conn, doc_id, collection, f.rel, loaded.title, loaded.text)
+        keyword.append(FtsDoc(doc_id, collection, f.rel, loaded.title, loaded.text))
         metadata.store(conn, doc_id, loaded.meta)
         written.append(loaded.hash)
+    fts_put(conn, keyword)
     # A content embedded already (a copy, a move, a file restored) is searchable by
     # vectors here at once, not after the next `qmd embed`, which would find nothing pending.
     for space in vectors.spaces(conn) if written else ():

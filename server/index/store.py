@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -34,20 +35,33 @@ def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def fts_put(conn: Connection, doc_id: int, collection: str, path: str, title: str, body: str) -> None:
-    """(Re)write one active document's keyword-index row; rowid = documents.id. The
-    ``filepath`` column is ``collection/path``."""
+@dataclass(frozen=True)
+class FtsDoc:
+    """One active document as the keyword index takes it; its row is ``documents.id``."""
+
+    doc_id: int
+    collection: str
+    path: str
+    title: str
+    body: str
+
+
+def fts_put(conn: Connection, docs: Sequence[FtsDoc]) -> None:
+    """(Re)write these documents' keyword-index rows (the ``filepath`` column is
+    ``collection/path``): FTS5's rows, or on Postgres the postings, all in one go."""
     if is_postgres(conn):
         from qmd.server.index import pg_lexical, pg_store
 
         assert isinstance(conn, pg_store.PgConnection)
-        pg_lexical.put_documents(conn.raw, [pg_lexical.LexDoc(doc_id, collection, f"{collection}/{path}", title, body)])
+        lex = [pg_lexical.LexDoc(d.doc_id, d.collection, f"{d.collection}/{d.path}", d.title, d.body) for d in docs]
+        pg_lexical.put_documents(conn.raw, lex)
         return
-    conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (doc_id,))
-    conn.execute(
-        "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
-        (doc_id, f"{collection}/{path}", norm_cjk(title), norm_cjk(body)),
-    )
+    for d in docs:
+        conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (d.doc_id,))
+        conn.execute(
+            "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
+            (d.doc_id, f"{d.collection}/{d.path}", norm_cjk(d.title), norm_cjk(d.body)),
+        )
 
 
 def fts_delete(conn: Connection, doc_ids: list[int]) -> None:
