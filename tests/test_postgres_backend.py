@@ -173,6 +173,68 @@ def test_doctor_checks_the_server_its_extension_and_the_hnsw_indexes(
         assert not checks[1].ok and "CREATE EXTENSION vector" in checks[1].what
 
 
+def test_reads_share_a_bounded_pool_and_say_when_it_is_exhausted(
+    pg_index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qmd.server.index import pg_store
+
+    monkeypatch.setenv("QMD_PG_POOL_SIZE", "1")
+    monkeypatch.setattr(pg_store, "POOL_WAIT_S", 0.5)
+    store = PgStore(pg_index)
+    try:
+        with store.read() as outer, store.read() as inner:  # a read inside a read: the same connection
+            assert inner is outer
+            failed: list[BaseException] = []
+
+            def other() -> None:
+                try:
+                    with store.read():
+                        pass
+                except BaseException as e:  # noqa: BLE001 - the test looks at it
+                    failed.append(e)
+
+            t = threading.Thread(target=other)
+            t.start()
+            t.join(timeout=10)
+            assert len(failed) == 1 and isinstance(failed[0], Unavailable)
+            assert "every connection to the Postgres index" in str(failed[0]) and "QMD_PG_POOL_SIZE" in str(failed[0])
+        with store.read() as conn:  # free again
+            assert conn.execute("SELECT 1").fetchone()[0] == 1
+    finally:
+        store.close()
+    monkeypatch.setenv("QMD_PG_POOL_SIZE", "none")
+    with pytest.raises(InvalidInput, match="QMD_PG_POOL_SIZE must be a whole number"):
+        PgStore(pg_index)
+
+
+def test_a_read_past_the_statement_timeout_is_a_clear_error(pg_index: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QMD_PG_STATEMENT_TIMEOUT_MS", "100")
+    store = PgStore(pg_index)
+    try:
+        with pytest.raises(Unavailable, match="ran past its statement timeout .100 ms"), store.read() as conn:
+            conn.execute("SELECT pg_sleep(2)")
+        with store.read() as conn:  # the pool's connection is fine afterwards
+            assert conn.execute("SELECT 1").fetchone()[0] == 1
+    finally:
+        store.close()
+
+
+def test_connections_the_server_dropped_are_replaced(pg_index: str, tmp_path: Path) -> None:
+    notes = write(tmp_path / "notes", NOTES)
+    with qmd.open(pg_index, collections={"notes": {"path": str(notes)}}) as index:
+        index.update()
+        assert index.search("fundraising").hits
+        with psycopg.connect(pg_index, autocommit=True) as admin:  # a server restart, as the sessions see it
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'qmd pid %' AND pid <> pg_backend_pid()"
+            )
+        assert index.search("fundraising").hits  # reads: a fresh connection from the pool
+        (notes / "new.md").write_text("# New\n\nfundraising again\n")
+        index.update()  # the writer's session too
+        assert "notes/new.md" in [h.doc.display_path for h in index.search("fundraising again").hits]
+
+
 # -- the daemon and the CLI --------------------------------------------------------
 
 

@@ -175,7 +175,13 @@ text, since a Postgres column has one type where SQLite keeps each value's own; 
 compares bytewise (``COLLATE "C"``), as SQLite's does, so orders and prefix ranges agree; and
 ``qmd_generation`` counts committed writes across every daemon on the server."""
 
-MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2)
+POSTINGS_V3 = """
+ALTER TABLE lex_postings DROP CONSTRAINT lex_postings_doc_id_fkey;
+"""
+"""The postings lose their foreign key: its check per row was a third of writing them (a
+million rows for 2,000 documents); `pg_lexical` deletes a document's postings itself."""
+
+MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3)
 
 
 def connect(url: str) -> psycopg.Connection:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import psycopg
 
 from qmd.server.index.db import sqlite3
-from qmd.server.index.fts_tokens import DocumentTokenizer, tokenize_documents
+from qmd.server.index.fts_tokens import DocTokens, DocumentTokenizer, tokenize_documents
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ def totals(conn: psycopg.Connection) -> Totals:
 
 
 def _remove(conn: psycopg.Connection, doc_ids: list[int]) -> Totals:
-    """Delete these documents (their postings cascade); what they counted in the totals."""
+    """Delete these documents and their postings; what they counted in the totals."""
+    conn.execute("DELETE FROM lex_postings WHERE doc_id = ANY(%s)", (doc_ids,))
     row = conn.execute(
         "WITH gone AS (DELETE FROM lex_docs WHERE doc_id = ANY(%s)"
         " RETURNING len_filepath + len_title + len_body AS tokens)"
@@ -93,13 +94,21 @@ def put_documents(
             with cur.copy("COPY lex_docs (doc_id, collection, len_filepath, len_title, len_body) FROM STDIN") as copy:
                 for d, t in zip(latest, tokens):
                     copy.write_row((d.doc_id, d.collection, *t.lengths))
-            # binary: a third faster than text for the many small rows of the postings
-            with cur.copy("COPY lex_postings (term, doc_id, col, tf, positions) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(["text", "int8", "int2", "int4", "int4[]"])
-                for d, t in zip(latest, tokens):
-                    for (term, col), offsets in t.postings.items():
-                        copy.write_row((term, d.doc_id, col, len(offsets), offsets))
+            # text COPY written whole: psycopg's per-row dump of the offset arrays took 4× longer
+            with cur.copy("COPY lex_postings (term, doc_id, col, tf, positions) FROM STDIN") as copy:
+                copy.write("".join(_posting_lines(latest, tokens)))
         _move_totals(conn, Totals(len(latest), sum(sum(t.lengths) for t in tokens)), removed)
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _posting_lines(docs: Sequence[LexDoc], tokens: Sequence[DocTokens]) -> Iterator[str]:
+    """The postings as COPY text rows: term, document, column, frequency, offsets."""
+    for d, t in zip(docs, tokens):
+        for (term, col), offsets in t.postings.items():
+            positions = ",".join(map(str, offsets))
+            yield f"{term.translate(_COPY_ESCAPES)}\t{d.doc_id}\t{col}\t{len(offsets)}\t{{{positions}}}\n"
 
 
 def delete_documents(conn: psycopg.Connection, doc_ids: Sequence[int]) -> None:

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.adapt import Loader
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.index import pg
@@ -162,6 +163,14 @@ def _first(cur: psycopg.Cursor[Any]) -> Any:
     return None if row is None else row[0]
 
 
+POOL_SIZE = 8
+"""Read connections a daemon keeps to the server at most (`QMD_PG_POOL_SIZE`); the writer and
+each running update's lock hold one more each."""
+
+POOL_WAIT_S = 30.0
+"""How long a read waits for a free connection before it is refused."""
+
+
 def _statement_timeout() -> int:
     raw = os.environ.get("QMD_PG_STATEMENT_TIMEOUT_MS", "")
     if not raw:
@@ -175,17 +184,41 @@ def _statement_timeout() -> int:
     return value
 
 
-def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
-    try:
-        # the application name tells a daemon waiting for a lock who holds it (`PgStore.exclusive`)
-        name = f"qmd pid {os.getpid()} on {socket.gethostname()}"
-        raw = psycopg.connect(url, autocommit=True, connect_timeout=10, application_name=name)
-    except psycopg.Error as e:
-        raise Unavailable(f"Postgres index {describe_url(url)} is not reachable: {str(e).strip()}") from None
+def _settings() -> dict[str, Any]:
+    # the application name tells a daemon waiting for a lock who holds it (`PgStore.exclusive`)
+    return {
+        "autocommit": True,
+        "connect_timeout": 10,
+        "application_name": f"qmd pid {os.getpid()} on {socket.gethostname()}",
+    }
+
+
+def _configure(raw: psycopg.Connection[Any], timeout_ms: int | None) -> None:
     raw.adapters.register_loader("numeric", _NumericLoader)
     if timeout_ms is not None:
         raw.execute("SELECT set_config('statement_timeout', %s, false)", (str(timeout_ms),))
+
+
+def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
+    try:
+        raw = psycopg.connect(url, **_settings())
+    except psycopg.Error as e:
+        raise Unavailable(f"Postgres index {describe_url(url)} is not reachable: {str(e).strip()}") from None
+    _configure(raw, timeout_ms)
     return raw
+
+
+def _pool_size() -> int:
+    raw = os.environ.get("QMD_PG_POOL_SIZE", "")
+    if not raw:
+        return POOL_SIZE
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"QMD_PG_POOL_SIZE must be a whole number of connections, got {raw!r}") from None
+    if value < 1:
+        raise InvalidInput(f"QMD_PG_POOL_SIZE must be at least 1, got {raw!r}")
+    return value
 
 
 class PgStore:
@@ -213,8 +246,16 @@ class PgStore:
             queue.Queue()
         )
         self._local = threading.local()
-        self._readers: list[psycopg.Connection[Any]] = []
-        self._readers_lock = threading.Lock()
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=_pool_size(),
+            kwargs=_settings(),
+            configure=lambda raw: _configure(raw, self._timeout),
+            check=ConnectionPool.check_connection,  # a connection the server dropped is replaced, not handed out
+            name="qmd-pg-readers",
+            open=True,
+        )
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="qmd-pg-writer", daemon=True)
         self._writer.start()
@@ -239,8 +280,19 @@ class PgStore:
 
     # -- writes -------------------------------------------------------------
 
+    def _live(self, raw: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        """The writer's session, or a new one if the server ended it (a restart, a failover):
+        one round trip before each write, so a dropped session costs no write."""
+        if not (raw.closed or raw.broken):
+            try:
+                raw.execute("SELECT 1")
+                return raw
+            except psycopg.OperationalError:
+                raw.close()
+        log.warning("the session to %s was lost; reconnecting", self.location)
+        return _open(self.url, timeout_ms=None)
+
     def _write_loop(self, raw: psycopg.Connection[Any]) -> None:
-        conn = PgConnection(raw)
         while True:
             item = self._queue.get()
             if item is None:
@@ -249,6 +301,8 @@ class PgStore:
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
+                raw = self._live(raw)
+                conn = PgConnection(raw)
                 if transaction:
                     with raw.transaction():
                         result = fn(conn)
@@ -258,10 +312,7 @@ class PgStore:
                     result = fn(conn)
             except psycopg.OperationalError as e:
                 fut.set_exception(Unavailable(f"Postgres index {self.location}: {str(e).strip()}"))
-                if raw.closed or raw.broken:
-                    raw = _open(self.url, timeout_ms=None)
-                    conn = PgConnection(raw)
-            except BaseException as e:  # noqa: BLE001 - the caller gets the exception
+            except BaseException as e:  # noqa: BLE001 - the caller gets the exception (Unavailable: no server)
                 fut.set_exception(e)
             else:
                 fut.set_result(result)
@@ -289,14 +340,25 @@ class PgStore:
 
     @contextmanager
     def read(self) -> Iterator[PgConnection]:
-        raw: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if raw is None or raw.closed or raw.broken:
-            raw = _open(self.url, timeout_ms=self._timeout)
-            self._local.conn = raw
-            with self._readers_lock:
-                self._readers.append(raw)
+        """A connection from the pool for the block; a read inside a read on the same thread
+        (a helper called with the index open) shares the outer one, so the pool never waits
+        on itself."""
+        held: PgConnection | None = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
         try:
-            yield PgConnection(raw)
+            with self._pool.connection(timeout=POOL_WAIT_S) as raw:
+                self._local.conn = conn = PgConnection(raw)
+                try:
+                    yield conn
+                finally:
+                    self._local.conn = None
+        except PoolTimeout:
+            raise Unavailable(
+                f"every connection to the Postgres index {self.location} is busy"
+                f" ({self._pool.max_size}, QMD_PG_POOL_SIZE); try again"
+            ) from None
         except psycopg.errors.QueryCanceled as e:
             raise Unavailable(
                 f"a query on the Postgres index {self.location} ran past its statement timeout"
@@ -378,7 +440,4 @@ class PgStore:
         self._closed = True
         self._queue.put(None)
         self._writer.join(timeout=30)
-        with self._readers_lock:
-            for raw in self._readers:
-                raw.close()
-            self._readers.clear()
+        self._pool.close()
