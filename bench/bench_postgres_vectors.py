@@ -6,10 +6,10 @@
 For each size N, N unit vectors of 384 dims go into one space's table through the module
 (`create_space_table` without the HNSW index, `insert_rows` in batches of 5,000, then
 `build_index`), 99% in a collection `big` and 1% in `small`. The vectors are a gaussian
-mixture, not uniform noise: N/100 random unit centres, each vector a centre plus noise of
-the same norm, normalized (cosine ~0.5 within a cluster, ~0 across; a nearest neighbour at
-~0.3-0.5 distance, like sentence embeddings' and unlike uniform random vectors, which are the
-worst case for any graph index). Queries are --queries fresh draws from the same mixture.
+mixture, not uniform noise: N/100 random unit centres, each vector a centre plus gaussian
+noise of norm --spread (1.5), normalized (cosine ~0.3 within a cluster, ~0 across: neighbours
+that stand out, as sentence embeddings' do, where uniform random vectors, the worst case for
+any graph index, have none). Queries are --queries fresh draws from the same mixture.
 
 Per size: insert and build time, table and index size, then per query back to back the
 exact scan of `big` (`knn_exact`: the baseline) and `knn` (HNSW, k=10); recall@10 of the
@@ -45,11 +45,17 @@ from qmd.server.index import pg_vectors as pv  # noqa: E402
 DIMS = 384
 K = 10
 BIG, SMALL = 1, 2
+SPREAD = 1.5
+"""Noise of norm 1.5 around a unit centre: cosine ~0.3 within a cluster, against ~0 ± 0.05
+across, so a query's top 10 mixes its cluster's tail with near strangers (at 1.0 the top
+10 is always its own cluster's, and HNSW's recall a trivial 1.000)."""
 
 
-def mixture(rng: np.random.Generator, n: int, centres: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """n unit vectors around random ones of `centres` (noise of norm ~1 before normalizing)."""
-    x = centres[rng.integers(0, len(centres), n)] + rng.standard_normal((n, DIMS)) / np.sqrt(DIMS)
+def mixture(
+    rng: np.random.Generator, n: int, centres: npt.NDArray[np.float32], spread: float
+) -> npt.NDArray[np.float32]:
+    """n unit vectors around random ones of `centres` (noise of norm ~`spread` before normalizing)."""
+    x = centres[rng.integers(0, len(centres), n)] + spread * rng.standard_normal((n, DIMS)) / np.sqrt(DIMS)
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
@@ -90,11 +96,19 @@ def f32_knn(conn: psycopg.Connection, q: npt.NDArray[np.float32]) -> list[int]:
     return [r[0] for r in rows]
 
 
-def run_size(conn: psycopg.Connection, rng: np.random.Generator, n: int, queries: int, f32: bool) -> dict[str, Any]:
+def run_size(
+    conn: psycopg.Connection,
+    rng: np.random.Generator,
+    n: int,
+    queries: int,
+    spread: float,
+    f32: bool,
+    sweep: Sequence[int],
+) -> dict[str, Any]:
     centres = rng.standard_normal((max(10, n // 100), DIMS))
     centres = (centres / np.linalg.norm(centres, axis=1, keepdims=True)).astype(np.float32)
-    x = mixture(rng, n, centres)
-    qs = mixture(rng, queries, centres)
+    x = mixture(rng, n, centres, spread)
+    qs = mixture(rng, queries, centres, spread)
     cids = [SMALL if i % 100 == 0 else BIG for i in range(n)]
     space = n  # one space per size
     t = pv.table_name(space)
@@ -116,6 +130,7 @@ def run_size(conn: psycopg.Connection, rng: np.random.Generator, n: int, queries
     hits["float32_hnsw_vs_float32"] = 0
     small_equal = 0
     max_diff = 0.0
+    exact_ids: list[set[int]] = []
     for q in qs:
         blob = q.tobytes()
         s, exact = timed(lambda b=blob: pv.knn_exact(conn, space, b, K, BIG))
@@ -134,6 +149,7 @@ def run_size(conn: psycopg.Connection, rng: np.random.Generator, n: int, queries
         truth = set(big_ids[np.argsort(full[big_ids - 1])[:K]].tolist())
         small_truth = small_ids[np.argsort(full[small_ids - 1])[:K]].tolist()
         got = {"exact": {r[0] for r in exact}, "hnsw": {r[0] for r in approx}}
+        exact_ids.append(got["exact"])
         hits["hnsw_vs_exact"] += len(got["hnsw"] & got["exact"])
         hits["hnsw_vs_float32"] += len(got["hnsw"] & truth)
         hits["exact_vs_float32"] += len(got["exact"] & truth)
@@ -144,8 +160,26 @@ def run_size(conn: psycopg.Connection, rng: np.random.Generator, n: int, queries
             s, ids = timed(lambda v=q: f32_knn(conn, v))
             lat["float32_hnsw"].append(s)
             hits["float32_hnsw_vs_float32"] += len(set(ids) & truth)
+    by_ef: dict[int, dict[str, float]] = {}
+    saved_ef = pv.EF_SEARCH
+    try:
+        for ef in sweep:
+            pv.EF_SEARCH = ef
+            times, found = [], 0
+            for q, truth_ids in zip(qs, exact_ids):
+                s, approx = timed(lambda b=q.tobytes(): pv.knn(conn, space, b, K, BIG))
+                times.append(s)
+                found += len({r[0] for r in approx} & truth_ids)
+            by_ef[ef] = {
+                "p50_ms": percentile(times, 50) * 1000,
+                "p95_ms": percentile(times, 95) * 1000,
+                "recall_at_10": found / (K * queries),
+            }
+    finally:
+        pv.EF_SEARCH = saved_ef
     return {
         "n": n,
+        "ef_search_sweep": by_ef,
         "insert_s": insert,
         "build_s": build,
         "table_bytes": sizes[0],
@@ -164,6 +198,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000,200000")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--float32-at", type=int, default=100_000, help="the size with a float32 twin (0: none)")
+    ap.add_argument("--ef-search", default="40,64,100", help="ef_search values to sweep after the main pass")
+    ap.add_argument("--spread", type=float, default=SPREAD, help="the noise's norm around a centre")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--url", help="a Postgres server with pgvector to use instead of an embedded one")
     args = ap.parse_args()
@@ -174,7 +210,15 @@ def main() -> None:
         url = args.url or stack.enter_context(embedded_postgres())
         conn = stack.enter_context(psycopg.connect(url, autocommit=True))
         for n in (int(s) for s in args.sizes.split(",")):
-            r = run_size(conn, rng, n, args.queries, n == args.float32_at)
+            r = run_size(
+                conn,
+                rng,
+                n,
+                args.queries,
+                args.spread,
+                n == args.float32_at,
+                [int(e) for e in args.ef_search.split(",")],
+            )
             results.append(r)
             print(f"{n:,} vectors: inserted in {r['insert_s']:.1f} s, HNSW built in {r['build_s']:.1f} s", flush=True)
             pv.drop_space_table(conn, n)
@@ -234,6 +278,17 @@ def main() -> None:
                 for r in results
             ],
             formats=[",", ",", ".2f", ".2f", None, ".2f", ".2f", ".3f"],
+        )
+    )
+    print(
+        table(
+            ["N", "ef_search", "HNSW p50", "p95", "recall@10"],
+            [
+                [r["n"], ef, v["p50_ms"], v["p95_ms"], v["recall_at_10"]]
+                for r in results
+                for ef, v in r["ef_search_sweep"].items()
+            ],
+            formats=[",", None, ".2f", ".2f", ".3f"],
         )
     )
     for r in results:
