@@ -13,7 +13,7 @@ import numpy.typing as npt
 import psycopg
 import pytest
 
-from qmd.server.errors import Conflict, InvalidInput, NotFound
+from qmd.server.errors import Conflict, InvalidInput, NotFound, Unavailable
 from qmd.server.index import pg_vectors as pv
 from qmd.server.index.vectors import pack
 
@@ -176,7 +176,9 @@ def test_wrong_dimensions_are_refused_whole(conn: psycopg.Connection) -> None:
         pv.insert_rows(conn, 3, [(100, 1, pack([1.0] * DIMS)), (101, 1, pack([1.0] * 8))])
     with pytest.raises(InvalidInput, match="vector space 3: .*NaN"):
         pv.insert_rows(conn, 3, [(100, 1, pack([1.0] * DIMS)), (101, 1, pack([float("nan")] * DIMS))])
-    with pytest.raises(Conflict, match="vector space 3"):
+    with pytest.raises(InvalidInput, match="vector space 3: .*beyond ±65504"):
+        pv.insert_rows(conn, 3, [(100, 1, pack([1e6] * DIMS))])
+    with pytest.raises(Conflict, match=r"vector space 3: .*\(id\)=\(5\) already exists"):
         pv.insert_rows(conn, 3, [(100, 1, pack([1.0] * DIMS)), (5, 1, pack([1.0] * DIMS))])
     assert conn.execute(f"SELECT count(*), max(id) FROM {pv.table_name(3)}").fetchone() == (10, 10)
     with pytest.raises(Conflict, match="already has a table"):
@@ -199,3 +201,13 @@ def test_bulk_load_then_build(conn: psycopg.Connection) -> None:
     indexes = conn.execute("SELECT count(*) FROM pg_indexes WHERE tablename = %s", (pv.table_name(1),)).fetchone()
     assert indexes == (3,)  # primary key, collection, HNSW
     assert pv.knn(conn, 1, x[0].tolist(), 5, 1) == before
+
+
+def test_a_database_without_pgvector(conn: psycopg.Connection) -> None:
+    """Where the `vector` type cannot be found (here: public, which holds it, off the search
+    path) making a space is `Unavailable`, saying how to add the extension, and leaves nothing."""
+    schema = conn.execute("SELECT current_schema()").fetchone()
+    conn.execute("SET search_path = " + schema[0])
+    with pytest.raises(Unavailable, match="no pgvector .*CREATE EXTENSION vector"):
+        pv.create_space_table(conn, 1, DIMS)
+    assert conn.execute("SELECT to_regclass('vectors_s1')").fetchone() == (None,)

@@ -24,7 +24,7 @@ never outlive the statement, whoever owns the surrounding transaction.
 Functions take an autocommit ``psycopg.Connection``; writes run in ``conn.transaction()``,
 which is the caller's transaction's savepoint when there is one, so a failed batch leaves
 nothing behind. Bad input (a vector of the wrong size, a NaN) is `InvalidInput`; a space
-without a table is `NotFound`.
+without a table is `NotFound`; a database without pgvector is `Unavailable`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from qmd.server.errors import Conflict, InvalidInput, NotFound
+from qmd.server.errors import Conflict, InvalidInput, NotFound, Unavailable
 
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
@@ -52,6 +52,8 @@ EXACT_UP_TO = 5_000
 the answer is exact."""
 MAX_HNSW_DIMS = 4_000
 """pgvector indexes a halfvec of at most 4,000 dimensions with HNSW."""
+HALF_MAX = 65_504.0
+"""The largest half float: a stored value must not exceed it (unit vectors never come near)."""
 MAX_BUILD_MB = 2_048
 """The most memory `build_index` asks for (``maintenance_work_mem``)."""
 _GRAPH_BYTES_PER_ROW = 64 * HNSW_M
@@ -63,10 +65,18 @@ def table_name(space_id: int) -> str:
     return f"vectors_s{int(space_id)}"
 
 
+def _said(e: psycopg.Error) -> str:
+    """The server's message and its detail (which key), without the statement excerpt
+    psycopg adds below them."""
+    said = e.diag.message_primary or str(e).strip()
+    return f"{said} ({e.diag.message_detail})" if e.diag.message_detail else said
+
+
 @contextmanager
 def _errors(space_id: int) -> Iterator[None]:
     """Postgres' refusals as the engine's errors, naming the space: a vector of the wrong
-    size or with a NaN, a table that is not there (dropped by another daemon) or already is."""
+    size or with a NaN, a table that is not there (dropped by another daemon) or already is,
+    a database without the `vector` extension."""
     try:
         yield
     except psycopg.errors.UndefinedTable:
@@ -74,7 +84,12 @@ def _errors(space_id: int) -> Iterator[None]:
     except psycopg.errors.DuplicateTable:
         raise Conflict(f"vector space {space_id} already has a table {table_name(space_id)}") from None
     except psycopg.errors.DataException as e:
-        raise InvalidInput(f"vector space {space_id}: {str(e).strip()}") from None
+        raise InvalidInput(f"vector space {space_id}: {_said(e)}") from None
+    except psycopg.errors.UndefinedObject as e:  # `type "halfvec" does not exist`
+        raise Unavailable(
+            f"vector space {space_id}: the database has no pgvector ({_said(e)});"
+            " a superuser can add it with CREATE EXTENSION vector"
+        ) from None
 
 
 def create_space_table(conn: psycopg.Connection, space_id: int, dims: int, *, indexed: bool = True) -> None:
@@ -157,7 +172,12 @@ def _copy_rows(space_id: int, rows: Sequence[tuple[int, int, bytes]]) -> bytes:
     out["dims"] = dims
     out["id"] = [r[0] for r in rows]
     out["cid"] = [r[1] for r in rows]
-    out["embedding"] = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), dims)
+    values = np.frombuffer(b"".join(r[2] for r in rows), dtype="<f4").reshape(len(rows), dims)
+    if np.any(np.abs(values) > HALF_MAX):  # NaN compares False: the server refuses it by name
+        raise InvalidInput(
+            f"vector space {space_id}: an embedding holds a value beyond ±{HALF_MAX:g}, the largest half float"
+        )
+    out["embedding"] = values
     return _COPY_HEADER + out.tobytes() + _COPY_TRAILER
 
 
@@ -175,7 +195,7 @@ def insert_rows(conn: psycopg.Connection, space_id: int, rows: Sequence[tuple[in
             ) as cp:
                 cp.write(data)
         except psycopg.errors.UniqueViolation as e:
-            raise Conflict(f"vector space {space_id}: {str(e).strip()}") from None
+            raise Conflict(f"vector space {space_id}: {_said(e)}") from None
 
 
 def delete_rows(conn: psycopg.Connection, space_id: int, row_ids: Sequence[int]) -> int:
