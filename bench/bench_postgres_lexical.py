@@ -39,7 +39,7 @@ from pg_server import embedded_postgres  # noqa: E402 - tests/ is on the path th
 import qmd  # noqa: E402
 from qmd.server.index import pg  # noqa: E402
 from qmd.server.index.db import sqlite3  # noqa: E402
-from qmd.server.index.fts_tokens import DocTokens  # noqa: E402
+from qmd.server.index.fts_tokens import TokenBatch, copy_line  # noqa: E402
 from qmd.server.index.pg_lexical import put_documents, sqlite_documents  # noqa: E402
 from qmd.server.quality import load_beir, materialize, score  # noqa: E402
 from qmd.server.search.lexical import norm_cjk, parse_lex, search_fts  # noqa: E402
@@ -63,20 +63,20 @@ class TsvectorTokenizer:
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
 
-    def documents(self, docs: Sequence[tuple[str, str, str]]) -> list[DocTokens]:
-        out = []
-        for filepath, title, body in docs:
-            lengths = [0, 0, 0]
-            postings: dict[tuple[str, int], list[int]] = {}
+    def documents(self, docs: Sequence[tuple[int, str, str, str]]) -> TokenBatch:
+        lengths: dict[int, tuple[int, int, int]] = {}
+        lines: list[str] = []
+        for doc_id, filepath, title, body in docs:
+            counts = [0, 0, 0]
             for col, lexeme, positions in self.conn.execute(
                 "SELECT t.col - 1, u.lexeme, u.positions FROM unnest(%s::text[]) WITH ORDINALITY AS t(txt, col),"
                 " unnest(to_tsvector('qmd_porter', t.txt)) AS u",
                 ([filepath, norm_cjk(title), norm_cjk(body)],),
             ):
-                postings[(lexeme, col)] = [p - 1 for p in positions]
-                lengths[col] += len(positions)
-            out.append(DocTokens((lengths[0], lengths[1], lengths[2]), postings))
-        return out
+                lines.append(copy_line(lexeme, doc_id, col, [p - 1 for p in positions]))
+                counts[col] += len(positions)
+            lengths[doc_id] = (counts[0], counts[1], counts[2])
+        return TokenBatch(lengths, "".join(lines))
 
     def phrases(self, texts: Sequence[str]) -> list[tuple[str, ...]]:
         return [

@@ -186,6 +186,20 @@ def test_deletes_and_edits_move_the_statistics(make_both: object, tmp_path: Path
     assert search_pg(both.pg, parse_lex("angel"), 10) == []
 
 
+def test_postings_hold_each_terms_offsets_in_order(pg_url: str) -> None:
+    """The tokenizer writes COPY lines straight from FTS5's vocabulary: each offset list
+    ascending, each frequency its length, tabs and backslashes in a path escaped."""
+    conn = pg.connect(pg_url)
+    body = " ".join(["zeta alpha beta alpha"] * 40) + " tab\tpath back\\slash"
+    put_documents(conn, [LexDoc(7, "c", "c/dir\\x.md", "Alpha alpha", body)])
+    rows = conn.execute("SELECT term, col, tf, positions FROM lex_postings WHERE doc_id = 7").fetchall()
+    assert rows and all(positions == sorted(positions) and tf == len(positions) for _, _, tf, positions in rows)
+    by = {(term, col): positions for term, col, _, positions in rows}
+    assert by[("alpha", 2)][:4] == [1, 3, 5, 7] and by[("alpha", 1)] == [0, 1]
+    assert ("dir", 0) in by and ("x", 0) in by
+    assert conn.execute("SELECT len_title, len_body FROM lex_docs WHERE doc_id = 7").fetchone() == (2, 164)
+
+
 def test_a_failed_write_changes_nothing(pg_url: str) -> None:
     conn = pg.connect(pg_url)
     put_documents(conn, [LexDoc(1, "c", "c/a.md", "Alpha", "alpha beta")])

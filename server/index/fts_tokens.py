@@ -9,9 +9,8 @@ diacritic folding and its porter quirks, and would drift with every SQLite relea
 So the tokenizer is SQLite's: an in-memory copy of the index's FTS table (the same
 ``FTS_TABLE`` statement, so the same tokenizer and options) takes the rows, and an
 ``fts5vocab`` table in ``instance`` mode reads back every (term, column, offset) it
-indexed, grouped per posting inside SQLite. That costs about a quarter of the time to fill
-Postgres from a SQLite index (bench/bench_postgres_lexical.py); Postgres writing the
-postings and their index is the rest.
+indexed, grouped per posting inside SQLite, which also writes each posting as the line
+Postgres' COPY takes: no Python object per posting (a 2,000-file batch has a million).
 
 Title and body pass through ``norm_cjk`` first, as ``store.fts_put`` does; the file
 path does not.
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 
 from qmd.server.index.db import sqlite3
 from qmd.server.index.schema import FTS_TABLE
+from qmd.server.index.store import fts5_varints
 from qmd.server.search.lexical import norm_cjk
 
 COLUMNS = ("filepath", "title", "body")
@@ -32,18 +32,30 @@ COLUMNS = ("filepath", "title", "body")
 
 
 @dataclass(frozen=True)
-class DocTokens:
-    """One document as FTS5 tokenizes it."""
+class TokenBatch:
+    """Documents as FTS5 tokenizes them, in the form Postgres stores them."""
 
-    lengths: tuple[int, int, int]
-    """Tokens per column: what FTS5's ``_docsize`` records (bm25's document length is their sum)."""
-    postings: dict[tuple[str, int], list[int]]
-    """(term, column) → the term's offsets in that column, ascending."""
+    lengths: dict[int, tuple[int, int, int]]
+    """Document id → tokens per column: what FTS5's ``_docsize`` records (bm25's document
+    length is their sum)."""
+    postings: str
+    """``COPY lex_postings (term, doc_id, col, tf, positions)`` text: a line per (term,
+    document, column), its offsets ascending."""
 
 
-DocumentTokenizer = Callable[[Sequence[tuple[str, str, str]]], list[DocTokens]]
-"""(filepath, title, body) of each document → its tokens: `tokenize_documents`, or another
-tokenizer whose agreement with FTS5 is being measured (bench/bench_postgres_lexical.py)."""
+DocumentTokenizer = Callable[[Sequence[tuple[int, str, str, str]]], TokenBatch]
+"""(document id, filepath, title, body) of each document → its tokens: `tokenize_documents`,
+or another tokenizer whose agreement with FTS5 is being measured (bench/bench_postgres_lexical.py)."""
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def copy_line(term: str, doc_id: int, col: int, offsets: Sequence[int]) -> str:
+    """One posting as a COPY text line (for a tokenizer that has it as Python objects)."""
+    positions = ",".join(map(str, offsets))
+    return f"{term.translate(_COPY_ESCAPES)}\t{doc_id}\t{col}\t{len(offsets)}\t{{{positions}}}\n"
+
+
 PhraseTokenizer = Callable[[Sequence[str]], list[tuple[str, ...]]]
 """Query phrases → their tokens: `tokenize_phrases`, or the same other tokenizer's."""
 
@@ -60,10 +72,29 @@ class _Tokenizer:
         contentless = "content=''" in FTS_TABLE
         self.clear = "INSERT INTO documents_fts(documents_fts) VALUES ('delete-all')" if contentless else None
 
+    def batch(self, rows: Sequence[tuple[int, str, str, str]]) -> TokenBatch:
+        """The rows (id, filepath, title, body) indexed under their own ids, read back as
+        lengths and COPY lines; the table is emptied after. The vocabulary is in (term, row,
+        column, offset) order, which GROUP BY keeps, so each offset list comes ascending."""
+        self.conn.executemany("INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)", rows)
+        try:
+            # the column lengths as FTS5 records them: a few varints a row, not a scan of every token
+            lengths = {
+                doc: fts5_varints(size) for doc, size in self.conn.execute("SELECT id, sz FROM documents_fts_docsize")
+            }
+            (postings,) = self.conn.execute(
+                "SELECT coalesce(group_concat(line, ''), '') FROM (SELECT"
+                " replace(replace(replace(replace(term, '\\', '\\\\'), char(9), '\\t'), char(10), '\\n'),"
+                " char(13), '\\r') || char(9) || doc || char(9) || (CASE col WHEN 'filepath' THEN 0"
+                " WHEN 'title' THEN 1 ELSE 2 END) || char(9) || count(*) || char(9) || '{' || group_concat(offset)"
+                " || '}' || char(10) AS line FROM documents_vocab GROUP BY term, doc, col)"
+            ).fetchone()
+        finally:
+            self.conn.execute(self.clear or "DELETE FROM documents_fts")
+        return TokenBatch({d: (n[0], n[1], n[2]) for d, n in lengths.items()}, postings)
+
     def run(self, rows: Sequence[tuple[str, str, str]]) -> list[dict[tuple[str, int], list[int]]]:
-        """Each row's (term, column) → offsets; the table is emptied after. Grouped by SQLite
-        in the vocabulary's own order (term, row, column): a Python row per posting, not per
-        token, which is what makes this fast."""
+        """Each row's (term, column) → offsets, for query phrases; the table is emptied after."""
         self.conn.executemany(
             "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
             [(i + 1, *row) for i, row in enumerate(rows)],
@@ -92,16 +123,10 @@ def _tokenizer() -> _Tokenizer:
     return tok
 
 
-def tokenize_documents(docs: Sequence[tuple[str, str, str]]) -> list[DocTokens]:
-    """Each (filepath, title, body) as ``documents_fts`` would index it."""
-    rows = [(filepath, norm_cjk(title), norm_cjk(body)) for filepath, title, body in docs]
-    out = []
-    for postings in _tokenizer().run(rows) if rows else []:
-        lengths = [0, 0, 0]
-        for (_, col), offsets in postings.items():
-            lengths[col] += len(offsets)
-        out.append(DocTokens((lengths[0], lengths[1], lengths[2]), postings))
-    return out
+def tokenize_documents(docs: Sequence[tuple[int, str, str, str]]) -> TokenBatch:
+    """Each (id, filepath, title, body) as ``documents_fts`` would index it; ids distinct."""
+    rows = [(doc_id, filepath, norm_cjk(title), norm_cjk(body)) for doc_id, filepath, title, body in docs]
+    return _tokenizer().batch(rows) if rows else TokenBatch({}, "")
 
 
 def tokenize_phrases(phrases: Sequence[str]) -> list[tuple[str, ...]]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import psycopg
 
 from qmd.server.index.db import sqlite3
-from qmd.server.index.fts_tokens import DocTokens, DocumentTokenizer, tokenize_documents
+from qmd.server.index.fts_tokens import DocumentTokenizer, tokenize_documents
 
 
 @dataclass(frozen=True)
@@ -86,29 +86,18 @@ def put_documents(
     latest = list({d.doc_id: d for d in docs}.values())
     if not latest:
         return
-    tokens = tokenize([(d.filepath, d.title, d.body) for d in latest])
+    tokens = tokenize([(d.doc_id, d.filepath, d.title, d.body) for d in latest])
     with conn.transaction():
         conn.execute("SELECT 1 FROM lex_totals FOR UPDATE")
         removed = _remove(conn, [d.doc_id for d in latest])
         with conn.cursor() as cur:
             with cur.copy("COPY lex_docs (doc_id, collection, len_filepath, len_title, len_body) FROM STDIN") as copy:
-                for d, t in zip(latest, tokens):
-                    copy.write_row((d.doc_id, d.collection, *t.lengths))
-            # text COPY written whole: psycopg's per-row dump of the offset arrays took 4× longer
+                for d in latest:
+                    copy.write_row((d.doc_id, d.collection, *tokens.lengths[d.doc_id]))
+            # the tokenizer's COPY text, whole: psycopg's per-row dump of offset arrays took 4× longer
             with cur.copy("COPY lex_postings (term, doc_id, col, tf, positions) FROM STDIN") as copy:
-                copy.write("".join(_posting_lines(latest, tokens)))
-        _move_totals(conn, Totals(len(latest), sum(sum(t.lengths) for t in tokens)), removed)
-
-
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
-def _posting_lines(docs: Sequence[LexDoc], tokens: Sequence[DocTokens]) -> Iterator[str]:
-    """The postings as COPY text rows: term, document, column, frequency, offsets."""
-    for d, t in zip(docs, tokens):
-        for (term, col), offsets in t.postings.items():
-            positions = ",".join(map(str, offsets))
-            yield f"{term.translate(_COPY_ESCAPES)}\t{d.doc_id}\t{col}\t{len(offsets)}\t{{{positions}}}\n"
+                copy.write(tokens.postings)
+        _move_totals(conn, Totals(len(latest), sum(sum(n) for n in tokens.lengths.values())), removed)
 
 
 def delete_documents(conn: psycopg.Connection, doc_ids: Sequence[int]) -> None:

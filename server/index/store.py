@@ -76,7 +76,7 @@ def fts_delete(conn: Connection, doc_ids: list[int]) -> None:
         conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
 
 
-def _varints(blob: bytes) -> list[int]:
+def fts5_varints(blob: bytes) -> list[int]:
     """The varints of an FTS5 record (SQLite's big-endian, 7 bits a byte; FTS5's counts
     stay far below the 9-byte form)."""
     values, value = [], 0
@@ -104,13 +104,13 @@ def repair_fts_totals(conn: sqlite3.Connection) -> bool:
     transaction, since FTS5 rewrites the totals it cached when a transaction commits.
     Returns whether it repaired anything."""
     row = conn.execute("SELECT block FROM documents_fts_data WHERE id = 1").fetchone()
-    recorded = _varints(row[0]) if row and row[0] else []
+    recorded = fts5_varints(row[0]) if row and row[0] else []
     rows = conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0]
     if not recorded or recorded[0] == rows:
         return False
     totals = [0] * (len(recorded) - 1)
     for (size,) in conn.execute("SELECT sz FROM documents_fts_docsize"):
-        for column, tokens in enumerate(_varints(size)[: len(totals)]):
+        for column, tokens in enumerate(fts5_varints(size)[: len(totals)]):
             totals[column] += tokens
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(
