@@ -53,6 +53,10 @@ def load(conn: psycopg.Connection, space: int, x: npt.NDArray[np.float32], cids:
         pv.build_index(conn, space)
 
 
+WALK = "SELECT id FROM vectors_s1 WHERE collection_id = 2 ORDER BY embedding <=> %s::halfvec LIMIT 10"
+"""An HNSW walk over collection 2 of space 1 as `knn` words it, for the tests that check the walk alone."""
+
+
 def test_knn_matches_brute_force(conn: psycopg.Connection) -> None:
     rng = np.random.default_rng(1)
     x = unit(rng, 300)
@@ -117,16 +121,47 @@ def test_small_collection_inside_a_big_one(conn: psycopg.Connection) -> None:
 
 
 def test_iterative_scan_fills_k_under_a_filter(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The HNSW walk itself (the exact threshold forced to 0) still returns k rows of a 1%
-    collection: the iterative scan walks on until the filter has let them through."""
+    """The HNSW walk itself (the exact threshold forced to 0, and sorting priced out so the
+    planner cannot scan the small collection by its btree instead) still returns k rows of a
+    1% collection: the iterative scan walks on until the filter has let them through."""
     rng = np.random.default_rng(5)
     x = unit(rng, 2_000)
     cids = [2 if i % 100 == 0 else 1 for i in range(2_000)]
     load(conn, 1, x, cids, bulk=True)
     monkeypatch.setattr(pv, "EXACT_UP_TO", 0)
-    got = pv.knn(conn, 1, unit(rng, 1)[0].tolist(), 10, 2)
+    conn.execute("SET enable_sort = off")
+    q = unit(rng, 1)[0].tolist()
+    plan = conn.execute(
+        "EXPLAIN " + WALK,
+        (str(q),),
+    ).fetchall()
+    assert "_hnsw" in plan[1][0]
+    got = pv.knn(conn, 1, q, 10, 2)
     assert len(got) == 10
     assert {cids[rid - 1] for rid, _ in got} == {2}
+
+
+def test_a_walk_that_gives_up_is_answered_exactly(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A walk stopped after one tuple (``hnsw.max_scan_tuples``) with a candidate list of 10
+    reaches a few of a 1% collection's rows, not 10: the exact scan answers instead."""
+    rng = np.random.default_rng(10)
+    x = unit(rng, 2_000)
+    load(conn, 1, x, [2 if i % 100 == 0 else 1 for i in range(2_000)], bulk=True)
+    monkeypatch.setattr(pv, "EXACT_UP_TO", 0)
+    monkeypatch.setattr(pv, "EF_SEARCH", 10)
+    conn.execute("SET enable_sort = off")
+    conn.execute("SET hnsw.max_scan_tuples = 1")
+    q = unit(rng, 1)[0].tolist()
+    with conn.transaction(force_rollback=True):  # the walk alone, as knn runs it
+        conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        conn.execute("SET LOCAL hnsw.ef_search = 10")
+        walked = conn.execute(
+            WALK,
+            (str(q),),
+        ).fetchall()
+    assert len(walked) < 10
+    assert pv.knn(conn, 1, q, 10, 2) == pv.knn_exact(conn, 1, q, 10, 2)
+    assert len(pv.knn(conn, 1, q, 10, 2)) == 10
 
 
 def test_distances_of_an_eligible_set(conn: psycopg.Connection) -> None:

@@ -10,8 +10,8 @@ the same top 10 sets by exact search (bench/bench_postgres_vectors.py; figures i
 A distance is ``embedding <=> query`` over the stored half floats on every path (HNSW, exact
 scan, eligible rows), so the paths agree to the last bit; against the float32 distance vec0
 computes, the rounding moves one by at most 5e-5 (measured up to 200k vectors), which can
-swap two hits that close and nothing else (4 of 300 exact top 10s came in another order, none
-held another row).
+swap two hits that close and nothing else (exact top 10s held float32's rows in 300 of 300
+searches of a large collection; 4 of 300 of a small one differed in order or in a tenth row).
 
 A search in a collection is exact while the collection is small (``EXACT_UP_TO`` rows: a
 scan of its rows by the btree beats a filtered HNSW walk there), and otherwise an HNSW
@@ -49,7 +49,8 @@ gives recall@10 0.864, 64 0.944, 100 0.994 at p50 5.6 ms."""
 EXACT_UP_TO = 5_000
 """A collection of at most this many rows is searched exactly: a scan costs ~1.3 ms and
 0.75 ms per 1,000 rows at 384 dims (measured), so at most about what an HNSW walk does, and
-the answer is exact."""
+the answer is exact. (Left alone, the planner often makes the same choice from its estimates;
+this makes it a rule.)"""
 MAX_HNSW_DIMS = 4_000
 """pgvector indexes a halfvec of at most 4,000 dimensions with HNSW."""
 HALF_MAX = 65_504.0
