@@ -15,8 +15,9 @@ Per size: insert and build time, table and index size, then per query back to ba
 exact scan of `big` (`knn_exact`: the baseline) and `knn` (HNSW, k=10); recall@10 of the
 second against the first, and against float32 brute force (numpy), which also gives the
 largest difference between a halfvec distance and the float32 one sqlite-vec computes;
-and `knn` in `small` (exact by `EXACT_UP_TO`) next to the HNSW walk with the iterative
-scan over the same collection (the threshold forced to 0): what decides `EXACT_UP_TO`.
+and `knn` in `small` (exact by `EXACT_UP_TO`) next to `knn` there with the threshold off
+(the planner's plan: the HNSW walk with the iterative scan, or the btree and a sort where its
+estimate prefers them): what decides `EXACT_UP_TO`.
 At --float32-at, the same rows also go into a `vector` (float32) twin with its own HNSW
 index, for halfvec's price in recall and its saving in size. Figures only, never assertions.
 """
@@ -139,7 +140,7 @@ def run_size(
         lat["hnsw"].append(s)
         s, small = timed(lambda b=blob: pv.knn(conn, space, b, K, SMALL))
         lat["small"].append(s)
-        saved, pv.EXACT_UP_TO = pv.EXACT_UP_TO, 0  # the iterative HNSW walk over the same collection
+        saved, pv.EXACT_UP_TO = pv.EXACT_UP_TO, 0  # the planner's plan for the same collection
         try:
             s, walked = timed(lambda b=blob: pv.knn(conn, space, b, K, SMALL))
         finally:
