@@ -216,7 +216,7 @@ def _literal(query: bytes | Sequence[float]) -> str:
 
 def _exact(
     conn: psycopg.Connection, space_id: int, q: str, where: str, params: Sequence[object], k: int | None
-) -> list:
+) -> list[tuple[int, float]]:
     """Distances to the rows `where` selects, nearest first (ties by id), measured on each:
     the materialized CTE keeps the planner from answering through the HNSW index."""
     limit = "" if k is None else f" LIMIT {int(k)}"
