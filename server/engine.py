@@ -36,6 +36,7 @@ from qmd.server.index.config import (
     describe_url,
     expand_path,
     normalize_context_key,
+    schema_url,
     validate_collection_name,
 )
 from qmd.server.index.db import IndexStore
@@ -88,6 +89,14 @@ from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_sear
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 
 
+def _server_of(index: str, configured: str | None) -> str | None:
+    """The Postgres URL of the named index (not a project's): `QMD_INDEX_URL`, else its
+    config's `index_url`, in the index's own schema of that database (`schema_url`)."""
+    url = os.environ.get("QMD_INDEX_URL")
+    url = check_index_url(url, "QMD_INDEX_URL") if url else configured
+    return schema_url(url, index) if url else None
+
+
 class Engine:
     """One index, its config and every operation on them (the daemon holds one; the
     library opens its own). `config` is where the collections live: the YAML file at
@@ -130,15 +139,13 @@ class Engine:
         QMD_INDEX_URL is not for it, and its own config may not name a server, so a cloned
         repository never makes the daemon connect to a server its user did not choose."""
         project = self.paths.project_root is not None
-        if (env := os.environ.get("QMD_INDEX_URL")) and not project:
-            return check_index_url(env, "QMD_INDEX_URL")
         url = self.config_file.load().index_url
         if url is not None and project:
             raise Forbidden(
                 f"{self.paths.config} names a Postgres server (index_url), and a project's config may not:"
                 " set index_url in your own config (~/.config/qmd/<index>.yml) or QMD_INDEX_URL"
             )
-        return url
+        return None if project else _server_of(self.paths.name, url)
 
     # -- config -------------------------------------------------------------
 
@@ -889,7 +896,7 @@ class Engine:
         if "/" in spec or spec.endswith((".sqlite", ".db")):
             return str(Path(spec).expanduser().resolve())
         paths = IndexPaths.resolve(spec)
-        url = ConfigFile(paths.config).load().index_url if paths.config.exists() else None
+        url = _server_of(paths.name, ConfigFile(paths.config).load().index_url if paths.config.exists() else None)
         return url or str(paths.db)
 
     def copy_index(

@@ -158,8 +158,16 @@ def postgres_url() -> Iterator[str]:
         yield url
 
 
+CONTRACT_MODULES = ("test_cli.py", "test_mcp.py")
+"""Whose slow tests are in the Postgres run too (`-m "not slow or contract"`): the CLI and MCP
+integration tests, the way users reach an index."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On Postgres, tests of what only SQLite has are skipped, saying why."""
+    """Marks the contract modules' tests; on Postgres, skips tests of what only SQLite has, saying why."""
+    for item in items:
+        if item.path.name in CONTRACT_MODULES:
+            item.add_marker(pytest.mark.contract)
     if BACKEND == "sqlite":
         return
     for item in items:

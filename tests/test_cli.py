@@ -403,6 +403,7 @@ def test_editor_uri_from_index_yml_and_env(env: Env, added: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.sqlite_only("a named index's own file (on Postgres, QMD_INDEX_URL names one database for every index)")
 def test_named_index_has_its_own_files_and_daemon(env: Env, notes: Path) -> None:
     try:
         env.ok("--index", "work", "collection", "add", str(notes), "--name", "notes")

@@ -30,6 +30,7 @@ def test_translate_speaks_psycopg_and_leaves_literals_alone() -> None:
     assert translate("SELECT 1 WHERE x NOT IN () AND y IN ()") == (
         "SELECT 1 WHERE x NOT IN (SELECT x WHERE false) AND y IN (SELECT y WHERE false)"
     )
+    assert translate("SELECT LENGTH(CAST(c.doc AS BLOB)) FROM c") == "SELECT LENGTH(convert_to(c.doc, 'UTF8')) FROM c"
     assert translate("SELECT instr(a, ?) FROM d WHERE +d.collection IN (SELECT value FROM json_each(?))") == (
         "SELECT strpos(a, %s) FROM d WHERE d.collection IN"
         " (SELECT value FROM json_array_elements_text(%s::json) AS value)"
@@ -71,6 +72,38 @@ def test_a_projects_config_may_not_name_a_server(tmp_path: Path, pg_index: str) 
     (project / ".qmd" / "index.yml").write_text(f"index_url: {pg_index}\ncollections: {{}}\n")
     with pytest.raises(Forbidden, match="a project's config may not"):
         Engine(IndexPaths.for_project(project))
+
+
+def test_named_indexes_on_one_server_keep_to_their_own_schemas(
+    pg_index: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qmd.paths import IndexPaths
+
+    monkeypatch.setenv("QMD_INDEX_URL", pg_index)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    a = write(tmp_path / "a", {"a.md": "# A\n\nalpha only here\n"})
+    b = write(tmp_path / "b", {"b.md": "# B\n\nbeta only here\n"})
+    default, work = Engine(IndexPaths.resolve(None)), Engine(IndexPaths.resolve("work"))
+    try:
+        default.create_collection(str(a), name="notes")
+        work.create_collection(str(b), name="notes")  # the same collection name, another index
+        default.update()
+        work.update()
+        assert [h.doc.path for h in default.search("only").hits] == ["a.md"]
+        assert [h.doc.path for h in work.search("only").hits] == ["b.md"]
+        assert work.store.location == f"{describe_url(pg_index)} (schema qmd_work)"
+        with default.store.exclusive("update:notes"), work.store.exclusive("update:notes"):
+            pass  # one lock per index
+    finally:
+        default.close()
+        work.close()
+    with psycopg.connect(pg_index) as conn:
+        schemas = {
+            r[0]
+            for r in conn.execute("SELECT table_schema FROM information_schema.tables WHERE table_name = 'documents'")
+        }
+    assert schemas == {"public", "qmd_work"}
 
 
 def test_a_filtered_search_is_refused_clearly(pg_index: str, tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import yaml
 
-from qmd.paths import PROJECT_CONFIGS, PROJECT_DIR, config_root, home, project_config
+from qmd.paths import DEFAULT_INDEX, PROJECT_CONFIGS, PROJECT_DIR, config_root, home, project_config
 from qmd.server.errors import Conflict, InvalidInput, NotFound
 from qmd.server.index.chunking import CHUNK_STRATEGIES, DEFAULT_CHUNK_STRATEGY, ChunkStrategy
 
@@ -262,14 +262,40 @@ def check_index_url(value: object, what: str) -> str:
     return value
 
 
-def describe_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
+_SCHEMA_OPTION = re.compile(r'\s*-c search_path="(qmd_[\w.-]+)",public')
+
+
+def schema_url(url: str, index: str) -> str:
+    """`url` for the named index `index`: the default index lives in the database's ``public``
+    schema, any other in a schema of its own (``qmd_<name>``, named in the connection's
+    options), so two indexes given one server never share a table."""
+    if index == DEFAULT_INDEX:
         return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options = " ".join([*(v for k, v in query if k == "options"), f'-c search_path="qmd_{index}",public'])
+    kept = [(k, v) for k, v in query if k != "options"]
+    return urlunsplit(parts._replace(query=urlencode([*kept, ("options", options)], quote_via=quote)))
+
+
+def describe_url(url: str) -> str:
+    """The URL for messages and logs: without its password, and a named index's schema
+    (`schema_url`) said in words."""
+    parts = urlsplit(url)
+    schema = ""
+    if "options=" in parts.query:
+        query = []
+        for k, v in parse_qsl(parts.query, keep_blank_values=True):
+            if k == "options" and (m := _SCHEMA_OPTION.search(v)):
+                schema, v = f" (schema {m.group(1)})", _SCHEMA_OPTION.sub("", v).strip()
+                if not v:
+                    continue
+            query.append((k, v))
+        parts = parts._replace(query="&".join(f"{k}={v}" for k, v in query))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{netloc}")
+    return urlunsplit(parts) + schema
 
 
 class ConfigSource(Protocol):

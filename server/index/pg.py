@@ -199,9 +199,21 @@ def connect(url: str) -> psycopg.Connection:
     return conn
 
 
+def _make_schema(conn: psycopg.Connection) -> None:
+    """Create the first schema of the search path if it is missing (a named index's own,
+    `config.schema_url`): otherwise its tables would land in the next one, ``public``."""
+    row = conn.execute("SELECT current_setting('search_path'), current_schemas(false)").fetchone()
+    assert row is not None
+    first = row[0].split(",")[0].strip()
+    if first and first not in ('"$user"', "$user") and first.strip('"') not in row[1]:
+        conn.execute(f"CREATE SCHEMA {first}")
+
+
 def schema_version(conn: psycopg.Connection) -> int:
-    """The version the schema is at; 0 for a database qmd has not written."""
-    row = conn.execute("SELECT to_regclass('qmd_schema') IS NOT NULL").fetchone()
+    """The version the schema is at; 0 for one qmd has not written. Only the index's own
+    schema is looked in: a named index's search path goes on to ``public``, which may hold
+    the default index."""
+    row = conn.execute("SELECT to_regclass(format('%I.qmd_schema', current_schema())) IS NOT NULL").fetchone()
     if not row or not row[0]:
         return 0
     found = conn.execute("SELECT version FROM qmd_schema").fetchone()
@@ -213,6 +225,7 @@ def migrate(conn: psycopg.Connection, where: str) -> None:
     latest = len(MIGRATIONS)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        _make_schema(conn)
         found = schema_version(conn)
         if found > latest:
             raise IndexTooNew(

@@ -54,6 +54,8 @@ _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
     # SQLite's unary plus keeps the planner off an index; Postgres has no + for text
     (re.compile(r"(?<![\w)\]])\+(?=[a-z_]+\.[a-z_]+)"), ""),
     (re.compile(r"\binstr\("), "strpos("),
+    # text as its UTF-8 bytes (a byte length)
+    (re.compile(r"CAST\(([\w.]+) AS BLOB\)"), r"convert_to(\1, 'UTF8')"),
     # a reader's BEGIN is a snapshot on SQLite: repeatable read is Postgres' one
     (re.compile(r"^BEGIN$"), "BEGIN ISOLATION LEVEL REPEATABLE READ"),
     # an empty list: SQLite allows `x IN ()`, Postgres wants an (empty) subquery of x's type
@@ -236,9 +238,11 @@ class PgStore:
             self._vec_version: str | None = None if row is None else f"pgvector {row[0]}"
             if row is None:
                 log.warning("%s has no `vector` extension: vector search is unavailable", self.location)
-            version = wconn.execute("SHOW server_version").fetchone()
+            version = wconn.execute("SELECT current_setting('server_version'), current_schema()").fetchone()
             assert version is not None
             self.server_version = str(version[0])
+            self._schema = str(version[1])
+            """The index's schema: ``public``, or a named index's own (`config.schema_url`)."""
         except BaseException:
             wconn.close()
             raise
@@ -371,7 +375,8 @@ class PgStore:
     def exclusive(self, what: str) -> Iterator[None]:
         """An advisory lock on a session of its own, held until the block ends; another
         holder is waited for up to `LOCK_WAIT_S` (`QMD_PG_LOCK_WAIT_S`), then refused, naming it."""
-        key = int.from_bytes(hashlib.blake2b(f"qmd:{what}".encode(), digest_size=8).digest(), "big", signed=True)
+        name = f"qmd:{self._schema}:{what}"  # an index per schema: its own locks
+        key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
         raw = _open(self.url, timeout_ms=None)
         try:
             deadline = time.monotonic() + _lock_wait()
