@@ -562,7 +562,7 @@ class Engine:
     def metadata(self, opts: MetadataOptions) -> MetadataReport:
         """Discovery: the keys, types and values filters can be written from, in one snapshot."""
         if self.store.postgres:
-            raise InvalidInput(metadata.PG_NO_FILTERS.replace("metadata filters are", "metadata discovery is"))
+            raise InvalidInput(metadata.PG_NO_DISCOVERY)
         with self.store.read() as conn:
             return discover(conn, opts)
 

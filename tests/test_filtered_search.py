@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
-from conftest import write
+from conftest import new_database, write
 
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.index import vectors
+from qmd.server.index.db import IndexStore
 from qmd.server.index.metadata import Metadata
+from qmd.server.index.pg_store import PgStore
 from qmd.server.search import lexical
 from qmd.server.search.filters import Filter, matches, parse_filter
 from qmd.server.search.hybrid import CostModel, HybridQuery, Legs, QueryOptions
@@ -22,7 +26,7 @@ from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import parse_lex
 from qmd.server.search.pointers import SearchOptions
 from qmd.server.search.querydoc import typed_query
-from qmd.server.search.scope import scope_of
+from qmd.server.search.scope import Scope, scope_of
 from qmd.server.search.vector import vector_hits
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
@@ -105,8 +109,16 @@ class Corpus:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
-    tmp = tmp_path_factory.mktemp("filtered")
+def corpus(tmp_path_factory: pytest.TempPathFactory, postgres_template: str | None) -> Iterator[Corpus]:
+    """On the backend the run is for (module-wide, so its own database on Postgres)."""
+    with ExitStack() as stack:
+        store = None
+        if postgres_template is not None:
+            store = PgStore(stack.enter_context(new_database(postgres_template, template="qmd_template")))
+        yield from _corpus(tmp_path_factory.mktemp("filtered"), store)
+
+
+def _corpus(tmp: Path, store: IndexStore | None) -> Iterator[Corpus]:
     rng = random.Random(7)
     files: dict[str, str | bytes] = {}
     meta: dict[str, Metadata | None] = {}
@@ -115,7 +127,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
         body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30)))
         files[f"d{i:03}.md"] = f"{fm}# Doc {i}\n\n{body}\n"
         meta[f"d{i:03}.md"] = m
-    engine = Engine(IndexPaths("t", tmp / "index.sqlite", tmp / "index.yml", tmp))
+    engine = Engine(IndexPaths("t", tmp / "index.sqlite", tmp / "index.yml", tmp), store=store)
     engine.create_collection(str(write(tmp / "docs", files)), name="docs")
     engine.update()
     # Vectors without a model: one random unit-ish vector per document, through the
@@ -139,6 +151,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
     engine.close()
 
 
+def scoped(engine: Engine, f: Filter | None = None) -> Scope:
+    """Every collection, under `f`, compiled for the engine's backend."""
+    return scope_of(engine.config, None, f, postgres=engine.store.postgres)
+
+
 def filters(n: int, seed: int) -> list[tuple[dict, Filter]]:
     rng = random.Random(seed)
     out = []
@@ -156,7 +173,7 @@ def test_keyword_search_under_a_filter_is_the_filtered_ranking(
     monkeypatch.setattr(lexical, "PER_ROW_SCOPE", per_row)
     engine = corpus.engine
     rng = random.Random(3)
-    full_scope = scope_of(engine.config, None)
+    full_scope = scoped(engine)
     checked = 0
     for raw, f in filters(150, seed=1):
         query = " ".join(rng.sample(WORDS, rng.randint(1, 3)))
@@ -164,7 +181,7 @@ def test_keyword_search_under_a_filter_is_the_filtered_ranking(
         limit = rng.choice([1, 5, 20])
         everything = lexical_hits(engine.store, lexq, full_scope, 10_000)
         expected = [h.doc.id for h in everything if corpus.admits(f, h.doc.id)][:limit]
-        got = [h.doc.id for h in lexical_hits(engine.store, lexq, scope_of(engine.config, None, f), limit)]
+        got = [h.doc.id for h in lexical_hits(engine.store, lexq, scoped(engine, f), limit)]
         assert got == expected, (raw, query)
         checked += bool(expected)
     assert checked > 50  # most filters admit something: the comparison is not vacuous
@@ -182,13 +199,13 @@ def test_vector_search_under_a_filter_is_the_filtered_ranking(
     assert space is not None
     spaces = dict.fromkeys(engine.config.collections, space)
     rng = random.Random(5)
-    full_scope = scope_of(engine.config, None)
+    full_scope = scoped(engine)
     for raw, f in filters(100, seed=2):
         q = [rng.uniform(-1, 1) for _ in range(DIMS)]
         limit = rng.choice([1, 5, 20])
         everything = vector_hits(engine.store, spaces, q, full_scope, DOCS)
         expected = [h.doc_id for h in everything if corpus.admits(f, h.doc_id)][:limit]
-        got = [h.doc_id for h in vector_hits(engine.store, spaces, q, scope_of(engine.config, None, f), limit)]
+        got = [h.doc_id for h in vector_hits(engine.store, spaces, q, scoped(engine, f), limit)]
         assert got == expected, raw
 
 
@@ -209,7 +226,7 @@ def test_every_hybrid_list_is_filtered_before_fusion(corpus: Corpus) -> None:
         ),
         model="test",
     )
-    full_scope = scope_of(engine.config, None)
+    full_scope = scoped(engine)
     for raw, f in filters(40, seed=4):
         lex_only = HybridQuery(engine.store, engine.config, Legs(None, "off", None, "off", None, "off"), CostModel())
         out = lex_only.run(typed_query([("lex", "alpha beta")], None), QueryOptions(limit=10, rerank=False, filter=f))

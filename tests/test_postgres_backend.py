@@ -106,15 +106,47 @@ def test_named_indexes_on_one_server_keep_to_their_own_schemas(
     assert schemas == {"public", "qmd_work"}
 
 
-def test_a_filtered_search_is_refused_clearly(pg_index: str, tmp_path: Path) -> None:
-    notes = write(tmp_path / "notes", {"a.md": "---\nstatus: done\n---\n# A\n\nalpha words\n"})
-    with qmd.open(pg_index, collections={"notes": {"path": str(notes)}}) as index:
-        index.update()
-        with pytest.raises(InvalidInput, match="not available on a Postgres index yet"):
-            index.search("alpha", filter={"field": "status", "operator": "eq", "value": "done"})
-        with pytest.raises(InvalidInput, match="metadata discovery is not available"):
-            index.metadata()
-        assert index.search("alpha").hits  # unfiltered, it answers
+def test_filters_compare_values_as_sqlite_does(pg_index: str, tmp_path: Path) -> None:
+    """Strings, numbers (3 against 10, not "3" against "10"), booleans, a long string, arrays,
+    suffixes: each filter keeps on Postgres the documents it keeps on SQLite."""
+    long = "x" * 4000 + "tail"
+    docs = {
+        f"{name}.md": f"---\nqmd:\n  metadata:\n{meta}---\n# {name}\n\nalpha words\n"
+        for name, meta in {
+            "a": "    status: done\n    n: 3\n    ok: true\n    tags: [x, y]\n",
+            "b": "    status: open\n    n: 10\n    ok: false\n    tags: [y]\n",
+            "c": f"    status: Done\n    n: 2.5\n    note: {long}\n",
+            "d": "    status: '3'\n",
+        }.items()
+    }
+    notes = write(tmp_path / "notes", docs)
+    filters = [
+        {"field": "status", "operator": "eq", "value": "done"},
+        {"field": "status", "operator": "eq", "value": "done", "caseInsensitive": True},
+        {"field": "status", "operator": "eq", "value": 3},
+        {"field": "n", "operator": "gt", "value": 2.9},
+        {"field": "n", "operator": "lt", "value": 10},
+        {"field": "ok", "operator": "eq", "value": True},
+        {"field": "tags", "operator": "all", "value": ["x", "y"]},
+        {"field": "tags", "operator": "nin", "value": ["x"]},
+        {"field": "note", "operator": "suffix", "value": "xtail"},
+        {"field": "status", "operator": "prefix", "value": "do"},
+        {"field": "status", "operator": "contains", "value": "pe"},
+        {"operator": "not", "operand": {"field": "n", "operator": "exists", "value": True}},
+    ]
+    kept = {}
+    for where in (tmp_path / "i.sqlite", pg_index):
+        with qmd.open(where, collections={"notes": {"path": str(notes)}}) as index:
+            index.update()
+            kept[str(where)] = [
+                sorted(h.doc.path for h in index.search("alpha", filter=f, limit=10).hits) for f in filters
+            ]
+            assert index.get("notes/c.md") is not None
+    sqlite, postgres = kept.values()
+    assert postgres == sqlite
+    assert sqlite[:4] == [["a.md"], ["a.md", "c.md"], [], ["a.md", "b.md"]]
+    with qmd.open(pg_index) as index, pytest.raises(InvalidInput, match="metadata discovery is not available"):
+        index.metadata()
 
 
 def test_without_pgvector_keyword_search_answers_and_vectors_are_announced(postgres_url: str, tmp_path: Path) -> None:
@@ -302,8 +334,10 @@ def test_the_cli_on_a_postgres_index(pg_index: str, tmp_path: Path) -> None:
         (notes / "fundraising.md").write_text("# Money\n\nA seed round closed in spring.\n")
         env.ok("update")
         assert env.json("search", "seed round", "--json")[0]["file"].startswith("qmd://notes/fundraising.md")
-        r = env.qmd("search", "seed", "--filter", '{"field": "status", "operator": "eq", "value": "done"}')
-        assert r.returncode != 0 and "not available on a Postgres index yet" in r.stderr
+        exists = '{"field": "x", "operator": "exists", "value": true}'
+        assert env.json("search", "seed", "--filter", exists, "--json") == []
+        r = env.qmd("collection", "metadata", "notes")
+        assert r.returncode != 0 and "metadata discovery is not available" in r.stderr
         assert "Traceback" not in r.stderr
     finally:
         d.stop()

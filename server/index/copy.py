@@ -15,7 +15,6 @@ destination is as it was; run the copy again.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from qmd.server.errors import Conflict, QmdError
-from qmd.server.index import vectors
+from qmd.server.index import metadata, vectors
 from qmd.server.index.db import Connection, IndexStore, is_postgres
 from qmd.server.index.store import FtsDoc, Store, fts_put
 
@@ -93,13 +92,6 @@ def _snapshot(conn: Connection) -> Iterator[Connection]:
         conn.execute("COMMIT")
 
 
-def _value_out(src: Connection, dst: Connection, value: object) -> object:
-    """A metadata value between backends: Postgres holds its JSON text (server/index/pg.py)."""
-    if is_postgres(src) == is_postgres(dst):
-        return value
-    return json.dumps(value) if is_postgres(dst) else json.loads(str(value))
-
-
 def _counts(conn: Connection) -> dict[str, int]:
     return {t: int(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t, _, _ in TABLES}
 
@@ -130,9 +122,10 @@ def _fill(src: Connection, dst: Connection, progress: Progress, report: CopyRepo
         while rows := cur.fetchmany(BATCH):
             if cancel.is_set():
                 raise QmdError("the copy was interrupted; the destination is as it was")
-            if table == "document_metadata":
-                rows = [(*r[:3], _value_out(src, dst, r[3]), *r[4:]) for r in rows]
-            dst.executemany(insert, [tuple(r) for r in rows])
+            if table == "document_metadata":  # each backend's form of a value (`metadata.store_rows`)
+                metadata.store_rows(dst, [(d, k, t, metadata.read_value(src, t, v), f, m) for d, k, t, v, f, m in rows])
+            else:
+                dst.executemany(insert, [tuple(r) for r in rows])
             done += len(rows)
             progress({"event": "progress", "table": table, "done": done, "total": expected[table]})
         report.rows[table] = done

@@ -279,11 +279,11 @@ def _eligible(collection: str | None, doc_filter: DocFilter | None, *, per_docum
     return " AND ".join(where) or "1", params
 
 
-PG_NO_FILTERS: Final = (
-    "metadata filters are not available on a Postgres index yet: search without --filter (`filter`),"
-    " or on a SQLite index"
+PG_NO_DISCOVERY: Final = (
+    "metadata discovery is not available on a Postgres index yet: `qmd metadata` (and `collection show`'s keys)"
+    " need a SQLite index; filters (--filter) work"
 )
-"""The answer to a filtered search of a Postgres index, until its values can be compared there."""
+"""The answer to `qmd metadata` on a Postgres index, until discovery's statements run there."""
 
 
 def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
@@ -317,7 +317,11 @@ ARRAY_FIRST: Final = 1
 ARRAY_REST: Final = 2
 
 
-def _rows(doc_id: int, entries: Sequence[Entry]) -> list[tuple[int, str, str, int | float | str, str | None, int]]:
+MetadataRow = tuple[int, str, str, int | float | str, str | None, int]
+"""(doc_id, key, type, value, folded, multi): a `document_metadata` row as SQLite holds it."""
+
+
+def _rows(doc_id: int, entries: Sequence[Entry]) -> list[MetadataRow]:
     """The rows of a document's entries. Each array's smallest value (its first row in
     the table's (doc_id, key, type, value) order) is ARRAY_FIRST and is inserted before
     the others, so were SQLite to find a later value equal to it, the later one is the
@@ -344,20 +348,37 @@ def _rows(doc_id: int, entries: Sequence[Entry]) -> list[tuple[int, str, str, in
 
 
 def store(conn: Connection, doc_id: int, extracted: Extracted) -> None:
-    """Replace a document's metadata (writer only). On Postgres a value is its JSON text
-    (a column there has one type)."""
+    """Replace a document's metadata (writer only)."""
     conn.execute("DELETE FROM document_metadata WHERE doc_id = ?", (doc_id,))
-    rows = _rows(doc_id, extracted.entries)
-    if is_postgres(conn):
-        rows = [(d, k, t, json.dumps(v), f, m) for d, k, t, v, f, m in rows]
-    conn.executemany(
-        "INSERT INTO document_metadata(doc_id, key, type, value, folded, multi) VALUES (?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT DO NOTHING",
-        rows,
-    )
+    store_rows(conn, _rows(doc_id, extracted.entries))
     conn.execute(
         "UPDATE documents SET meta_state = ?, meta_error = ? WHERE id = ?", (extracted.state, extracted.error, doc_id)
     )
+
+
+def store_rows(conn: Connection, rows: Sequence[MetadataRow]) -> None:
+    """Write rows in SQLite's form; on Postgres, whose column has one type, a number or
+    boolean goes in as its JSON text and as ``num`` too (server/index/pg.py, migration 4)."""
+    if not is_postgres(conn):
+        conn.executemany(
+            "INSERT INTO document_metadata(doc_id, key, type, value, folded, multi) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            rows,
+        )
+        return
+    conn.executemany(
+        "INSERT INTO document_metadata(doc_id, key, type, value, folded, multi, num) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        [
+            (d, k, t, v, f, m, None) if t == "string" else (d, k, t, json.dumps(v), f, m, float(v))
+            for d, k, t, v, f, m in rows
+        ],
+    )
+
+
+def read_value(conn: Connection, type_: str, stored: Any) -> int | float | str:
+    """A stored value as SQLite's row holds it (the inverse of `store_rows`)."""
+    return json.loads(str(stored)) if is_postgres(conn) and type_ != "string" else stored
 
 
 def store_many(conn: Connection, extracted: Sequence[tuple[int, Extracted]]) -> None:
@@ -379,8 +400,8 @@ def fetch(conn: Connection, doc_ids: Sequence[int]) -> dict[int, Metadata]:
             f" WHERE doc_id IN ({','.join('?' * len(part))}) ORDER BY doc_id, key, type, value",
             part,
         ).fetchall()
-        if is_postgres(conn):  # JSON text there, so sorted again as SQLite orders the values
-            rows = sorted(((r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows), key=lambda r: r[:4])
+        if is_postgres(conn):  # a number's JSON text there, so sorted again as SQLite orders values
+            rows = sorted(((r[0], r[1], r[2], read_value(conn, r[2], r[3]), r[4]) for r in rows), key=lambda r: r[:4])
         for doc_id, key, type_, value, multi in rows:
             meta = out.setdefault(doc_id, {})
             v = _loaded(type_, value)

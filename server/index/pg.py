@@ -181,7 +181,25 @@ ALTER TABLE lex_postings DROP CONSTRAINT lex_postings_doc_id_fkey;
 """The postings lose their foreign key: its check per row was a third of writing them (a
 million rows for 2,000 documents); `pg_lexical` deletes a document's postings itself."""
 
-MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3)
+METADATA_V4 = """
+ALTER TABLE document_metadata ADD COLUMN num double precision;
+UPDATE document_metadata SET value = (value::jsonb) #>> '{}' WHERE type = 'string';
+UPDATE document_metadata SET num = ((value::jsonb) #>> '{}')::double precision WHERE type IN ('number', 'boolean');
+ALTER TABLE document_metadata DROP CONSTRAINT document_metadata_pkey;
+DROP INDEX idx_metadata_value;
+CREATE UNIQUE INDEX document_metadata_entry ON document_metadata (doc_id, key, type, md5(value));
+CREATE INDEX idx_metadata_doc ON document_metadata (doc_id);
+CREATE INDEX idx_metadata_key ON document_metadata (key, type, multi, doc_id);
+CREATE INDEX idx_metadata_num ON document_metadata (key, type, num, multi, doc_id) WHERE num IS NOT NULL;
+CREATE INDEX idx_metadata_string ON document_metadata USING hash (value);
+CREATE INDEX idx_metadata_folded ON document_metadata USING hash (folded) WHERE folded IS NOT NULL;
+"""
+"""Metadata filters on Postgres: a string is stored as itself and a number or boolean also
+as ``num``, so a filter compares each the way SQLite does (`filters.filter_sql`); ``value``
+keeps a number's JSON text, so 3 and 3.0 read back as written. A string may be 4,096
+characters, past a btree entry's limit: it is unique by its md5 and found by a hash index."""
+
+MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3, METADATA_V4)
 
 
 def connect(url: str) -> psycopg.Connection:

@@ -28,9 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qmd.server.errors import InvalidInput
 from qmd.server.index.db import Connection, is_postgres, sqlite3
-from qmd.server.index.metadata import PG_NO_FILTERS, DocFilter, ids_sql
+from qmd.server.index.metadata import DocFilter, ids_sql
 from qmd.server.index.store import utcnow
 
 if TYPE_CHECKING:
@@ -480,12 +479,24 @@ def _search_pg(
     doc_filter: DocFilter | None,
 ) -> list[VecHit]:
     """`search` on Postgres: HNSW nearest rows of the partition (exact for a small one,
-    `pg_vectors.knn`), widened until `limit` documents are found."""
+    `pg_vectors.knn`), widened until `limit` documents are found; under a filter, exact
+    over the eligible documents' chunks (`pg_vectors.distances`), however few they are."""
     from qmd.server.index import pg_vectors
 
     raw = _pg(conn)
-    if doc_filter is not None:
-        raise InvalidInput(PG_NO_FILTERS)
+    if doc_filter is not None:  # exact: the distance to every chunk of the eligible documents
+        sql, params = ids_sql(collection, doc_filter)
+        eligible = {int(r[0]) for r in conn.execute(sql, params)}
+        rows = [
+            int(r[0])
+            for r in conn.execute(
+                "SELECT vr.id FROM documents d JOIN content_vectors cv ON cv.space_id = ? AND cv.hash = d.hash"
+                f" JOIN vector_rows vr ON vr.chunk_id = cv.id AND vr.collection_id = ? WHERE d.id IN ({sql})",
+                (space.id, cid, *params),
+            )
+        ]
+        best = _documents_for(conn, pg_vectors.distances(raw, space.id, query, rows), collection, eligible)
+        return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
     k = min(MAX_K, max(limit * 3, 10))
     while True:
         knn = pg_vectors.knn(raw, space.id, query, k, cid)

@@ -381,7 +381,9 @@ _TYPE_SQL: Final = {t: f"'{t}'" for t in TYPES}
 """Type names are SQL literals taken only from this table, never from the AST."""
 
 
-def filter_sql(f: Filter, doc: str = "d", *, per_document: bool = False) -> tuple[str, list[Bound]]:
+def filter_sql(
+    f: Filter, doc: str = "d", *, per_document: bool = False, postgres: bool = False
+) -> tuple[str, list[Bound]]:
     """A boolean SQL expression true for the documents (alias `doc` of `documents`) the
     filter keeps. It sees only `document_metadata`: the caller adds
     `{doc}.active = 1 AND {doc}.meta_state IN (0, 1)` itself, which is what keeps
@@ -392,7 +394,10 @@ def filter_sql(f: Filter, doc: str = "d", *, per_document: bool = False) -> tupl
     the documents holding a matching value, built once per statement from the
     (key, type, value) index: the cheap form when many documents are to be tested.
     `per_document` makes each an `EXISTS` probe of the document's own rows (the
-    primary key): the cheap form when few are, such as the hits of a rare word."""
+    primary key): the cheap form when few are, such as the hits of a rare word.
+
+    `postgres`: for a Postgres index, whose column has one type, so a number or boolean is
+    compared as its ``num`` column (server/index/pg.py) and a suffix by characters."""
 
     def has(c: Condition, pred: _Sql) -> _Sql:
         if pred == _FALSE:
@@ -402,15 +407,16 @@ def filter_sql(f: Filter, doc: str = "d", *, per_document: bool = False) -> tupl
             return f"EXISTS (SELECT 1 FROM document_metadata WHERE doc_id = {doc}.id AND {where})", [c.field, *pred[1]]
         return f"{doc}.id IN (SELECT doc_id FROM document_metadata WHERE {where})", [c.field, *pred[1]]
 
-    return _tree(f, lambda c: _condition_sql(c, _DOC_ROW, lambda p: has(c, p)), _join, _negate)
+    row = _PG_DOC_ROW if postgres else _DOC_ROW
+    return _tree(f, lambda c: _condition_sql(c, row, lambda p: has(c, p)), _join, _negate)
 
 
 def match_sql(f: Filter, entry: str = "m") -> tuple[str, list[Bound]]:
     """A boolean SQL expression true for the rows (alias `entry` of
     `document_metadata`) the match selects. Never NULL, so it can be negated or
     combined with a filter in one statement."""
-    key_row = _Row(None, f"{entry}.key", _sql_fold(f"{entry}.key"))
-    value_row = _Row(f"{entry}.type", f"{entry}.value", f"{entry}.folded")
+    key_row = _Row(None, f"{entry}.key", _sql_fold(f"{entry}.key"), f"{entry}.key")
+    value_row = _Row(f"{entry}.type", f"{entry}.value", f"{entry}.folded", f"{entry}.value")
     return _tree(
         f, lambda c: _condition_sql(c, key_row if c.field == "key" else value_row, lambda p: p), _join, _negate
     )
@@ -424,9 +430,20 @@ class _Row:
     type: str | None
     value: str
     folded: str
+    number: str
+    """Where a number or a boolean is compared: the value itself on SQLite (which keeps each
+    value's own storage class), its ``num`` column on Postgres."""
+    chars: bool = False
+    """Text is compared by characters (Postgres, whose text holds no NUL), not UTF-8 bytes."""
+
+    def column(self, t: ValueType, ci: bool) -> str:
+        if ci:
+            return self.folded
+        return self.number if t in ("number", "boolean") else self.value
 
 
-_DOC_ROW: Final = _Row("type", "value", "folded")
+_DOC_ROW: Final = _Row("type", "value", "folded", "value")
+_PG_DOC_ROW: Final = _Row("type", "value", "folded", "num", chars=True)
 
 
 def _sql_fold(expr: str) -> str:
@@ -491,7 +508,7 @@ def _members(row: _Row, values: Sequence[Scalar], ci: bool) -> list[_Sql]:
         by_type.setdefault(value_type(v), []).append(_bind(v, ci))
     out = []
     for t, bound in by_type.items():
-        col = row.folded if ci else row.value
+        col = row.column(t, ci)
         test = f"{col} = ?" if len(bound) == 1 else f"{col} IN ({', '.join('?' * len(bound))})"
         out.append(_join("AND", [_is(row, [t]), (test, bound)]))
     return out
@@ -514,7 +531,7 @@ def _text_sql(row: _Row, op: str, operand: str, ci: bool) -> _Sql:
     """Byte-exact text tests. `length()` and text `substr()` stop at a NUL, so the
     suffix is compared as bytes (a UTF-8 suffix is a character suffix); `substr()` of
     the empty blob is NULL, which `not` would keep NULL, hence the `coalesce`."""
-    col = row.folded if ci else row.value
+    col = row.column("string", ci)
     s = fold(operand) if ci else operand
     if not s:
         return _is(row, ["string"])
@@ -523,6 +540,8 @@ def _text_sql(row: _Row, op: str, operand: str, ci: bool) -> _Sql:
     elif op == "prefix":
         upper = _successor(s)
         test = (f"{col} >= ?", [s]) if upper is None else (f"({col} >= ? AND {col} < ?)", [s, upper])
+    elif row.chars:
+        test = f"right({col}, ?) = ?", [len(s), s]
     else:
         raw = s.encode("utf-8")
         test = f"coalesce(substr(CAST({col} AS BLOB), ?) = ?, 0)", [-len(raw), raw]
@@ -546,7 +565,7 @@ def _condition_sql(c: Condition, row: _Row, has: Callable[[_Sql], _Sql]) -> _Sql
         return _join("OR", [has(p) for p in _members(row, values, ci)])
     operand = values[0]
     if op in _ORDERING:
-        test = f"{row.folded if ci else row.value} {_ORDERING[op]} ?", [_bind(operand, ci)]
+        test = f"{row.column(value_type(operand), ci)} {_ORDERING[op]} ?", [_bind(operand, ci)]
         return has(_join("AND", [_is(row, [value_type(operand)]), test]))
     assert isinstance(operand, str)
     return has(_text_sql(row, op, operand, ci))

@@ -213,7 +213,7 @@ class HybridQuery:
         clock = _Clock(opts.budget_ms)
         stages: list[Stage] = []
         out = HybridOutcome(hits=[], stages=stages, budget_ms=opts.budget_ms)
-        scope = scope_of(self.config, opts.collections, opts.filter)
+        scope = scope_of(self.config, opts.collections, opts.filter, postgres=self.store.postgres)
         primary = primary_text(doc)
         lexq = parse_lex(primary)
         if not scope.collections:

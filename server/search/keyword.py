@@ -13,7 +13,7 @@ from qmd.server.errors import InvalidInput
 from qmd.server.index.config import Config
 from qmd.server.index.db import Connection, IndexStore, sqlite3
 from qmd.server.index.documents import DocRow, fetch_ids
-from qmd.server.index.metadata import PG_NO_FILTERS
+from qmd.server.index.metadata import ids_sql
 from qmd.server.search.lexical import LexHit, LexQuery, parse_lex, search_fts
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
@@ -42,9 +42,11 @@ def _search(conn: Connection, query: LexQuery, collection: str, fetch: int, scop
     from qmd.server.search.lexical_pg import search_pg
 
     assert isinstance(conn, PgConnection)
+    eligible = None
     if scope.doc_filter is not None:
-        raise InvalidInput(PG_NO_FILTERS)
-    return search_pg(conn.raw, query, fetch, collection=collection)
+        sql, params = ids_sql(collection, scope.doc_filter)
+        eligible = [int(r[0]) for r in conn.execute(sql, params)]
+    return search_pg(conn.raw, query, fetch, collection=collection, doc_ids=eligible)
 
 
 def lexical_hits(store: IndexStore, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
@@ -64,7 +66,7 @@ def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, i
         raise InvalidInput(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
     if opts.limit < 1:
         raise InvalidInput("limit must be at least 1")
-    scope = scope_of(config, opts.collections, opts.filter)
+    scope = scope_of(config, opts.collections, opts.filter, postgres=store.postgres)
     lexq = parse_lex(query)
     out = SearchOutcome(hits=[], terms=lexq.terms)
     if lexq.truncated:

@@ -33,12 +33,15 @@ def resolve_scope(config: Config, collections: list[str] | None) -> list[str]:
     return config.default_names()
 
 
-def scope_of(config: Config, collections: list[str] | None, f: Filter | None = None) -> Scope:
+def scope_of(
+    config: Config, collections: list[str] | None, f: Filter | None = None, *, postgres: bool = False
+) -> Scope:
+    """`postgres`: the filter compiled for a Postgres index (`filters.filter_sql`)."""
     names = resolve_scope(config, collections)
     if f is None:
         return Scope(names)
-    sql, params = filter_sql(f, "d")
-    per_doc, per_doc_params = filter_sql(f, "d", per_document=True)
+    sql, params = filter_sql(f, "d", postgres=postgres)
+    per_doc, per_doc_params = filter_sql(f, "d", per_document=True, postgres=postgres)
     return Scope(names, f, DocFilter(sql, tuple(params), per_doc, tuple(per_doc_params)))
 
 
