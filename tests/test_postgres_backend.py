@@ -268,7 +268,7 @@ def test_reads_share_a_bounded_pool_and_say_when_it_is_exhausted(
     finally:
         store.close()
     monkeypatch.setenv("QMD_PG_POOL_SIZE", "none")
-    with pytest.raises(InvalidInput, match="QMD_PG_POOL_SIZE must be a whole number"):
+    with pytest.raises(InvalidInput, match="QMD_PG_POOL_SIZE must be a number of connections"):
         PgStore(pg_index)
 
 

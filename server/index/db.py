@@ -13,11 +13,13 @@ VACUUM) is behind `is_postgres`, in the module that owns it.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     # pysqlite3 ships no type information; its dbapi2 mirrors the stdlib module, so
@@ -29,9 +31,10 @@ else:
     except ImportError:  # pragma: no cover - platforms without the wheel
         import sqlite3
 
-__all__ = ["Connection", "Cursor", "IndexCheck", "IndexStore", "is_postgres", "sqlite3"]
+__all__ = ["Connection", "Cursor", "IndexCheck", "IndexStore", "Writer", "is_postgres", "sqlite3"]
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 @dataclass(frozen=True)
@@ -122,3 +125,76 @@ class IndexStore(Protocol):
 def is_postgres(conn: Connection) -> bool:
     """Whether `conn` is a Postgres index's (the adapter says so; sqlite3's does not)."""
     return bool(getattr(conn, "postgres", False))
+
+
+class Writer(Generic[C]):
+    """Both stores' write side, after datasette: every write is a function handed to one
+    writer thread through a queue and run there, so writes never contend and each runs
+    whole or not at all. A store says how one runs (`_run`) and how the thread ends (`_end`)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Callable[[C], Any], Future[Any], bool, bool] | None] = queue.Queue()
+        self._closed = False
+        self._writer: threading.Thread | None = None
+
+    def _start(self, conn: C, name: str) -> None:
+        self._writer = threading.Thread(target=self._write_loop, args=(conn,), name=name, daemon=True)
+        self._writer.start()
+
+    def _run(self, conn: C, fn: Callable[[C], T], bump: bool, transaction: bool) -> tuple[C, T]:
+        """Run `fn` (in one transaction unless not `transaction`); the connection to use from
+        now on (a store may have replaced a lost one) and the result."""
+        raise NotImplementedError
+
+    def _end(self, conn: C) -> None:
+        raise NotImplementedError
+
+    def _write_loop(self, conn: C) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            fn, fut, bump, transaction = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                conn, result = self._run(conn, fn, bump, transaction)
+            except BaseException as e:  # noqa: BLE001 - the caller gets the exception
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+        self._end(conn)
+
+    def submit(self, fn: Callable[[C], T], *, bump: bool = True) -> Future[T]:
+        """Queue `fn(conn)` to run in one transaction on the writer thread. `bump=False`
+        for writes that change nothing derived from documents (the model cache), so
+        `generation`-keyed caches survive them."""
+        return self._enqueue(fn, bump, transaction=True)
+
+    def _enqueue(self, fn: Callable[[C], T], bump: bool, *, transaction: bool) -> Future[T]:
+        if self._closed:
+            raise RuntimeError("the index is closed")
+        fut: Future[T] = Future()
+        self._queue.put((fn, fut, bump, transaction))
+        return fut
+
+    def write(self, fn: Callable[[C], T], *, bump: bool = True) -> T:
+        """Like `submit`, and wait for the result (re-raising the writer's exception)."""
+        return self.submit(fn, bump=bump).result()
+
+    def maintain(self, fn: Callable[[C], T]) -> T:
+        """Run `fn(conn)` on the writer thread *outside* any transaction, and wait: for what a
+        backend refuses inside one (VACUUM, a truncating WAL checkpoint). Nothing else writes
+        meanwhile, since every write waits its turn on this thread; `fn` must leave no
+        transaction open."""
+        return self._enqueue(fn, False, transaction=False).result()
+
+    def _stop_writer(self) -> bool:
+        """End the writer thread after what is queued; False if it was stopped already."""
+        if self._closed:
+            return False
+        self._closed = True
+        self._queue.put(None)
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+        return True

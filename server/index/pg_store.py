@@ -22,13 +22,11 @@ import functools
 import hashlib
 import logging
 import os
-import queue
 import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -39,7 +37,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.index import pg
 from qmd.server.index.config import describe_url
-from qmd.server.index.db import Cursor, IndexCheck, sqlite3
+from qmd.server.index.db import Cursor, IndexCheck, Writer, sqlite3
 
 log = logging.getLogger("qmd.pg")
 T = TypeVar("T")
@@ -147,17 +145,35 @@ LOCK_WAIT_S = 60.0
 """How long an update or embed waits for another daemon's on the same collection (`QMD_PG_LOCK_WAIT_S`)."""
 
 
-def _lock_wait() -> float:
-    raw = os.environ.get("QMD_PG_LOCK_WAIT_S", "")
+N = TypeVar("N", int, float)
+
+
+def _setting(name: str, default: N, least: N, what: str) -> N:
+    """The number in environment variable `name` (`default` when unset), at least `least`,
+    or a clear error naming it; `what` says what it counts."""
+    raw = os.environ.get(name, "")
     if not raw:
-        return LOCK_WAIT_S
+        return default
     try:
-        value = float(raw)
+        value = type(default)(raw)
     except ValueError:
-        raise InvalidInput(f"QMD_PG_LOCK_WAIT_S must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise InvalidInput(f"QMD_PG_LOCK_WAIT_S must be 0 or more, got {raw!r}")
+        raise InvalidInput(f"{name} must be a number of {what}, got {raw!r}") from None
+    if value < least:
+        raise InvalidInput(f"{name} must be at least {least}, got {raw!r}")
     return value
+
+
+def _lock_wait() -> float:
+    return _setting("QMD_PG_LOCK_WAIT_S", LOCK_WAIT_S, 0.0, "seconds")
+
+
+def _pool_size() -> int:
+    return _setting("QMD_PG_POOL_SIZE", POOL_SIZE, 1, "connections")
+
+
+def _statement_timeout() -> int:
+    """0: no limit."""
+    return _setting("QMD_PG_STATEMENT_TIMEOUT_MS", STATEMENT_TIMEOUT_MS, 0, "milliseconds")
 
 
 def _first(cur: psycopg.Cursor[Any]) -> Any:
@@ -171,19 +187,6 @@ each running update's lock hold one more each."""
 
 POOL_WAIT_S = 30.0
 """How long a read waits for a free connection before it is refused."""
-
-
-def _statement_timeout() -> int:
-    raw = os.environ.get("QMD_PG_STATEMENT_TIMEOUT_MS", "")
-    if not raw:
-        return STATEMENT_TIMEOUT_MS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"QMD_PG_STATEMENT_TIMEOUT_MS must be a whole number of milliseconds, got {raw!r}") from None
-    if value < 0:
-        raise InvalidInput(f"QMD_PG_STATEMENT_TIMEOUT_MS must be 0 (no limit) or more, got {raw!r}")
-    return value
 
 
 def _settings() -> dict[str, Any]:
@@ -210,25 +213,13 @@ def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
     return raw
 
 
-def _pool_size() -> int:
-    raw = os.environ.get("QMD_PG_POOL_SIZE", "")
-    if not raw:
-        return POOL_SIZE
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInput(f"QMD_PG_POOL_SIZE must be a whole number of connections, got {raw!r}") from None
-    if value < 1:
-        raise InvalidInput(f"QMD_PG_POOL_SIZE must be at least 1, got {raw!r}")
-    return value
-
-
-class PgStore:
+class PgStore(Writer[PgConnection]):
     """The index on a Postgres server at `url`; the same contract as `Store`."""
 
     postgres = True
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         self.url = url
         self._timeout = _statement_timeout()
         pg.connect(url).close()  # reachable, and the schema migrated (under its lock)
@@ -246,9 +237,6 @@ class PgStore:
         except BaseException:
             wconn.close()
             raise
-        self._queue: queue.Queue[tuple[Callable[[PgConnection], object], Future[Any], bool, bool] | None] = (
-            queue.Queue()
-        )
         self._local = threading.local()
         self._pool = ConnectionPool(
             url,
@@ -260,9 +248,7 @@ class PgStore:
             name="qmd-pg-readers",
             open=True,
         )
-        self._closed = False
-        self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="qmd-pg-writer", daemon=True)
-        self._writer.start()
+        self._start(PgConnection(wconn), "qmd-pg-writer")
 
     @property
     def location(self) -> str:
@@ -296,49 +282,25 @@ class PgStore:
         log.warning("the session to %s was lost; reconnecting", self.location)
         return _open(self.url, timeout_ms=None)
 
-    def _write_loop(self, raw: psycopg.Connection[Any]) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
-            fn, fut, bump, transaction = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                raw = self._live(raw)
-                conn = PgConnection(raw)
-                if transaction:
-                    with raw.transaction():
-                        result = fn(conn)
-                        if bump:
-                            raw.execute("UPDATE qmd_generation SET generation = generation + 1")
-                else:
-                    result = fn(conn)
-            except psycopg.OperationalError as e:
-                fut.set_exception(Unavailable(f"Postgres index {self.location}: {str(e).strip()}"))
-            except BaseException as e:  # noqa: BLE001 - the caller gets the exception (Unavailable: no server)
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
-        raw.close()
+    def _run(
+        self, conn: PgConnection, fn: Callable[[PgConnection], T], bump: bool, transaction: bool
+    ) -> tuple[PgConnection, T]:
+        """`fn` runs on a session checked first (`_live`): a new one if the server ended it."""
+        try:
+            raw = self._live(conn.raw)
+            conn = conn if raw is conn.raw else PgConnection(raw)
+            if not transaction:
+                return conn, fn(conn)
+            with raw.transaction():
+                result = fn(conn)
+                if bump:
+                    raw.execute("UPDATE qmd_generation SET generation = generation + 1")
+            return conn, result
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"Postgres index {self.location}: {str(e).strip()}") from None
 
-    def submit(self, fn: Callable[[PgConnection], T], *, bump: bool = True) -> Future[T]:
-        """Queue `fn(conn)` to run in one transaction on the writer thread."""
-        return self._enqueue(fn, bump, transaction=True)
-
-    def _enqueue(self, fn: Callable[[PgConnection], T], bump: bool, *, transaction: bool) -> Future[T]:
-        if self._closed:
-            raise RuntimeError("the index is closed")
-        fut: Future[T] = Future()
-        self._queue.put((fn, fut, bump, transaction))
-        return fut
-
-    def write(self, fn: Callable[[PgConnection], T], *, bump: bool = True) -> T:
-        return self.submit(fn, bump=bump).result()
-
-    def maintain(self, fn: Callable[[PgConnection], T]) -> T:
-        """Run `fn(conn)` on the writer thread outside any transaction."""
-        return self._enqueue(fn, False, transaction=False).result()
+    def _end(self, conn: PgConnection) -> None:
+        conn.raw.close()
 
     # -- reads --------------------------------------------------------------
 
@@ -440,9 +402,5 @@ class PgStore:
             return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._writer.join(timeout=30)
-        self._pool.close()
+        if self._stop_writer():
+            self._pool.close()

@@ -10,10 +10,8 @@ mode and never block on the writer, so no request ever sees "database is locked"
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +21,7 @@ from typing import TypeVar
 from qmd.paths import private_file
 from qmd.server.errors import Unavailable
 from qmd.server.index.config import describe_url
-from qmd.server.index.db import Connection, IndexCheck, IndexStore, is_postgres, sqlite3
+from qmd.server.index.db import Connection, IndexCheck, IndexStore, Writer, is_postgres, sqlite3
 from qmd.server.index.schema import migrate
 from qmd.server.search.lexical import norm_cjk
 
@@ -171,25 +169,22 @@ def open_store(db: Path, url: str | None) -> IndexStore:
     return PgStore(url)
 
 
-class Store:
+class Store(Writer[sqlite3.Connection]):
     """Owns the index file. Use `read()` for queries and `write(fn)` for changes."""
 
     postgres = False
 
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         private_file(path)  # SQLite gives the -wal and -shm files the database's own mode
         for side in (Path(f"{path}-wal"), Path(f"{path}-shm")):
             if side.exists():
                 private_file(side)
-        self._queue: queue.Queue[tuple[Callable[[sqlite3.Connection], object], Future, bool, bool] | None] = (
-            queue.Queue()
-        )
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._closed = False
         self.generation = 0
         """Bumped after every committed write: lets callers cache what they derive from the index."""
         wconn = _connect(path, readonly=False)
@@ -207,34 +202,29 @@ class Store:
         self.sqlite_version: str = sqlite3.sqlite_version
         """The SQLite library the index runs on (pysqlite3's bundled one, or the system's)."""
         self.location = str(path)
-        self._writer = threading.Thread(target=self._write_loop, args=(wconn,), name="qmd-writer", daemon=True)
-        self._writer.start()
+        self._start(wconn, "qmd-writer")
 
     # -- writes -------------------------------------------------------------
 
-    def _write_loop(self, conn: sqlite3.Connection) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
-            fn, fut, bump, transaction = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                if transaction:
-                    conn.execute("BEGIN IMMEDIATE")
-                result = fn(conn)
-                if transaction:
-                    conn.execute("COMMIT")
-                if bump:
-                    self._repair(conn)
-                    self.generation += 1
-            except BaseException as e:  # noqa: BLE001 - the caller gets the exception
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
+    def _run(
+        self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], bump: bool, transaction: bool
+    ) -> tuple[sqlite3.Connection, T]:
+        try:
+            if transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            result = fn(conn)
+            if transaction:
+                conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if bump:
+            self._repair(conn)
+            self.generation += 1
+        return conn, result
+
+    def _end(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute("PRAGMA optimize")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -251,30 +241,6 @@ class Store:
             log.exception("could not repair the FTS totals")
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-
-    def submit(self, fn: Callable[[sqlite3.Connection], T], *, bump: bool = True) -> Future[T]:
-        """Queue `fn(conn)` to run in one transaction on the writer thread. `bump=False`
-        for writes that change nothing derived from documents (the model cache), so
-        `generation`-keyed caches survive them."""
-        return self._enqueue(fn, bump, transaction=True)
-
-    def _enqueue(self, fn: Callable[[sqlite3.Connection], T], bump: bool, *, transaction: bool) -> Future[T]:
-        if self._closed:
-            raise RuntimeError("the index is closed")
-        fut: Future[T] = Future()
-        self._queue.put((fn, fut, bump, transaction))
-        return fut
-
-    def write(self, fn: Callable[[sqlite3.Connection], T], *, bump: bool = True) -> T:
-        """Like `submit`, and wait for the result (re-raising the writer's exception)."""
-        return self.submit(fn, bump=bump).result()
-
-    def maintain(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn(conn)` on the writer thread *outside* any transaction, and wait: for what
-        SQLite refuses inside one (VACUUM, a truncating WAL checkpoint). Nothing else writes
-        meanwhile, since every write waits its turn on this thread; `fn` must leave no
-        transaction open."""
-        return self._enqueue(fn, False, transaction=False).result()
 
     # -- reads --------------------------------------------------------------
 
@@ -306,11 +272,8 @@ class Store:
         ]
 
     def close(self) -> None:
-        if self._closed:
+        if not self._stop_writer():
             return
-        self._closed = True
-        self._queue.put(None)
-        self._writer.join(timeout=30)
         with self._readers_lock:
             for conn in self._readers:
                 try:
