@@ -31,6 +31,7 @@ def test_translate_speaks_psycopg_and_leaves_literals_alone() -> None:
         "SELECT 1 WHERE x NOT IN (SELECT x WHERE false) AND y IN (SELECT y WHERE false)"
     )
     assert translate("SELECT LENGTH(CAST(c.doc AS BLOB)) FROM c") == "SELECT LENGTH(convert_to(c.doc, 'UTF8')) FROM c"
+    assert translate("SELECT a.x + a.y, b.x+c.y FROM t") == "SELECT a.x + a.y, b.x+c.y FROM t"  # sums stay sums
     assert translate("SELECT instr(a, ?) FROM d WHERE +d.collection IN (SELECT value FROM json_each(?))") == (
         "SELECT strpos(a, %s) FROM d WHERE d.collection IN"
         " (SELECT value FROM json_array_elements_text(%s::json) AS value)"

@@ -49,8 +49,8 @@ error instead of holding a request forever. Writes have none (a large update may
 _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
     # a JSON array parameter as a set of values (collection names, model names)
     (re.compile(r"SELECT value FROM json_each\(\?\)"), "SELECT value FROM json_array_elements_text(?::json) AS value"),
-    # SQLite's unary plus keeps the planner off an index; Postgres has no + for text
-    (re.compile(r"(?<![\w)\]])\+(?=[a-z_]+\.[a-z_]+)"), ""),
+    # SQLite's unary plus (`+d.collection IN …`) keeps its planner off an index; Postgres has no + for text
+    (re.compile(r"(?<![\w)\]])\+(?=[a-z_]+\.[a-z_]+ IN\b)"), ""),
     (re.compile(r"\binstr\("), "strpos("),
     # text as its UTF-8 bytes (a byte length)
     (re.compile(r"CAST\(([\w.]+) AS BLOB\)"), r"convert_to(\1, 'UTF8')"),
