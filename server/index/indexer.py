@@ -596,7 +596,10 @@ def _finish(conn: Connection, gone: list[int]) -> int:
 
 def delete_orphan_content(conn: Connection) -> int:
     """Bodies no document row points at any more (inactive rows keep theirs)."""
-    return conn.execute("DELETE FROM content WHERE hash NOT IN (SELECT DISTINCT hash FROM documents)").rowcount
+    # NOT EXISTS: an anti-join on both backends (Postgres ran NOT IN over 100k contents as a nested loop, 10+ min)
+    return conn.execute(
+        "DELETE FROM content WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE d.hash = content.hash)"
+    ).rowcount
 
 
 def _record_run(store: IndexStore, summary: Summary, *, walk_empty: bool, scope: Scope | None = None) -> None:
