@@ -35,6 +35,7 @@ from qmd.server.index.config import (
     check_index_url,
     describe_url,
     expand_path,
+    is_index_url,
     normalize_context_key,
     schema_url,
     validate_collection_name,
@@ -891,7 +892,7 @@ class Engine:
     def _index_at(self, spec: str) -> str:
         """Where `spec` (an index name, a SQLite file, a ``postgresql://`` URL) keeps its index:
         the URL, or the file's absolute path. A name's config may give its server."""
-        if "://" in spec:
+        if "://" in spec:  # a Postgres URL, or a clear error (never a file named "mysql:")
             return check_index_url(spec, f"{spec!r}: an index given by URL")
         if "/" in spec or spec.endswith((".sqlite", ".db")):
             return str(Path(spec).expanduser().resolve())
@@ -912,20 +913,21 @@ class Engine:
         and embeds of this index wait meanwhile, so a copy of it is of one moment; the index
         this daemon serves is never a destination."""
         src, dst = self._index_at(source), self._index_at(destination)
-        here = self.store.location if not self.store.postgres else self._index_url()
-        if describe_url(src) == describe_url(dst) or src == dst:
+        # compared as described (no password), so one server named with and without it is one index
+        here = describe_url(self.store.location)
+        if describe_url(src) == describe_url(dst):
             raise InvalidInput(f"the source and the destination are the same index ({describe_url(src)})")
-        if dst in (here, self.store.location):
+        if describe_url(dst) == here:
             raise Conflict(
                 f"{describe_url(dst)} is the index this daemon serves, so it cannot be copied into:"
                 " copy into another, then point the config at it (index_url) and restart the daemon"
             )
-        if not src.startswith(("postgresql://", "postgres://")) and not Path(src).exists():
+        if not is_index_url(src) and not Path(src).exists():
             raise NotFound(f"there is no index at {src}")
         with self._update, self._embed:
-            if src in (here, self.store.location):
+            if describe_url(src) == here:
                 return index_copy.copy_index(self.store, dst, replace=replace, progress=progress, cancel=cancel)
-            store = open_store(Path(src), src if src.startswith(("postgresql://", "postgres://")) else None)
+            store = open_store(Path(src), src if is_index_url(src) else None)
             try:
                 return index_copy.copy_index(store, dst, replace=replace, progress=progress, cancel=cancel)
             finally:

@@ -30,7 +30,7 @@ from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
 from qmd.server.index import catalog
 from qmd.server.index.chunking import ChunkStrategy
-from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConfig
+from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConfig, is_index_url
 from qmd.server.index.db import IndexStore
 from qmd.server.index.embed_job import EmbedReport
 from qmd.server.index.indexer import Summary
@@ -62,7 +62,7 @@ def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connec
     recorded when it was last written. `models` (`{"embed": uri, "generate": uri,
     "rerank": uri}`) goes with inline collections; a YAML file has its own `models:`.
     """
-    url = str(index) if str(index).startswith(("postgresql://", "postgres://")) else None
+    url = str(index) if is_index_url(str(index)) else None
     db = cache_root() / "index.sqlite" if url else Path(index).expanduser()
     if collections is not None and config is not None:
         raise InvalidInput("give either 'collections' (inline) or 'config' (a YAML file), not both")

@@ -255,9 +255,14 @@ class Config:
         )
 
 
+def is_index_url(value: str) -> bool:
+    """Whether `value` names a Postgres server (else it is an index name or a file)."""
+    return value.startswith(("postgresql://", "postgres://"))
+
+
 def check_index_url(value: object, what: str) -> str:
     """A Postgres URL as `index_url` / `QMD_INDEX_URL` take it, or a clear error."""
-    if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
+    if not isinstance(value, str) or not is_index_url(value):
         raise InvalidInput(f"{what} must be a postgresql://… URL (user, host, port and database), got {value!r}")
     return value
 

@@ -18,15 +18,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qmd.server.errors import Conflict, QmdError
 from qmd.server.index import metadata, vectors
-from qmd.server.index.db import Connection, IndexStore, is_postgres
+from qmd.server.index.config import is_index_url
+from qmd.server.index.db import Connection, IndexStore, is_postgres, snapshot
 from qmd.server.index.store import FtsDoc, Store, fts_put
 
 Progress = Callable[[dict[str, Any]], None]
@@ -79,17 +79,6 @@ class CopyReport:
     vector_rows: int = 0
     """Search rows in the destination's vector tables."""
     seconds: float = 0.0
-
-
-@contextmanager
-def _snapshot(conn: Connection) -> Iterator[Connection]:
-    """One read transaction: every table read from the same moment (on Postgres,
-    repeatable read, what ``BEGIN`` is there for the index's reads)."""
-    conn.execute("BEGIN")
-    try:
-        yield conn
-    finally:
-        conn.execute("COMMIT")
 
 
 def _counts(conn: Connection) -> dict[str, int]:
@@ -187,16 +176,15 @@ def copy_index(
     stop = cancel or threading.Event()
     t0 = time.monotonic()
     report = CopyReport(source=source.location, destination="")
-    if isinstance(destination, str) and destination.startswith(("postgres://", "postgresql://")):
+    if isinstance(destination, str) and is_index_url(destination):
         from qmd.server.index.pg_store import PgStore
 
         dst = PgStore(destination)
         report.destination = dst.location
         try:
-            with dst.read() as probe:
-                if not replace and not _empty(probe):
-                    raise Conflict(_occupied(dst.location))
-            with source.read() as src, _snapshot(src):
+            if not replace:
+                _refuse_occupied(dst)
+            with source.read() as src, snapshot(src):
 
                 def fill(conn: Connection) -> None:
                     if replace:
@@ -212,9 +200,7 @@ def copy_index(
         if path.exists() and not replace:
             store = Store(path)
             try:
-                with store.read() as held:
-                    if not _empty(held):
-                        raise Conflict(_occupied(str(path)))
+                _refuse_occupied(store)
             finally:
                 store.close()
         building = path.with_name(path.name + ".copying")
@@ -222,7 +208,7 @@ def copy_index(
         try:
             store = Store(building)
             try:
-                with source.read() as src, _snapshot(src):
+                with source.read() as src, snapshot(src):
                     store.write(lambda conn: _fill(src, conn, say, report, stop))
             finally:
                 store.close()
@@ -234,8 +220,12 @@ def copy_index(
     return report
 
 
-def _occupied(where: str) -> str:
-    return f"{where} already holds an index: copy refuses to overwrite one (--replace empties it first)"
+def _refuse_occupied(store: IndexStore) -> None:
+    with store.read() as conn:
+        if not _empty(conn):
+            raise Conflict(
+                f"{store.location} already holds an index: copy refuses to overwrite one (--replace empties it first)"
+            )
 
 
 def _remove(db: Path) -> None:

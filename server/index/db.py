@@ -17,7 +17,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -31,7 +31,7 @@ else:
     except ImportError:  # pragma: no cover - platforms without the wheel
         import sqlite3
 
-__all__ = ["Connection", "Cursor", "IndexCheck", "IndexStore", "Writer", "is_postgres", "sqlite3"]
+__all__ = ["Connection", "Cursor", "IndexCheck", "IndexStore", "Writer", "is_postgres", "snapshot", "sqlite3"]
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -120,6 +120,21 @@ class IndexStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@contextmanager
+def snapshot(conn: Connection) -> Iterator[Connection]:
+    """One read transaction, so every statement inside sees the same index; inside a
+    caller's transaction, that one. Ended at once, as an open reader keeps the WAL
+    from being checkpointed."""
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("COMMIT")
 
 
 def is_postgres(conn: Connection) -> bool:

@@ -19,7 +19,8 @@ path does not.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from qmd.server.index.db import sqlite3
@@ -76,8 +77,7 @@ class _Tokenizer:
         """The rows (id, filepath, title, body) indexed under their own ids, read back as
         lengths and COPY lines; the table is emptied after. The vocabulary is in (term, row,
         column, offset) order, which GROUP BY keeps, so each offset list comes ascending."""
-        self.conn.executemany("INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)", rows)
-        try:
+        with self._indexed(rows):
             # the column lengths as FTS5 records them: a few varints a row, not a scan of every token
             lengths = {
                 doc: fts5_varints(size) for doc, size in self.conn.execute("SELECT id, sz FROM documents_fts_docsize")
@@ -89,25 +89,26 @@ class _Tokenizer:
                 " WHEN 'title' THEN 1 ELSE 2 END) || char(9) || count(*) || char(9) || '{' || group_concat(offset)"
                 " || '}' || char(10) AS line FROM documents_vocab GROUP BY term, doc, col)"
             ).fetchone()
-        finally:
-            self.conn.execute(self.clear or "DELETE FROM documents_fts")
         return TokenBatch({d: (n[0], n[1], n[2]) for d, n in lengths.items()}, postings)
 
     def run(self, rows: Sequence[tuple[str, str, str]]) -> list[dict[tuple[str, int], list[int]]]:
         """Each row's (term, column) → offsets, for query phrases; the table is emptied after."""
-        self.conn.executemany(
-            "INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)",
-            [(i + 1, *row) for i, row in enumerate(rows)],
-        )
         out: list[dict[tuple[str, int], list[int]]] = [{} for _ in rows]
-        try:
+        with self._indexed([(i + 1, *row) for i, row in enumerate(rows)]):
             for doc, term, col, offsets in self.conn.execute(
                 "SELECT doc, term, col, group_concat(offset) FROM documents_vocab GROUP BY term, doc, col"
             ):
                 out[doc - 1][(term, _COLUMN[col])] = sorted(map(int, offsets.split(",")))
+        return out
+
+    @contextmanager
+    def _indexed(self, rows: Sequence[tuple[int, str, str, str]]) -> Iterator[None]:
+        """The rows (rowid, filepath, title, body) in the table for the block, emptied after."""
+        self.conn.executemany("INSERT INTO documents_fts(rowid, filepath, title, body) VALUES (?, ?, ?, ?)", rows)
+        try:
+            yield
         finally:
             self.conn.execute(self.clear or "DELETE FROM documents_fts")
-        return out
 
 
 _COLUMN = {name: i for i, name in enumerate(COLUMNS)}

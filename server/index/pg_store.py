@@ -37,7 +37,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.index import pg
 from qmd.server.index.config import describe_url
-from qmd.server.index.db import Cursor, IndexCheck, Writer, sqlite3
+from qmd.server.index.db import Connection, Cursor, IndexCheck, Writer, sqlite3
 
 log = logging.getLogger("qmd.pg")
 T = TypeVar("T")
@@ -171,6 +171,13 @@ def _pool_size() -> int:
     return _setting("QMD_PG_POOL_SIZE", POOL_SIZE, 1, "connections")
 
 
+def raw(conn: Connection) -> psycopg.Connection[Any]:
+    """The psycopg connection under a Postgres index's adapter, for the Postgres-only
+    modules (postings, pgvector); the caller has checked `is_postgres`."""
+    assert isinstance(conn, PgConnection)
+    return conn.raw
+
+
 def _statement_timeout() -> int:
     """0: no limit."""
     return _setting("QMD_PG_STATEMENT_TIMEOUT_MS", STATEMENT_TIMEOUT_MS, 0, "milliseconds")
@@ -222,9 +229,9 @@ class PgStore(Writer[PgConnection]):
         super().__init__()
         self.url = url
         self._timeout = _statement_timeout()
-        pg.connect(url).close()  # reachable, and the schema migrated (under its lock)
         wconn = _open(url, timeout_ms=None)
         try:
+            pg.migrate(wconn, self.location)  # under its lock: a second daemon waits, then finds it done
             row = wconn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
             self._vec_version: str | None = None if row is None else f"pgvector {row[0]}"
             if row is None:
@@ -341,7 +348,8 @@ class PgStore(Writer[PgConnection]):
         key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big", signed=True)
         raw = _open(self.url, timeout_ms=None)
         try:
-            deadline = time.monotonic() + _lock_wait()
+            wait = _lock_wait()
+            deadline = time.monotonic() + wait
             while not _first(raw.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
                 if time.monotonic() >= deadline:
                     holder = raw.execute(
@@ -353,7 +361,7 @@ class PgStore(Writer[PgConnection]):
                     by = f" by {holder[0]}" if holder and holder[0] else " by another daemon"
                     raise Conflict(
                         f"{what.replace(':', ' of collection ', 1)} is running{by} on {self.location};"
-                        f" waited {_lock_wait():g} s (QMD_PG_LOCK_WAIT_S). Try again when it is done."
+                        f" waited {wait:g} s (QMD_PG_LOCK_WAIT_S). Try again when it is done."
                     )
                 time.sleep(0.2)
             yield

@@ -50,9 +50,8 @@ def fts_put(conn: Connection, docs: Sequence[FtsDoc]) -> None:
     if is_postgres(conn):
         from qmd.server.index import pg_lexical, pg_store
 
-        assert isinstance(conn, pg_store.PgConnection)
         lex = [pg_lexical.LexDoc(d.doc_id, d.collection, f"{d.collection}/{d.path}", d.title, d.body) for d in docs]
-        pg_lexical.put_documents(conn.raw, lex)
+        pg_lexical.put_documents(pg_store.raw(conn), lex)
         return
     for d in docs:
         conn.execute("DELETE FROM documents_fts WHERE rowid = ?", (d.doc_id,))
@@ -66,8 +65,7 @@ def fts_delete(conn: Connection, doc_ids: list[int]) -> None:
     if is_postgres(conn):
         from qmd.server.index import pg_lexical, pg_store
 
-        assert isinstance(conn, pg_store.PgConnection)
-        pg_lexical.delete_documents(conn.raw, doc_ids)
+        pg_lexical.delete_documents(pg_store.raw(conn), doc_ids)
         return
     for i in range(0, len(doc_ids), 500):
         chunk = doc_ids[i : i + 500]

@@ -14,8 +14,8 @@ filter, no KNN at all: `vec_distance_cosine` over the eligible chunks' stored ve
 
 On a Postgres index the space's table is pgvector's (server/index/pg_vectors.py: an HNSW
 index, the same cosine distance); everything else here is the same SQL on both. The
-functions that touch the space's table (`_create_table` … `_delete_rows`, `_knn`) are
-the only ones that look at the backend.
+functions that touch the space's table (`create_space_table` … `_delete_rows`, `_knn`,
+`_search_pg`) are the only ones that look at the backend.
 """
 
 from __future__ import annotations
@@ -58,11 +58,10 @@ class Space:
 
 
 def _pg(conn: Connection) -> Any:
-    """The psycopg connection under a Postgres index's adapter."""
-    from qmd.server.index.pg_store import PgConnection
+    """The psycopg connection under a Postgres index's adapter (`pg_store.raw`)."""
+    from qmd.server.index.pg_store import raw
 
-    assert isinstance(conn, PgConnection)
-    return conn.raw
+    return raw(conn)
 
 
 def create_space_table(conn: Connection, space: Space, *, bulk: bool = False) -> None:

@@ -57,13 +57,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 from qmd.server.errors import InvalidInput
-from qmd.server.index.db import Connection
+from qmd.server.index.db import Connection, snapshot
 from qmd.server.index.metadata import Rejection, Scalar, ValueType
 from qmd.server.search.filters import Bound, Condition, Filter, Not, check_binding_budget, filter_sql, match_sql
 
@@ -194,21 +193,6 @@ class MetadataReport:
 
 
 # -- reading --------------------------------------------------------------------------
-
-
-@contextmanager
-def snapshot(conn: Connection) -> Iterator[Connection]:
-    """One read transaction, so every statement inside sees the same index; inside a
-    caller's transaction, that one. Ended at once, as an open reader keeps the WAL
-    from being checkpointed."""
-    if conn.in_transaction:
-        yield conn
-        return
-    conn.execute("BEGIN")
-    try:
-        yield conn
-    finally:
-        conn.execute("COMMIT")
 
 
 def discover(conn: Connection, options: MetadataOptions) -> MetadataReport:

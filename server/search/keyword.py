@@ -38,15 +38,14 @@ def _search(conn: Connection, query: LexQuery, collection: str, fetch: int, scop
     """One collection's best `fetch` by bm25, from FTS5 or from the Postgres postings."""
     if isinstance(conn, sqlite3.Connection):
         return search_fts(conn, query, collection, fetch, scope.doc_filter)
-    from qmd.server.index.pg_store import PgConnection
+    from qmd.server.index.pg_store import raw
     from qmd.server.search.lexical_pg import search_pg
 
-    assert isinstance(conn, PgConnection)
     eligible = None
     if scope.doc_filter is not None:
         sql, params = ids_sql(collection, scope.doc_filter)
         eligible = [int(r[0]) for r in conn.execute(sql, params)]
-    return search_pg(conn.raw, query, fetch, collection=collection, doc_ids=eligible)
+    return search_pg(raw(conn), query, fetch, collection=collection, doc_ids=eligible)
 
 
 def lexical_hits(store: IndexStore, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
