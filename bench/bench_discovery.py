@@ -1,6 +1,7 @@
 """Metadata discovery latency (`qmd collection metadata`) on a large index, in process.
 
     .venv/bin/python bench/bench_discovery.py [--docs 100000] [--seed 1] [--rounds 15] [--stale] [--keep]
+        [--postgres [URL]]
 
 Builds a temporary `qmd.server.index.store.Store` holding --docs documents in two
 collections (`notes` two thirds, `work` one third; ~1% inactive, ~1% pending
@@ -30,18 +31,24 @@ Baselines from the same run: `SELECT count(*)` of the scope's active documents (
 any answer pays to say how many documents there are), and one walk of the whole
 (key, type, value, multi, doc_id) index grouping entries by value with no scope or filter
 (the floor of any exact per-value count). Figures only, never assertions.
+
+`--postgres` runs the same on a Postgres index instead (an embedded server,
+tests/pg_server.py, or the server at URL, in a database of its own), analyzed after the
+build; its value-index baseline is the same grouping, planned by Postgres.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import CpuWindow, code_line, machine, summary_ms, table, write_json  # noqa: E402
 
-from qmd.server.index.db import sqlite3  # noqa: E402
+from qmd.server.index import metadata  # noqa: E402
+from qmd.server.index.db import Connection, IndexStore  # noqa: E402
 from qmd.server.index.store import Store  # noqa: E402
 from qmd.server.search import discovery  # noqa: E402
 from qmd.server.search.filters import parse_filter, parse_match  # noqa: E402
@@ -58,7 +66,7 @@ SCOPE = ["notes", "work"]
 Row = tuple[int, str, str, str | int | float, str | None, int]
 
 
-def build(store: Store, docs: int, seed: int, *, stale: bool = False) -> dict[str, int]:
+def build(store: IndexStore, docs: int, seed: int, *, stale: bool = False) -> dict[str, int]:
     """Documents and their metadata rows, as the indexer would leave them (a string's
     `folded` is its ASCII lowercase, a boolean is 0/1, an array's smallest value has
     `multi` 1 and its others 2); with `stale`, inactive documents keep theirs."""
@@ -69,7 +77,7 @@ def build(store: Store, docs: int, seed: int, *, stale: bool = False) -> dict[st
     owners = [f"team-{i}" for i in range(50)]
     statuses = ["draft", "published", "archived", "review", "42"]
 
-    def fn(conn: sqlite3.Connection) -> dict[str, int]:
+    def fn(conn: Connection) -> dict[str, int]:
         conn.executemany(
             "INSERT INTO content(hash, doc, created_at) VALUES (?, 'x', 'now')", [(f"h{i}",) for i in range(docs)]
         )
@@ -123,9 +131,7 @@ def build(store: Store, docs: int, seed: int, *, stale: bool = False) -> dict[st
             " meta_error) VALUES (?, ?, ?, 't', ?, 'now', 'now', ?, ?, ?)",
             documents,
         )
-        conn.executemany(
-            "INSERT INTO document_metadata(doc_id, key, type, value, folded, multi) VALUES (?, ?, ?, ?, ?, ?)", rows
-        )
+        metadata.store_rows(conn, rows)
         return {"documents": docs, "entries": len(rows)}
 
     return store.write(fn)
@@ -144,13 +150,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--stale", action="store_true", help="inactive documents keep their metadata rows")
     ap.add_argument("--keep", action="store_true", help="leave the temporary index behind")
+    ap.add_argument(
+        "--postgres", nargs="?", const="embedded", metavar="URL", help="on a Postgres index (embedded server or URL)"
+    )
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="qmd-bench-discovery-"))
-    store = Store(tmp / "index.sqlite")
+    stack = contextlib.ExitStack()
+    store: IndexStore = (
+        Store(tmp / "index.sqlite") if args.postgres is None else stack.enter_context(postgres_store(args.postgres))
+    )
     try:
         t0 = time.perf_counter()
         sizes = build(store, args.docs, args.seed, stale=args.stale)
+        if store.postgres:
+            store.maintain(lambda conn: conn.execute("ANALYZE"))
         build_s = time.perf_counter() - t0
         print(code_line())
         print(
@@ -179,8 +193,8 @@ def main() -> None:
                     (scope_json,),
                 ).fetchone(),
                 "one walk of the value index": lambda: conn.execute(
-                    "SELECT key, type, value, count(*) FROM document_metadata INDEXED BY idx_metadata_value"
-                    " GROUP BY key, type, value"
+                    "SELECT key, type, value, count(*) FROM document_metadata"
+                    f"{'' if store.postgres else ' INDEXED BY idx_metadata_value'} GROUP BY key, type, value"
                 ).fetchall(),
             }
             runs: dict[str, Callable[[], object]] = {
@@ -191,7 +205,7 @@ def main() -> None:
             plans = {}
             for name, o in cases.items():
                 census, _ = discovery._census(conn, json.dumps(list(o.collections)), o.filter)
-                plans[name] = discovery._plan(census)
+                plans[name] = "one (Postgres)" if store.postgres else discovery._plan(census)
             samples: dict[str, list[float]] = {name: [] for name in runs}
             window = CpuWindow()
             for _ in range(args.rounds):
@@ -229,15 +243,40 @@ def main() -> None:
         )
         out = write_json(
             "discovery",
-            {"machine": machine(), "index": {**sizes, "stale": args.stale, "build_s": round(build_s, 1)},
+            {"machine": machine(),
+             "index": {**sizes, "stale": args.stale, "build_s": round(build_s, 1),
+                       "backend": "postgres" if store.postgres else "sqlite"},
              "rounds": args.rounds,
              "figures": figures, "noise": noise},
         )  # fmt: skip
         print(f"figures: {out}")
     finally:
         store.close()
+        stack.close()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_store(url: str) -> Iterator[IndexStore]:
+    """A Postgres index in a new database on the server at `url` (or an embedded one),
+    dropped afterwards."""
+    import psycopg
+    from bench_postgres import database
+    from pg_server import embedded_postgres
+
+    from qmd.server.index.pg_store import PgStore
+
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(embedded_postgres()) if url == "embedded" else url
+        name = f"qmd_bench_discovery_{os.getpid()}"
+        store = PgStore(database(server, name))
+        try:
+            yield store
+        finally:
+            store.close()
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 if __name__ == "__main__":

@@ -562,21 +562,11 @@ class Engine:
 
     def metadata(self, opts: MetadataOptions) -> MetadataReport:
         """Discovery: the keys, types and values filters can be written from, in one snapshot."""
-        if self.store.postgres:
-            raise InvalidInput(metadata.PG_NO_DISCOVERY)
         with self.store.read() as conn:
             return discover(conn, opts)
 
     def collection_keys(self, names: list[str], n: int = 5, *, values: int = 0) -> dict[str, CollectionKeys]:
-        """Each collection's most covered keys, for status and listings (a discovery each).
-        On Postgres, which cannot filter by them yet, only the documents' counts."""
-        if self.store.postgres:
-            with self.store.read() as conn:
-                counts = {name: metadata.extraction_counts(conn, [name]) for name in names}
-            return {
-                name: CollectionKeys(name, c.documents, c.with_metadata, c.pending, 0, [], 0)
-                for name, c in counts.items()
-            }
+        """Each collection's most covered keys, for status and listings (a discovery each)."""
         with self.store.read() as conn:
             return {ck.collection: ck for ck in top_keys(conn, names, n, values=values)}
 

@@ -28,6 +28,8 @@ from harness import (  # noqa: F401 - daemons_on, free_port: for the test module
 from pg_server import embedded_postgres
 
 from qmd.server.errors import QmdError
+from qmd.server.index.db import IndexStore
+from qmd.server.index.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QMD_SHARED_DIR", ROOT.parent / "shared"))
@@ -235,6 +237,27 @@ def pg_index(postgres_url: str) -> Iterator[str]:
     """The URL of an empty Postgres database with pgvector, for one test."""
     with new_database(postgres_url) as url:
         yield url
+
+
+@pytest.fixture
+def open_store(tmp_path: Path, postgres_template: str | None) -> Iterator[Callable[[str], IndexStore]]:
+    """Opens an empty index of the run's backend, by name: a SQLite file in the test's
+    directory, or on Postgres a database of its own copied from the template. Every
+    store opened is closed (and its database dropped) after the test."""
+    with ExitStack() as stack:
+
+        def open_one(name: str) -> IndexStore:
+            if postgres_template is None:
+                store: IndexStore = Store(tmp_path / f"{name}.sqlite")
+            else:
+                from qmd.server.index.pg_store import PgStore
+
+                url = stack.enter_context(new_database(postgres_template, template="qmd_template"))
+                store = PgStore(url)
+            stack.callback(store.close)
+            return store
+
+        yield open_one
 
 
 @pytest.fixture(autouse=True)

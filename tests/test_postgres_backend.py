@@ -21,6 +21,7 @@ from qmd.server.errors import Conflict, Forbidden, InvalidInput, Unavailable
 from qmd.server.index import vectors
 from qmd.server.index.config import Config, describe_url
 from qmd.server.index.pg_store import PgStore, translate
+from qmd.server.search.discovery import NumberRange
 
 
 def test_translate_speaks_psycopg_and_leaves_literals_alone() -> None:
@@ -135,7 +136,7 @@ def test_filters_compare_values_as_sqlite_does(pg_index: str, tmp_path: Path) ->
         {"field": "status", "operator": "contains", "value": "pe"},
         {"operator": "not", "operand": {"field": "n", "operator": "exists", "value": True}},
     ]
-    kept = {}
+    kept, found = {}, {}
     for where in (tmp_path / "i.sqlite", pg_index):
         with qmd.open(where, collections={"notes": {"path": str(notes)}}) as index:
             index.update()
@@ -143,11 +144,20 @@ def test_filters_compare_values_as_sqlite_does(pg_index: str, tmp_path: Path) ->
                 sorted(h.doc.path for h in index.search("alpha", filter=f, limit=10).hits) for f in filters
             ]
             assert index.get("notes/c.md") is not None
+            found[str(where)] = [
+                index.metadata(),
+                index.metadata(sort="value", value_limit=None),
+                index.metadata(match={"field": "value", "operator": "eq", "value": "y"}),
+                index.metadata(filter={"field": "ok", "operator": "exists", "value": True}, min_count=2),
+            ]
     sqlite, postgres = kept.values()
     assert postgres == sqlite
     assert sqlite[:4] == [["a.md"], ["a.md", "c.md"], [], ["a.md", "b.md"]]
-    with qmd.open(pg_index) as index, pytest.raises(InvalidInput, match="metadata discovery is not available"):
-        index.metadata()
+    on_sqlite, on_postgres = found.values()
+    assert on_postgres == on_sqlite
+    n = next(t for k in on_postgres[0].keys if k.key == "n" for t in k.types)
+    by_value = next(t for k in on_postgres[1].keys if k.key == "n" for t in k.types)
+    assert (n.range, [v.value for v in by_value.values]) == (NumberRange(2.5, 3, 10), [2.5, 3, 10])
 
 
 def test_without_pgvector_keyword_search_answers_and_vectors_are_announced(postgres_url: str, tmp_path: Path) -> None:
@@ -321,7 +331,8 @@ def docs_in(url: str) -> tuple[int, int]:
 @pytest.mark.slow
 def test_the_cli_on_a_postgres_index(pg_index: str, tmp_path: Path) -> None:
     env = on_postgres(Env(tmp_path / "a"), pg_index)
-    notes = write(tmp_path / "notes", NOTES)
+    plans = "---\nqmd:\n  metadata:\n    status: draft\n    n: [3, 3.0, 12]\n---\n# Plans\n\nA roadmap.\n"
+    notes = write(tmp_path / "notes", {**NOTES, "plans.md": plans})
     d = Daemon(env)
     try:
         env.ok("collection", "add", str(notes), "--name", "notes")
@@ -337,9 +348,9 @@ def test_the_cli_on_a_postgres_index(pg_index: str, tmp_path: Path) -> None:
         assert env.json("search", "seed round", "--json")[0]["file"].startswith("qmd://notes/fundraising.md")
         exists = '{"field": "x", "operator": "exists", "value": true}'
         assert env.json("search", "seed", "--filter", exists, "--json") == []
-        r = env.qmd("collection", "metadata", "notes")
-        assert r.returncode != 0 and "metadata discovery is not available" in r.stderr
-        assert "Traceback" not in r.stderr
+        shown = env.ok("collection", "metadata", "notes")
+        assert "status  string  1 of " in shown and "draft" in shown and "n  number[]  1 of " in shown
+        assert "2 distinct" in shown and "Traceback" not in shown
     finally:
         d.stop()
 

@@ -279,13 +279,6 @@ def _eligible(collection: str | None, doc_filter: DocFilter | None, *, per_docum
     return " AND ".join(where) or "1", params
 
 
-PG_NO_DISCOVERY: Final = (
-    "metadata discovery is not available on a Postgres index yet: `qmd metadata` (and `collection show`'s keys)"
-    " need a SQLite index; filters (--filter) work"
-)
-"""The answer to `qmd metadata` on a Postgres index, until discovery's statements run there."""
-
-
 def ids_sql(collection: str | None, doc_filter: DocFilter | None) -> tuple[str, list[object]]:
     """`SELECT id FROM documents …`: the documents a search of `collection` (None: every
     collection) may return. Under a filter only active documents whose metadata was

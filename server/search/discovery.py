@@ -51,6 +51,11 @@ walks of the value index (~160 ms on 2 cores, bench/bench_discovery.py; it was 4
 when array documents were grouped in a second walk): the walk itself, reading `multi`
 and counting first entries (~0.3 of one), the census of the documents (~0.25), the
 values' rank windows (~0.25) and their running windows.
+
+On Postgres the answer is the same, from `_pg_report_statement`: there is no index in
+value order to walk (a 4,096-character string does not fit a btree entry), so the
+eligible entries are hashed by value once and the windows run over the distinct values;
+about 570 ms for the same 100k documents.
 """
 
 from __future__ import annotations
@@ -62,8 +67,8 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 from qmd.server.errors import InvalidInput
-from qmd.server.index.db import Connection, snapshot
-from qmd.server.index.metadata import Rejection, Scalar, ValueType
+from qmd.server.index.db import Connection, is_postgres, snapshot
+from qmd.server.index.metadata import Rejection, Scalar, ValueType, read_value
 from qmd.server.search.filters import Bound, Condition, Filter, Not, check_binding_budget, filter_sql, match_sql
 
 Sort: TypeAlias = Literal["count", "value"]
@@ -73,6 +78,8 @@ DEFAULT_KEY_LIMIT: Final = 50
 DEFAULT_VALUE_LIMIT: Final = 10
 REJECTED_EXAMPLES: Final = 5
 TYPE_ORDER: Final[tuple[ValueType, ...]] = ("boolean", "number", "string")
+PG_WORK_MEM: Final = "64MB"
+"""Postgres' work_mem for one discovery's transaction (see `_discover`)."""
 
 
 # -- options --------------------------------------------------------------------------
@@ -218,31 +225,34 @@ class _Census:
 
 
 def _census(conn: Connection, scope_json: str, flt: Filter | None) -> tuple[_Census, list[Bound]]:
-    """One pass over the scope's active documents (each sum costs a few ms over 100k).
-    `+` keeps the planner off the collection index, whose seeks would each cost a row
-    lookup: a scan of the table is cheaper unless the scope is a small part of the
+    """One pass over the scope's active documents (each count costs a few ms over 100k).
+    `+` keeps SQLite's planner off the collection index, whose seeks would each cost a
+    row lookup: a scan of the table is cheaper unless the scope is a small part of the
     index. Without a filter, the counted documents are the extracted ones (states 0
     and 1), so they follow from the other counts."""
     scope = "FROM documents d WHERE d.active = 1 AND +d.collection IN (SELECT value FROM json_each(?))"
     with_rows = "(SELECT count(*) FROM documents WHERE meta_state = 1)"
     if flt is None:
         row = conn.execute(
-            "SELECT count(*), coalesce(sum(d.meta_state = 1), 0), coalesce(sum(d.meta_state IS NULL), 0),"
-            f" coalesce(sum(d.meta_state = 2), 0), {with_rows} {scope}",
+            "SELECT count(*), count(*) FILTER (WHERE d.meta_state = 1), count(*) FILTER (WHERE d.meta_state IS NULL),"
+            f" count(*) FILTER (WHERE d.meta_state = 2), {with_rows} {scope}",
             [scope_json],
         ).fetchone()
         documents, with_metadata, pending, rejected, rows = (int(v) for v in row)
         return _Census(
             documents, with_metadata, pending, rejected, documents - pending - rejected, with_metadata, rows
         ), []
-    # The subquery's `LIMIT -1` keeps SQLite from flattening it, which would copy the
-    # filter into both sums that read `ok` and so evaluate it twice a document.
-    fsql, fparams = filter_sql(flt, "d")
+    # The subquery's fence (SQLite's `LIMIT -1`, Postgres' `OFFSET 0`) keeps it from being
+    # flattened, which would copy the filter into both counts that read `ok` and so
+    # evaluate it twice a document.
+    postgres = is_postgres(conn)
+    fsql, fparams = filter_sql(flt, "d", postgres=postgres)
+    fence = "OFFSET 0" if postgres else "LIMIT -1"
     row = conn.execute(
-        "SELECT count(*), coalesce(sum(s = 1), 0), coalesce(sum(s IS NULL), 0), coalesce(sum(s = 2), 0),"
-        f" coalesce(sum(ok), 0), coalesce(sum(ok AND s = 1), 0), {with_rows}"
-        f" FROM (SELECT d.meta_state AS s, CASE WHEN d.meta_state IN (0, 1) THEN ({fsql}) ELSE 0 END AS ok {scope}"
-        " LIMIT -1)",
+        "SELECT count(*), count(*) FILTER (WHERE s = 1), count(*) FILTER (WHERE s IS NULL),"
+        " count(*) FILTER (WHERE s = 2), coalesce(sum(ok), 0), count(*) FILTER (WHERE ok = 1 AND s = 1),"
+        f" {with_rows} FROM (SELECT d.meta_state AS s,"
+        f" CASE WHEN d.meta_state IN (0, 1) AND ({fsql}) THEN 1 ELSE 0 END AS ok {scope} {fence}) c",
         [*fparams, scope_json],
     ).fetchone()
     documents, with_metadata, pending, rejected, eligible, eligible_with_rows, rows = (int(v) for v in row)
@@ -334,7 +344,7 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
     middle entries), a `value` per value in a value window."""
     s = _Statement()
     fsql = filter_sql(options.filter, "d")[0] if options.filter is not None else "1"
-    msql, mparams = match_sql(options.match, "m") if options.match is not None else ("1", [])
+    msql, mparams = match_sql(options.match, "m") if options.match is not None else ("true", [])
 
     s.add("WITH")
     s.add(
@@ -529,6 +539,120 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
     return s
 
 
+def _pg_report_statement(options: MetadataOptions, scope_json: str) -> _Statement:
+    """`_report_statement`'s rows, on Postgres. One plan: the eligible documents are
+    hashed and their matching entries grouped by their stored text and collection in
+    one pass of the table (a hash aggregate, one row per distinct value); values are
+    then grouped the way SQLite compares them and what a pair needs is read off them by
+    windows, in value order. A string is its text (bytewise, the C collation); a number
+    or boolean is the exact numeric of its JSON text, so 3 and 3.0 are one value and
+    integers past 2**53 stay apart, which ``num`` (a float) would not keep. Which
+    collections hold a pair is a bit string, a bit per collection in scope."""
+    s = _Statement()
+    fsql, fparams = filter_sql(options.filter, "d", postgres=True) if options.filter is not None else ("true", [])
+    msql, mparams = match_sql(options.match, "m", postgres=True) if options.match is not None else ("true", [])
+    colls = options.collections
+    k = len(colls)
+    position = "CASE d.collection " + " ".join(f"WHEN ? THEN {i}" for i in range(k)) + " END" if k > 1 else "0"
+    mask = f"bit_or(set_bit(repeat('0', {k})::bit({k}), ci, 1))" if k > 1 else "NULL::bit(1)"
+    s.add("WITH")
+    s.add(
+        f"elig(id, ci) AS MATERIALIZED (SELECT d.id, {position} FROM documents d"
+        " WHERE d.active = 1 AND d.meta_state = 1 AND d.collection IN (SELECT value FROM json_each(?))"
+        f" AND ({fsql})),",
+        [*(colls if k > 1 else []), scope_json, *fparams],
+    )
+    entries = f"FROM elig e JOIN document_metadata m ON m.doc_id = e.id WHERE {msql}"
+    # A pair's documents are its first entries (`multi` < 2) unless the match tests
+    # values: it may then keep an array's later entries and not its first, and the
+    # documents are counted apart (`spread`).
+    per_pair = options.match is None or _per_pair(options.match)
+    # written: per matching value as stored (its text) and collection, its documents (one
+    # entry each), first entries and whether an array's. Grouping by the column itself
+    # is what Postgres does fast; the numbers' numeric is then taken of these few rows.
+    s.add(
+        "written(key, type, value, ci, docs, heads, arr) AS (SELECT m.key, m.type, m.value, e.ci, count(*),"
+        f" count(*) FILTER (WHERE m.multi < 2), bool_or(m.multi > 0) {entries} GROUP BY 1, 2, 3, 4),",
+        mparams,
+    )
+    # vals: per value, the same and the collections holding it; in value order the
+    # running counts (entries, values held by at least min_count documents) and the
+    # least value; the pair's totals. Counts are bigint (a sum's numeric would not
+    # halve as an integer).
+    s.add(
+        "vals(key, type, n, s, value, docs, heads, arr, mask, upto, kept, lowest, entries, highest, pair_heads,"
+        " pair_arr, pair_mask) AS MATERIALIZED (SELECT g.*, (sum(g.docs) OVER w)::bigint,"
+        " sum(CASE WHEN g.docs >= ? THEN 1 ELSE 0 END) OVER w, first_value(g.value) OVER w,"
+        " (sum(g.docs) OVER p)::bigint, last_value(g.value) OVER p, sum(g.heads) OVER p, bool_or(g.arr) OVER p,"
+        " bit_or(g.mask) OVER p FROM ("
+        "  SELECT key, type, CASE WHEN type <> 'string' THEN value::numeric END AS n,"
+        "   CASE WHEN type = 'string' THEN value END AS s, min(value) AS value, sum(docs)::bigint AS docs,"
+        f"   sum(heads)::bigint AS heads, bool_or(arr) AS arr, {mask} AS mask FROM written GROUP BY 1, 2, 3, 4) g"
+        " WINDOW w AS (PARTITION BY g.key, g.type ORDER BY g.n, g.s ROWS UNBOUNDED PRECEDING),"
+        " p AS (PARTITION BY g.key, g.type ORDER BY g.n, g.s"
+        " ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)),",
+        [options.min_count],
+    )
+    if per_pair:
+        docs, multi, spread = "v.pair_heads", "v.pair_arr", ""
+    else:
+        s.add(
+            f"spread(key, type, docs) AS MATERIALIZED (SELECT m.key, m.type, count(DISTINCT m.doc_id) {entries}"
+            " GROUP BY m.key, m.type),",
+            mparams,
+        )
+        docs = "t.docs"
+        multi = (
+            "CASE WHEN v.pair_arr THEN true ELSE EXISTS (SELECT 1 FROM document_metadata x JOIN elig e"
+            " ON e.id = x.doc_id WHERE x.key = v.key AND x.type = v.type AND x.multi = 1) END"
+        )
+        spread = " JOIN spread t ON t.key = v.key AND t.type = v.type"
+    # A pair's last value (its running count reaching its entries) carries its totals.
+    s.add(
+        "pairs(key, type, docs, entries, distinct_values, multi, lowest, highest, flags) AS MATERIALIZED ("
+        f" SELECT v.key, v.type, {docs}, v.entries, v.kept, {multi}, v.lowest, v.highest, v.pair_mask::text"
+        f" FROM vals v{spread} WHERE v.upto = v.entries),"
+    )
+    s.add(
+        "keys(key, docs, rank) AS MATERIALIZED ("
+        " SELECT key, sum(docs), row_number() OVER (ORDER BY sum(docs) DESC, key) FROM pairs GROUP BY key),"
+    )
+    key_end = -1 if options.key_limit is None else options.key_offset + options.key_limit
+    s.add(
+        "shown(key, docs, rank) AS MATERIALIZED ("
+        " SELECT key, docs, rank FROM keys WHERE rank > ? AND (? < 0 OR rank <= ?)),",
+        [options.key_offset, key_end, key_end],
+    )
+    pos = "row_number() OVER (PARTITION BY v.key, v.type ORDER BY v.docs DESC, v.n, v.s)"
+    s.add(
+        f"ranked(key, type, value, docs, pos) AS (SELECT v.key, v.type, v.value, v.docs,"
+        f" {pos if options.sort == 'count' else 'v.kept'}"
+        " FROM vals v WHERE v.key IN (SELECT key FROM shown) AND v.docs >= ?)",
+        [options.min_count],
+    )
+    s.add("SELECT 'total', NULL, NULL, NULL, (SELECT count(*) FROM keys), NULL, NULL, NULL, NULL, NULL, NULL")
+    s.add(
+        "UNION ALL SELECT 'pair', p.key, p.type, NULL, p.docs, k.rank, p.distinct_values, p.multi,"
+        " p.lowest, p.highest, p.flags FROM pairs p JOIN shown k ON k.key = p.key"
+    )
+    # The median's middle entries, (n + 1) / 2 and n / 2 + 1: the value whose entries
+    # span each position (one row each).
+    s.add(
+        "UNION ALL SELECT 'middle', v.key, v.type, NULL, NULL, NULL, NULL, NULL,"
+        " min(v.value) FILTER (WHERE v.upto - v.docs < (v.entries + 1) / 2),"
+        " min(v.value) FILTER (WHERE v.upto >= v.entries / 2 + 1), NULL"
+        " FROM vals v WHERE v.type = 'number' AND v.key IN (SELECT key FROM shown)"
+        " AND v.upto >= (v.entries + 1) / 2 AND v.upto - v.docs < v.entries / 2 + 1 GROUP BY v.key, v.type"
+    )
+    value_end = -1 if options.value_limit is None else options.value_offset + options.value_limit
+    s.add(
+        "UNION ALL SELECT 'value', r.key, r.type, r.value, r.docs, r.pos, NULL, NULL, NULL, NULL, NULL FROM ranked r"
+        " WHERE r.pos > ? AND (? < 0 OR r.pos <= ?)",
+        [options.value_offset, value_end, value_end],
+    )
+    return s
+
+
 def _scalar(type_: ValueType, value: object) -> Scalar:
     if type_ == "boolean":
         return bool(value)
@@ -587,18 +711,25 @@ def _read_pairs(conn: Connection, stmt: _Statement) -> tuple[int, list[_Pair]]:
     total = 0
     pairs: dict[tuple[str, str], _Pair] = {}
     rows = conn.execute(stmt.sql, stmt.params).fetchall()
+    postgres = is_postgres(conn)
+
+    def stored(type_: str, value: object) -> object:
+        return read_value(conn, type_, value) if postgres and value is not None else value
+
     # Pairs first: SQLite returns UNION ALL branches in order, but nothing promises it.
-    rows.sort(key=lambda row: row[0] != "pair")
+    rows = sorted(rows, key=lambda row: row[0] != "pair")
     for kind, key, type_, value, a, b, c, d, lo, hi, flags in rows:
         if kind == "pair":
-            pairs[(key, type_)] = _Pair(key, _type(type_), int(a), int(b), int(c), bool(d), lo, hi, flags)
+            pairs[(key, type_)] = _Pair(
+                key, _type(type_), int(a), int(b), int(c), bool(d), stored(type_, lo), stored(type_, hi), flags
+            )
         elif kind == "total":
             total = int(a)
         elif kind == "middle":
-            pairs[(key, type_)].middle = (_number(lo), _number(hi))
+            pairs[(key, type_)].middle = (_number(stored(type_, lo)), _number(stored(type_, hi)))
         else:
             pair = pairs[(key, type_)]
-            pair.values.append((int(b), ValueCount(_scalar(pair.type, value), int(a))))
+            pair.values.append((int(b), ValueCount(_scalar(pair.type, stored(type_, value)), int(a))))
     return total, list(pairs.values())
 
 
@@ -610,7 +741,14 @@ def _discover(conn: Connection, options: MetadataOptions) -> MetadataReport:
 
     total_keys, pairs = 0, list[_Pair]()
     if census.eligible_with_rows:
-        stmt = _report_statement(options, scope_json, fparams, _plan(census))
+        if is_postgres(conn):
+            # Its row estimates for the grouping are the entries' (no reduction), so with
+            # the default 4 MB the planner sorts every entry on disk; the groups, one a
+            # value, fit in a fraction of this (18 MB at 850k entries).
+            conn.execute(f"SET LOCAL work_mem = '{PG_WORK_MEM}'")
+            stmt = _pg_report_statement(options, scope_json)
+        else:
+            stmt = _report_statement(options, scope_json, fparams, _plan(census))
         total_keys, pairs = _read_pairs(conn, stmt)
 
     by_key: dict[str, tuple[int, list[TypeReport]]] = {}

@@ -375,8 +375,9 @@ def _tree(
 
 Bound: TypeAlias = str | int | float | bytes
 _Sql: TypeAlias = tuple[str, list[Bound]]
-_TRUE: Final[_Sql] = ("1", [])
-_FALSE: Final[_Sql] = ("0", [])
+_TRUE: Final[_Sql] = ("true", [])
+_FALSE: Final[_Sql] = ("false", [])
+"""Spelled as both SQLite and Postgres read a boolean (a filter may fold to one)."""
 _TYPE_SQL: Final = {t: f"'{t}'" for t in TYPES}
 """Type names are SQL literals taken only from this table, never from the AST."""
 
@@ -411,12 +412,13 @@ def filter_sql(
     return _tree(f, lambda c: _condition_sql(c, row, lambda p: has(c, p)), _join, _negate)
 
 
-def match_sql(f: Filter, entry: str = "m") -> tuple[str, list[Bound]]:
+def match_sql(f: Filter, entry: str = "m", *, postgres: bool = False) -> tuple[str, list[Bound]]:
     """A boolean SQL expression true for the rows (alias `entry` of
     `document_metadata`) the match selects. Never NULL, so it can be negated or
-    combined with a filter in one statement."""
-    key_row = _Row(None, f"{entry}.key", _sql_fold(f"{entry}.key"), f"{entry}.key")
-    value_row = _Row(f"{entry}.type", f"{entry}.value", f"{entry}.folded", f"{entry}.value")
+    combined with a filter in one statement. `postgres` as for `filter_sql`."""
+    key_row = _Row(None, f"{entry}.key", _sql_fold(f"{entry}.key"), f"{entry}.key", chars=postgres)
+    number = f"{entry}.num" if postgres else f"{entry}.value"
+    value_row = _Row(f"{entry}.type", f"{entry}.value", f"{entry}.folded", number, chars=postgres)
     return _tree(
         f, lambda c: _condition_sql(c, key_row if c.field == "key" else value_row, lambda p: p), _join, _negate
     )
