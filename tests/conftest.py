@@ -160,9 +160,9 @@ def postgres_url() -> Iterator[str]:
         yield url
 
 
-CONTRACT_MODULES = ("test_cli.py", "test_mcp.py")
+CONTRACT_MODULES = ("test_cli.py", "test_mcp.py", "test_metadata_surfaces.py")
 """Whose slow tests are in the Postgres run too (`-m "not slow or contract"`): the CLI and MCP
-integration tests, the way users reach an index."""
+integration tests, and filters and discovery through every surface: the ways users reach an index."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

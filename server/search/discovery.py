@@ -337,6 +337,35 @@ class _Statement:
         return "\n".join(self.parts)
 
 
+_TOTAL_ROW: Final = "SELECT 'total', NULL, NULL, NULL, (SELECT count(*) FROM keys), NULL, NULL, NULL, NULL, NULL, NULL"
+"""Both statements' first row: the number of keys (`keys`, a CTE of both)."""
+
+
+def _add_key_window(s: _Statement, options: MetadataOptions) -> None:
+    """Both statements' `keys` (ranked by documents, then key) and `shown` (the key
+    window), from their `pairs`."""
+    s.add(
+        "keys(key, docs, rank) AS MATERIALIZED ("
+        " SELECT key, sum(docs), row_number() OVER (ORDER BY sum(docs) DESC, key) FROM pairs GROUP BY key),"
+    )
+    key_end = -1 if options.key_limit is None else options.key_offset + options.key_limit
+    s.add(
+        "shown(key, docs, rank) AS MATERIALIZED ("
+        " SELECT key, docs, rank FROM keys WHERE rank > ? AND (? < 0 OR rank <= ?))",
+        [options.key_offset, key_end, key_end],
+    )
+
+
+def _add_value_rows(s: _Statement, options: MetadataOptions) -> None:
+    """Both statements' last rows: the value window of each shown pair, from `ranked`."""
+    value_end = -1 if options.value_limit is None else options.value_offset + options.value_limit
+    s.add(
+        "UNION ALL SELECT 'value', r.key, r.type, r.value, r.docs, r.pos, NULL, NULL, NULL, NULL, NULL FROM ranked r"
+        " WHERE r.pos > ? AND (? < 0 OR r.pos <= ?)",
+        [options.value_offset, value_end, value_end],
+    )
+
+
 def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[Bound], plan: Plan) -> _Statement:
     """The one statement that reads the entries. It returns rows of four kinds, told
     apart by their first column: one `total` (the number of keys), a `pair` per
@@ -455,16 +484,7 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
             "  t.lowest, t.highest"
             f" FROM ({last}) t LEFT JOIN arrays a ON a.key = t.key AND a.type = t.type),"
         )
-    s.add(
-        "keys(key, docs, rank) AS MATERIALIZED ("
-        " SELECT key, sum(docs), row_number() OVER (ORDER BY sum(docs) DESC, key) FROM pairs GROUP BY key),"
-    )
-    key_end = -1 if options.key_limit is None else options.key_offset + options.key_limit
-    s.add(
-        "shown(key, docs, rank) AS MATERIALIZED ("
-        " SELECT key, docs, rank FROM keys WHERE rank > ? AND (? < 0 OR rank <= ?))",
-        [options.key_offset, key_end, key_end],
-    )
+    _add_key_window(s, options)
     if options.sort == "count":
         s.add(
             ", ranked(key, type, value, docs, pos) AS ("
@@ -513,7 +533,7 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
             for _ in colls
         )
         flag_params = list(colls)
-    s.add("SELECT 'total', NULL, NULL, NULL, (SELECT count(*) FROM keys), NULL, NULL, NULL, NULL, NULL, NULL")
+    s.add(_TOTAL_ROW)
     s.add(
         "UNION ALL SELECT 'pair', p.key, p.type, NULL, p.docs, k.rank, p.distinct_values, p.multi,"
         f" p.lowest, p.highest, {flags} FROM pairs p JOIN shown k ON k.key = p.key",
@@ -530,12 +550,7 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
         " WHERE p.type = 'number' AND p.key IN (SELECT key FROM shown)"
         " AND v.upto >= (p.entries + 1) / 2 AND v.upto - v.docs < p.entries / 2 + 1 GROUP BY v.key, v.type"
     )
-    value_end = -1 if options.value_limit is None else options.value_offset + options.value_limit
-    s.add(
-        "UNION ALL SELECT 'value', r.key, r.type, r.value, r.docs, r.pos, NULL, NULL, NULL, NULL, NULL FROM ranked r"
-        " WHERE r.pos > ? AND (? < 0 OR r.pos <= ?)",
-        [options.value_offset, value_end, value_end],
-    )
+    _add_value_rows(s, options)
     return s
 
 
@@ -613,24 +628,15 @@ def _pg_report_statement(options: MetadataOptions, scope_json: str) -> _Statemen
         f" SELECT v.key, v.type, {docs}, v.entries, v.kept, {multi}, v.lowest, v.highest, v.pair_mask::text"
         f" FROM vals v{spread} WHERE v.upto = v.entries),"
     )
-    s.add(
-        "keys(key, docs, rank) AS MATERIALIZED ("
-        " SELECT key, sum(docs), row_number() OVER (ORDER BY sum(docs) DESC, key) FROM pairs GROUP BY key),"
-    )
-    key_end = -1 if options.key_limit is None else options.key_offset + options.key_limit
-    s.add(
-        "shown(key, docs, rank) AS MATERIALIZED ("
-        " SELECT key, docs, rank FROM keys WHERE rank > ? AND (? < 0 OR rank <= ?)),",
-        [options.key_offset, key_end, key_end],
-    )
+    _add_key_window(s, options)
     pos = "row_number() OVER (PARTITION BY v.key, v.type ORDER BY v.docs DESC, v.n, v.s)"
     s.add(
-        f"ranked(key, type, value, docs, pos) AS (SELECT v.key, v.type, v.value, v.docs,"
+        f", ranked(key, type, value, docs, pos) AS (SELECT v.key, v.type, v.value, v.docs,"
         f" {pos if options.sort == 'count' else 'v.kept'}"
         " FROM vals v WHERE v.key IN (SELECT key FROM shown) AND v.docs >= ?)",
         [options.min_count],
     )
-    s.add("SELECT 'total', NULL, NULL, NULL, (SELECT count(*) FROM keys), NULL, NULL, NULL, NULL, NULL, NULL")
+    s.add(_TOTAL_ROW)
     s.add(
         "UNION ALL SELECT 'pair', p.key, p.type, NULL, p.docs, k.rank, p.distinct_values, p.multi,"
         " p.lowest, p.highest, p.flags FROM pairs p JOIN shown k ON k.key = p.key"
@@ -644,12 +650,7 @@ def _pg_report_statement(options: MetadataOptions, scope_json: str) -> _Statemen
         " FROM vals v WHERE v.type = 'number' AND v.key IN (SELECT key FROM shown)"
         " AND v.upto >= (v.entries + 1) / 2 AND v.upto - v.docs < v.entries / 2 + 1 GROUP BY v.key, v.type"
     )
-    value_end = -1 if options.value_limit is None else options.value_offset + options.value_limit
-    s.add(
-        "UNION ALL SELECT 'value', r.key, r.type, r.value, r.docs, r.pos, NULL, NULL, NULL, NULL, NULL FROM ranked r"
-        " WHERE r.pos > ? AND (? < 0 OR r.pos <= ?)",
-        [options.value_offset, value_end, value_end],
-    )
+    _add_value_rows(s, options)
     return s
 
 
