@@ -16,6 +16,7 @@ a search reads one snapshot.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import psycopg
 
@@ -202,13 +203,19 @@ characters, past a btree entry's limit: it is unique by its md5 and found by a h
 MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3, METADATA_V4)
 
 
-def connect(url: str) -> psycopg.Connection:
-    """An autocommit connection to the index at `url`, its schema migrated to the latest
-    version. A server that does not answer is `Unavailable`, naming it (never its password)."""
+def reach(url: str, **settings: Any) -> psycopg.Connection[Any]:
+    """A connection to the server at `url` (psycopg's `settings`). A server that does not
+    answer is `Unavailable`, naming it (never its password)."""
     try:
-        conn = psycopg.connect(url, autocommit=True)
+        return psycopg.connect(url, **settings)
     except psycopg.Error as e:
         raise Unavailable(f"Postgres index {describe_url(url)} is not reachable: {str(e).strip()}") from None
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    """An autocommit connection to the index at `url`, its schema migrated to the latest
+    version (the tests' and tools' way in; the daemon's is `pg_store.PgStore`)."""
+    conn = reach(url, autocommit=True)
     try:
         migrate(conn, describe_url(url))
     except BaseException:

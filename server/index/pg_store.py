@@ -212,10 +212,7 @@ def _configure(raw: psycopg.Connection[Any], timeout_ms: int | None) -> None:
 
 
 def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
-    try:
-        raw = psycopg.connect(url, **_settings())
-    except psycopg.Error as e:
-        raise Unavailable(f"Postgres index {describe_url(url)} is not reachable: {str(e).strip()}") from None
+    raw = pg.reach(url, **_settings())
     _configure(raw, timeout_ms)
     return raw
 
