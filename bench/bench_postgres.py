@@ -3,6 +3,7 @@ baseline, Postgres (an embedded server, tests/pg_server.py, unless --url names o
 measured one.
 
     .venv/bin/python bench/bench_postgres.py [--files 100000] [--seed 1] [--rounds 5] [--url postgresql://...]
+        [--no-copy]
 
 For each backend, an isolated `qmdd` (temporary HOME/XDG dirs, free port; QMD_INDEX_URL for
 Postgres) and, through the real CLI and HTTP API:
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--url", help="a Postgres server to use (its databases qmd_bench_*), not an embedded one")
+    ap.add_argument("--no-copy", action="store_true", help="leave out `qmd index copy` (minutes at 100k files)")
     args = ap.parse_args()
     with ExitStack() as stack:
         root = Path(tempfile.mkdtemp(prefix="qmd-bench-corpus-"))
@@ -95,12 +97,14 @@ def main() -> None:
         pg, pg_env = measure(root, database(server, "qmd_bench_index"), args.rounds)
         pg_env.cleanup()
         print(f"postgres: {pg}", flush=True)
-        target = database(server, "qmd_bench_copy")
-        d = Daemon(env)
-        try:
-            copy_s, _ = env.cli("index", "copy", "index", target)
-        finally:
-            d.stop()
+        copy_s = None
+        if not args.no_copy:
+            target = database(server, "qmd_bench_copy")
+            d = Daemon(env)
+            try:
+                copy_s, _ = env.cli("index", "copy", "index", target)
+            finally:
+                d.stop()
         rows = [
             [
                 label,
@@ -116,7 +120,8 @@ def main() -> None:
             )
         ]
         print(table(["measure", "SQLite", "Postgres", "ratio"], rows))
-        print(f"qmd index copy SQLite → Postgres: {copy_s:.1f} s")
+        if copy_s is not None:
+            print(f"qmd index copy SQLite → Postgres: {copy_s:.1f} s")
         write_json(
             "postgres",
             {
