@@ -595,8 +595,8 @@ def _pg_report_statement(options: MetadataOptions, scope_json: str) -> _Statemen
     # least value; the pair's totals. Counts are bigint (a sum's numeric would not
     # halve as an integer).
     s.add(
-        "vals(key, type, n, s, value, docs, heads, arr, mask, upto, kept, lowest, entries, highest, pair_heads,"
-        " pair_arr, pair_mask) AS MATERIALIZED (SELECT g.*, (sum(g.docs) OVER w)::bigint,"
+        "vals(key, type, n, s, value, docs, upto, kept, lowest, entries, highest, pair_heads, pair_arr, pair_mask)"
+        " AS MATERIALIZED (SELECT g.key, g.type, g.n, g.s, g.value, g.docs, (sum(g.docs) OVER w)::bigint,"
         " sum(CASE WHEN g.docs >= ? THEN 1 ELSE 0 END) OVER w, first_value(g.value) OVER w,"
         " (sum(g.docs) OVER p)::bigint, last_value(g.value) OVER p, sum(g.heads) OVER p, bool_or(g.arr) OVER p,"
         " bit_or(g.mask) OVER p FROM ("
@@ -712,25 +712,29 @@ def _read_pairs(conn: Connection, stmt: _Statement) -> tuple[int, list[_Pair]]:
     total = 0
     pairs: dict[tuple[str, str], _Pair] = {}
     rows = conn.execute(stmt.sql, stmt.params).fetchall()
-    postgres = is_postgres(conn)
-
-    def stored(type_: str, value: object) -> object:
-        return read_value(conn, type_, value) if postgres and value is not None else value
 
     # Pairs first: SQLite returns UNION ALL branches in order, but nothing promises it.
     rows = sorted(rows, key=lambda row: row[0] != "pair")
     for kind, key, type_, value, a, b, c, d, lo, hi, flags in rows:
         if kind == "pair":
             pairs[(key, type_)] = _Pair(
-                key, _type(type_), int(a), int(b), int(c), bool(d), stored(type_, lo), stored(type_, hi), flags
+                key,
+                _type(type_),
+                int(a),
+                int(b),
+                int(c),
+                bool(d),
+                read_value(conn, type_, lo),
+                read_value(conn, type_, hi),
+                flags,
             )
         elif kind == "total":
             total = int(a)
         elif kind == "middle":
-            pairs[(key, type_)].middle = (_number(stored(type_, lo)), _number(stored(type_, hi)))
+            pairs[(key, type_)].middle = (_number(read_value(conn, type_, lo)), _number(read_value(conn, type_, hi)))
         else:
             pair = pairs[(key, type_)]
-            pair.values.append((int(b), ValueCount(_scalar(pair.type, stored(type_, value)), int(a))))
+            pair.values.append((int(b), ValueCount(_scalar(pair.type, read_value(conn, type_, value)), int(a))))
     return total, list(pairs.values())
 
 
