@@ -4,7 +4,7 @@
                                           [--queries 10] [--rounds 3] [--budget-ms 1000]
                                           [--floor-candidates 8] [--skip-large] [--json-only]
                                           [--embed-model GGUF] [--generate-model GGUF]
-                                          [--rerank-model GGUF] [--keep]
+                                          [--rerank-model GGUF|cosine] [--keep]
 
 Two corpora, each in a fresh isolated `qmdd` (temporary HOME/XDG dirs, free port) started
 with QMD_EMBED_MODEL (MiniLM), QMD_GENERATE_MODEL (Gemma 3 270M, assembled from its package
@@ -27,6 +27,7 @@ miss, the honest interactive number (the caches live in the index's llm_cache):
   (c) budget     the whole pipeline with `budget_ms` (--budget-ms, 1000)
   (d) typed      a query document `lex: …` + `vec: …` (no expansion), `rerank: false`
   (e) cached     (b)'s queries again, --rounds times: expansion and rerank from the cache
+  (f) default    what `qmd query TEXT` sends: expansion as by default, rerank on
 
 Each is the wall time of the `POST /v1/query` round trip from a warm httpx client, with the
 CLI's own body (limit 5, candidate limit 40). Right after every query the same text goes to
@@ -35,6 +36,8 @@ answer's `stages` give per-stage mean/p95 ms per mode (a stage that did not appe
 0 ms) and how often each was skipped, partial or off, with the most common reason. Cold CLI
 processes: `python -m qmd.client.cli query` on (e)'s cached queries, interleaved with
 `python -m qmd.client.cli search` and `python -c pass`.
+
+`--rerank-model cosine` reranks by the embedder's cosine (no model, so no bare rerank floor).
 
 Bare model work, after the daemon (and its inference worker) has stopped, so the two never
 compete for the cores: in this process, llama-cpp-python directly with the worker's
@@ -108,8 +111,9 @@ MODES: tuple[tuple[str, str], ...] = (
     ("budget", "(c) full pipeline, budget"),
     ("typed", "(d) typed lex+vec, no rerank"),
     ("cached", "(e) (b) repeated: cache hits"),
+    ("default", "(f) as typed: qmd query TEXT"),
 )
-DISTINCT_MODES = ("no-rerank", "full", "budget", "typed")
+DISTINCT_MODES = ("no-rerank", "full", "budget", "typed", "default")
 """Modes that get their own queries; `cached` repeats `full`'s."""
 CLI_QUERIES = 6
 """Cached queries per CLI round: each costs three process starts."""
@@ -263,9 +267,10 @@ def model_paths(args: argparse.Namespace, scratch: Path) -> dict[str, str]:
         generate = str(assemble(output_path=scratch / "gemma-3-270m-Q4_K_M.gguf"))
     rerank = args.rerank_model or generate
     for role, path in (("generate", generate), ("rerank", rerank)):
-        if not Path(path).is_file():
+        if not Path(path).is_file() and not (role == "rerank" and path == "cosine"):
             sys.exit(f"{role} model not found: {path}")
-    return {"embed": embed, "generate": str(Path(generate).resolve()), "rerank": str(Path(rerank).resolve())}
+    rerank = rerank if rerank == "cosine" else str(Path(rerank).resolve())
+    return {"embed": embed, "generate": str(Path(generate).resolve()), "rerank": rerank}
 
 
 # -- one corpus --------------------------------------------------------------------------------
@@ -386,6 +391,8 @@ def run_corpus(
                     body = query_body(q)
                 elif mode == "budget":
                     body = query_body(q, budget_ms=args.budget_ms)
+                elif mode == "default":
+                    body = query_body(q, expand=None)
                 else:
                     body = query_body(Q(typed_document(q.text), q.intent, q.kind), rerank=False)
                 measure(mode, q, body)
@@ -607,7 +614,7 @@ def bare_floors(
         say(f"[{name}] bare expansion: {len(todo)} queries")
 
     # Rerank: the query-likelihood prompt of each candidate passage, one forward pass each.
-    if candidates and per_query > 0:
+    if candidates and per_query > 0 and models["rerank"] != "cosine":  # cosine runs no model
         rr = Bare(models["rerank"])
         out["rerank_load_s"] = round(rr.load_s, 3)
         warmed = False
@@ -996,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json-only", action="store_true", help="no tables; the JSON on stdout, progress on stderr")
     ap.add_argument("--embed-model", default=None, help="[$QMD_BENCH_EMBED_MODEL or the shared MiniLM Q8_0]")
     ap.add_argument("--generate-model", default=None, help="[Gemma 3 270M Q4_K_M, assembled from its package]")
-    ap.add_argument("--rerank-model", default=None, help="[the generate model]")
+    ap.add_argument("--rerank-model", default=None, help="a GGUF, or cosine [the generate model]")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders")
     args = ap.parse_args(argv)
 

@@ -961,6 +961,8 @@ def doctor(c: Ctx) -> None:
         head = f"{m['role']}: {m['uri']} ({m['source']})"
         if m.get("problem"):
             lines.append(f"{warn} {head} — {m['problem']}")
+        elif m.get("method") == "cosine":
+            lines.append(f"{ok} {head} — reranks by the embedder's cosine: no model to load")
         else:
             state = "loaded" if m.get("loaded") else "not loaded"
             fp = f", fingerprint {m['fingerprint'][:12]}" if m.get("fingerprint") else ""

@@ -57,6 +57,8 @@ from qmd.server.index.store import open_store
 from qmd.server.index.watcher import Watcher, off
 from qmd.server.models.embedders import Embedder, Embedders, EmbedderUnavailable, LocalBackend, embed_query
 from qmd.server.models.refs import (
+    COSINE,
+    CosineRef,
     FileRef,
     HfRef,
     RemoteRef,
@@ -84,9 +86,9 @@ from qmd.server.search.pointers import (
     file_uri,
 )
 from qmd.server.search.querydoc import QueryDoc, parse_query
-from qmd.server.search.rerank import Reranker, make_reranker, remote_reranker
+from qmd.server.search.rerank import CosineScorer, Reranker, make_reranker, remote_reranker
 from qmd.server.search.scope import resolve_scope
-from qmd.server.search.vector import VectorUnavailable, vector_hits, vector_search
+from qmd.server.search.vector import VectorUnavailable, nearest_chunks, vector_hits, vector_search
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 
 
@@ -507,6 +509,7 @@ class Engine:
             VectorLeg(
                 embed=embed,
                 search=lambda qvec, k, scope: vector_hits(self.store, spaces, qvec, scope, k),
+                nearest=lambda qvec, docs: nearest_chunks(self.store, spaces, qvec, docs),
                 model=emb.uri,
                 warning=state.message if state.pending else None,
             ),
@@ -536,11 +539,14 @@ class Engine:
         except QmdError as e:
             return None, f"query expansion unavailable — {e.message}"
 
-    def _reranker(self, cfg: Config) -> tuple[Reranker | None, str]:
-        """The reranker, or why there is none; an endpoint's needs no local worker (remote rerank)."""
+    def _reranker(self, cfg: Config) -> tuple[Reranker | CosineScorer | None, str]:
+        """The reranker, or why there is none; an endpoint's needs no local worker (remote rerank).
+        A local model that cannot run is stood in for by the cosine scorer, which says why."""
         try:
             models = self._usable_models(cfg)
             ref = resolve_model("rerank", models, config_dir=self.paths.config.parent).ref
+            if isinstance(ref, CosineRef):
+                return CosineScorer(), ""
             if isinstance(ref, RemoteRef):
                 if ref.uri not in self._rerankers:
                     self._rerankers[ref.uri] = remote_reranker(ref)
@@ -552,7 +558,7 @@ class Engine:
                 self._rerankers[key] = make_reranker(self.worker, str(path), uri)
             return self._rerankers[key], ""
         except QmdError as e:
-            return None, f"reranking unavailable — {e.message}"
+            return CosineScorer(instead=f"reranking unavailable — {e.message}"), ""
 
     # -- metadata -----------------------------------------------------------
 
@@ -1000,6 +1006,10 @@ class Engine:
                 elif isinstance(ref, FileRef):
                     path = ensure_local(ref)
                     row.update(path=str(path), size=path.stat().st_size, downloaded=False)
+                elif isinstance(ref, CosineRef):
+                    row.update(
+                        path=None, size=None, downloaded=False, note="the embedder's vectors: nothing to download"
+                    )
                 else:
                     row.update(path=None, size=None, downloaded=False, note="remote endpoint: nothing to download")
             except QmdError as e:
@@ -1031,7 +1041,9 @@ class Engine:
                 local = r.ref.path
             elif isinstance(r.ref, HfRef) and cache_path(r.ref).exists():
                 local = cache_path(r.ref)
-            if local is None:
+            if isinstance(r.ref, CosineRef):
+                row.update(file=None, method=COSINE)
+            elif local is None:
                 row["file"] = None
                 row["problem"] = (
                     "remote endpoint" if isinstance(r.ref, RemoteRef) else "not downloaded (run 'qmd pull')"

@@ -138,6 +138,21 @@ def notes(tmp_path: Path) -> Path:
     return write(tmp_path / "notes", NOTES)
 
 
+def embedded_eval_and_notes(base: Path, **models: str) -> tuple[Env, Daemon]:
+    """An installation in `base` whose daemon embeds with the MiniLM test GGUF (and takes the
+    other `QMD_*_MODEL` settings in `models`), with the eval corpus ("eval") and the notes
+    ("notes") indexed and embedded. The caller stops the daemon."""
+    embed = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM test embedder (../shared/models)")
+    env = Env(base)
+    env.vars.update(QMD_EMBED_MODEL=str(embed), **models)
+    d = Daemon(env)
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "eval corpus")), "--name", "eval")
+    env.ok("collection", "add", str(write(base / "notes", NOTES)), "--name", "notes")
+    env.ok("embed")
+    return env, d
+
+
 @pytest.fixture
 def eval_docs() -> Path:
     return require(EVAL_DIR / "docs", "the qmd eval corpus (../shared/eval/qmd-eval)")
@@ -160,9 +175,10 @@ def postgres_url() -> Iterator[str]:
         yield url
 
 
-CONTRACT_MODULES = ("test_cli.py", "test_mcp.py", "test_metadata_surfaces.py")
+CONTRACT_MODULES = ("test_cli.py", "test_mcp.py", "test_metadata_surfaces.py", "test_cosine_rerank.py")
 """Whose slow tests are in the Postgres run too (`-m "not slow or contract"`): the CLI and MCP
-integration tests, and filters and discovery through every surface: the ways users reach an index."""
+integration tests, filters and discovery through every surface (the ways users reach an index),
+and cosine reranking, which reads each backend's vectors by document."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

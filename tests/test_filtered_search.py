@@ -26,8 +26,9 @@ from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import parse_lex
 from qmd.server.search.pointers import SearchOptions
 from qmd.server.search.querydoc import typed_query
+from qmd.server.search.rerank import CosineScorer
 from qmd.server.search.scope import Scope, scope_of
-from qmd.server.search.vector import vector_hits
+from qmd.server.search.vector import nearest_chunks, vector_hits
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 STATUS = ["draft", "published", "archived", "Published"]
@@ -102,6 +103,13 @@ class Corpus:
             self.ids = {r[1]: r[0] for r in conn.execute("SELECT id, path FROM documents")}
         self.meta = {self.ids[p]: m for p, m in meta.items()}
         self.by_path = meta
+
+    def spaces(self) -> dict[str, vectors.Space]:
+        """Every collection's vector space: the one the corpus's vectors were written in."""
+        with self.engine.store.read() as conn:
+            space = vectors.find_space(conn, "fp-test")
+        assert space is not None
+        return dict.fromkeys(self.engine.config.collections, space)
 
     def admits(self, f: Filter, doc_id: int) -> bool:
         m = self.meta[doc_id]
@@ -194,10 +202,7 @@ def test_vector_search_under_a_filter_is_the_filtered_ranking(
     """Both plans, each forced on every filter: the share threshold only picks the faster."""
     monkeypatch.setattr(vectors, "DENSE", dense)
     engine = corpus.engine
-    with engine.store.read() as conn:
-        space = vectors.find_space(conn, "fp-test")
-    assert space is not None
-    spaces = dict.fromkeys(engine.config.collections, space)
+    spaces = corpus.spaces()
     rng = random.Random(5)
     full_scope = scoped(engine)
     for raw, f in filters(100, seed=2):
@@ -213,17 +218,14 @@ def test_every_hybrid_list_is_filtered_before_fusion(corpus: Corpus) -> None:
     """A one-list hybrid query keeps that list's order, so it must equal the filtered
     keyword ranking; with vectors too, every result satisfies the filter."""
     engine = corpus.engine
-    with engine.store.read() as conn:
-        space = vectors.find_space(conn, "fp-test")
-    assert space is not None
     vleg_rng = random.Random(9)
     from qmd.server.search.hybrid import VectorLeg
 
+    spaces = corpus.spaces()
     leg = VectorLeg(
         embed=lambda texts: [[vleg_rng.uniform(-1, 1) for _ in range(DIMS)] for _ in texts],
-        search=lambda qvec, k, scope: vector_hits(
-            engine.store, dict.fromkeys(engine.config.collections, space), qvec, scope, k
-        ),
+        search=lambda qvec, k, scope: vector_hits(engine.store, spaces, qvec, scope, k),
+        nearest=lambda qvec, docs: nearest_chunks(engine.store, spaces, qvec, docs),
         model="test",
     )
     full_scope = scoped(engine)
@@ -239,6 +241,31 @@ def test_every_hybrid_list_is_filtered_before_fusion(corpus: Corpus) -> None:
         )
         assert all(corpus.admits(f, corpus.ids[h.doc.path]) for h in out.hits), raw
         assert all(h.metadata == corpus.by_path[h.doc.path] for h in out.hits)
+        cosine = HybridQuery(engine.store, engine.config, Legs(leg, "", None, "off", CosineScorer(), ""), CostModel())
+        out = cosine.run(typed_query([("vec", "anything")], None), QueryOptions(limit=10, filter=f, explain=True))
+        assert all(corpus.admits(f, corpus.ids[h.doc.path]) for h in out.hits), raw
+        assert all(h.rerank is not None and 0 <= h.rerank <= 1 for h in out.hits), raw
+
+
+def test_nearest_chunks_are_the_vector_searchs_own(corpus: Corpus) -> None:
+    """What cosine reranking reads, for any set of documents (near or far from the query),
+    is each one's nearest chunk exactly as the exact vector search finds it: the same
+    distance and the same chunk, on either backend."""
+    engine = corpus.engine
+    spaces = corpus.spaces()
+    rng = random.Random(11)
+    ids = sorted(corpus.ids.values())
+    for _ in range(20):
+        q = [rng.uniform(-1, 1) for _ in range(DIMS)]
+        exact = {h.doc_id: h for h in vector_hits(engine.store, spaces, q, scoped(engine), DOCS)}
+        chosen = rng.sample(ids, rng.choice([1, 7, 40]))
+        got = nearest_chunks(engine.store, spaces, q, {"docs": chosen})
+        assert set(got) == {d for d in chosen if d in exact}
+        for d, h in got.items():
+            assert h.distance == pytest.approx(exact[d].distance, abs=1e-6)
+            assert (h.start_line, h.end_line) == (exact[d].start_line, exact[d].end_line)
+    assert nearest_chunks(engine.store, spaces, q, {"docs": []}) == {}
+    assert nearest_chunks(engine.store, spaces, q, {"elsewhere": ids[:3]}) == {}  # a collection without vectors
 
 
 def test_results_carry_their_metadata_and_a_short_answer_says_why(corpus: Corpus) -> None:

@@ -9,12 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
+from conftest import EVAL_DIR, Daemon, Env, embedded_eval_and_notes
 
 # Every test runs a real qmdd, most with the generate model: outside the fast run (-m "not slow").
 pytestmark = pytest.mark.slow
-
-EMBED = "all-MiniLM-L6-v2-Q8_0.gguf"
 
 
 def stages(answer: dict) -> dict[str, dict]:
@@ -107,14 +105,9 @@ def test_http_query_needs_exactly_one_form(daemon: Daemon) -> None:
 def hybrid(tmp_path_factory: pytest.TempPathFactory, gemma_model: Path) -> Iterator[tuple[Env, Daemon]]:
     """Eval corpus + notes, embedded with MiniLM; Gemma 270M expands and reranks (query
     likelihood: twice as fast as SmolLM2 here, and one model loaded for both roles)."""
-    embed = require(MODELS_DIR / EMBED, "the MiniLM test embedder (../shared/models)")
-    env = Env(tmp_path_factory.mktemp("hybrid"))
-    env.vars.update(QMD_EMBED_MODEL=str(embed), QMD_GENERATE_MODEL=str(gemma_model), QMD_RERANK_MODEL=str(gemma_model))
-    d = Daemon(env)
-    env.vars["QMD_NO_AUTOSTART"] = "1"
-    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "eval corpus")), "--name", "eval")
-    env.ok("collection", "add", str(write(env.base / "notes", NOTES)), "--name", "notes")
-    env.ok("embed")
+    env, d = embedded_eval_and_notes(
+        tmp_path_factory.mktemp("hybrid"), QMD_GENERATE_MODEL=str(gemma_model), QMD_RERANK_MODEL=str(gemma_model)
+    )
     yield env, d
     d.stop()
 

@@ -482,28 +482,67 @@ def _search_pg(
     over the eligible documents' chunks (`pg_vectors.distances`), however few they are."""
     from qmd.server.index import pg_vectors
 
-    raw = _pg(conn)
     if doc_filter is not None:  # exact: the distance to every chunk of the eligible documents
         sql, params = ids_sql(collection, doc_filter)
         eligible = {int(r[0]) for r in conn.execute(sql, params)}
-        rows = [
-            int(r[0])
-            for r in conn.execute(
-                "SELECT vr.id FROM documents d JOIN content_vectors cv ON cv.space_id = ? AND cv.hash = d.hash"
-                f" JOIN vector_rows vr ON vr.chunk_id = cv.id AND vr.collection_id = ? WHERE d.id IN ({sql})",
-                (space.id, cid, *params),
-            )
-        ]
-        best = _documents_for(conn, pg_vectors.distances(raw, space.id, query, rows), collection, eligible)
-        return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
+        return _pg_eligible(conn, space, query, cid, collection, (sql, params), eligible)[:limit]
     k = min(MAX_K, max(limit * 3, 10))
     while True:
-        knn = pg_vectors.knn(raw, space.id, query, k, cid)
+        knn = pg_vectors.knn(_pg(conn), space.id, query, k, cid)
         best = _documents_for(conn, knn, collection)
         if len(best) >= limit or len(knn) < k or k >= MAX_K:
             break
         k = min(MAX_K, k * 4)
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
+
+
+def _pg_eligible(
+    conn: Connection,
+    space: Space,
+    query: Sequence[float],
+    cid: int,
+    collection: str,
+    ids: tuple[str, Sequence[Any]],
+    eligible: set[int],
+) -> list[VecHit]:
+    """The documents `ids` selects (SQL and parameters), each with its nearest chunk, nearest
+    first: the distance to every one of their chunks in the partition (`pg_vectors.distances`)."""
+    from qmd.server.index import pg_vectors
+
+    sql, params = ids
+    rows = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT vr.id FROM documents d JOIN content_vectors cv ON cv.space_id = ? AND cv.hash = d.hash"
+            f" JOIN vector_rows vr ON vr.chunk_id = cv.id AND vr.collection_id = ? WHERE d.id IN ({sql})",
+            (space.id, cid, *params),
+        )
+    ]
+    best = _documents_for(conn, pg_vectors.distances(_pg(conn), space.id, query, rows), collection, eligible)
+    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))
+
+
+def nearest_of(
+    conn: Connection, space: Space, query: Sequence[float], collection: str, doc_ids: Sequence[int]
+) -> list[VecHit]:
+    """These documents of one collection, each with its nearest chunk to `query`, nearest
+    first; exact, with the distances `search` ranks by. A document with no vectors in the
+    space is absent. What the cosine rerank scores (`search.rerank.CosineScorer`)."""
+    cid = collection_id(conn, collection, create=False)
+    if cid is None or not doc_ids:
+        return []
+    ids = json.dumps(sorted(set(doc_ids)))
+    if isinstance(conn, sqlite3.Connection):
+        return _search_eligible(conn, space, pack(query), cid, len(doc_ids), ids)
+    return _pg_eligible(
+        conn,
+        space,
+        query,
+        cid,
+        collection,
+        ("SELECT value::bigint FROM json_array_elements_text(?::json)", (ids,)),
+        set(doc_ids),
+    )
 
 
 def _knn(conn: Connection, space: Space, qblob: bytes, k: int, cid: int) -> list[tuple[int, float]]:

@@ -51,6 +51,8 @@ ENV_VARS: dict[Role, str] = {
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 DEFAULT_REVISION = "main"
 OPENAI_ENDPOINT = "https://api.openai.com/v1"
+COSINE = "cosine"
+"""The rerank setting that scores with the embedder's vectors instead of a model."""
 GGUF_MAGIC = b"GGUF"
 
 # Reads of this size bound both the progress-callback rate and what an interrupted
@@ -67,7 +69,10 @@ Progress = Callable[[int, int | None], None]
 """`(done_bytes, total_bytes)`; total is None when the server does not say. Raising from
 the callback aborts the download and keeps the `.part` for a later resume."""
 
-_URI_FORMS = "hf:<user>/<repo>/<file>[#revision], an absolute .gguf path, openai:<model> or http(s)://<host>/v1#<model>"
+_URI_FORMS = (
+    "hf:<user>/<repo>/<file>[#revision], an absolute .gguf path, openai:<model>, http(s)://<host>/v1#<model>"
+    " or (rerank only) cosine"
+)
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,19 @@ class RemoteRef:
         return f"{self.endpoint}#{self.model}" if self.model else self.endpoint
 
 
-ModelRef = HfRef | FileRef | RemoteRef
+@dataclass(frozen=True)
+class CosineRef:
+    """`cosine`: no model; the rerank stage scores each candidate by the embedder's cosine to
+    its nearest chunk, vectors the index already holds (`search.rerank.CosineScorer`)."""
+
+    kind: Literal["cosine"] = field(default="cosine", init=False)
+
+    @property
+    def uri(self) -> str:
+        return COSINE
+
+
+ModelRef = HfRef | FileRef | RemoteRef | CosineRef
 
 
 @dataclass(frozen=True)
@@ -154,6 +171,8 @@ def parse_model_ref(text: str, base: Path | None = None) -> ModelRef:
     if not uri:
         raise InvalidInput(f"empty model URI: use {_URI_FORMS}")
     lower = uri.lower()
+    if lower == COSINE:
+        return CosineRef()
     if lower.startswith("hf:"):
         return _parse_hf(uri)
     if lower.startswith("openai:"):
@@ -243,6 +262,8 @@ def _parse_for(role: Role, text: str, where: str, base: Path | None) -> ModelRef
         ref = parse_model_ref(text, base)
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc.message}") from None
+    if ref.kind == "cosine" and role != "rerank":
+        raise InvalidInput(f"{where}: {COSINE} is a rerank scorer (the embedder's similarity), not a {role} model")
     if ref.kind == "remote" and role == "rerank" and ref.endpoint == OPENAI_ENDPOINT:
         raise InvalidInput(f"{where}: OpenAI has no rerank endpoint: write http(s)://<host>[:port]/v1#<model>")
     return ref
@@ -288,6 +309,8 @@ def ensure_local(ref: ModelRef, progress: Progress | None = None, *, environ: Ma
         return fetch(ref, progress, environ=environ).path
     if isinstance(ref, FileRef):
         return check_gguf_file(ref.path)
+    if isinstance(ref, CosineRef):
+        raise InvalidInput(f"{COSINE} scores with the embedder's vectors: it has no model file")
     raise InvalidInput(f"{ref.uri} is a remote endpoint: it has no local model file")
 
 

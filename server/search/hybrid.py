@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -43,7 +43,7 @@ from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
-from qmd.server.search.rerank import Reranker
+from qmd.server.search.rerank import CosineScorer, Reranker
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
 
@@ -147,6 +147,8 @@ class VectorLeg:
 
     embed: Callable[[list[str]], list[list[float]]]
     search: Callable[[Sequence[float], int, Scope], list[VecHit]]
+    nearest: Callable[[Sequence[float], Mapping[str, Sequence[int]]], dict[int, VecHit]]
+    """Given documents' nearest chunks (ids by collection), exact: what cosine reranking reads."""
     model: str
     warning: str | None = None  # e.g. documents still pending
 
@@ -159,7 +161,7 @@ class Legs:
     vector_reason: str
     expander: Expander | None
     expander_reason: str
-    reranker: Reranker | None
+    reranker: Reranker | CosineScorer | None
     reranker_reason: str
     backlog: Callable[[], float] = lambda: 0.0
     """Seconds of other work the inference worker has ahead of a new call (`WorkerClient.backlog`)."""
@@ -208,6 +210,8 @@ class HybridQuery:
         self.legs = legs
         self.costs = costs
         self.index_name = index_name
+        self._qvecs: dict[str, Sequence[float]] = {}
+        """Each embedded sub-query's vector by its text (one query per instance): cosine reranking reuses one."""
 
     def run(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         clock = _Clock(opts.budget_ms)
@@ -359,7 +363,7 @@ class HybridQuery:
                 self.costs.estimate("embed", vec.model) + len(scope.collections) * self.costs.estimate("vsearch")
             )
         rr = self.legs.reranker
-        if rr and opts.rerank:
+        if rr and opts.rerank and not isinstance(rr, CosineScorer):
             eligible = report.eligible if report is not None else self._documents_in(scope)
             total += min(opts.candidate_limit, eligible) * self.costs.estimate("rerank", rr.uri)
         return total
@@ -460,6 +464,7 @@ class HybridQuery:
         self.costs.observe("embed", t_embed, len(run), model=leg.model)
         t2 = time.perf_counter()
         for sub, qvec in zip(run, qvecs):
+            self._qvecs.setdefault(sub.text, qvec)
             hits = leg.search(qvec, LIST_FETCH, scope)
             for h in hits:
                 if h.doc_id not in vec_hits or h.distance < vec_hits[h.doc_id].distance:
@@ -500,10 +505,12 @@ class HybridQuery:
         if rr is None:
             stages.append(Stage("rerank", "skipped", 0, self.legs.reranker_reason))
             return {}
+        rquery = f"{intent}\n\n{query}" if intent else query
+        if isinstance(rr, CosineScorer):
+            return self._cosine(rr, candidates, docs, rquery, clock, stages)
         if not candidates:
             return {}
         t = time.perf_counter()
-        rquery = f"{intent}\n\n{query}" if intent else query
         passages = {
             c.doc_id: _rerank_passage(
                 docs[c.doc_id], vec_hits.get(c.doc_id), c, terms, iterms, self._strategy(docs[c.doc_id], opts)
@@ -563,6 +570,53 @@ class HybridQuery:
             detail += f"; {error or 'budget'}: the other {len(candidates) - len(ids)} count 0 for the rerank term"
         stages.append(Stage("rerank", "partial" if len(ids) < len(candidates) else "ran", ms, detail))
         return {d: (n, raw[d][0], raw[d][1]) for d, n in zip(ids, norm)}
+
+    def _cosine(
+        self,
+        rr: CosineScorer,
+        candidates: list[Candidate],
+        docs: dict[int, DocRow],
+        rquery: str,
+        clock: _Clock,
+        stages: list[Stage],
+    ) -> dict[int, tuple[float, float, bool]]:
+        """doc id → (clipped cosine, cosine, False): the rerank stage by the embedder's
+        similarity to each candidate's nearest chunk, against the reranked text's vector
+        (the one the vector stage embedded, else embedded now)."""
+        t = time.perf_counter()
+        leg = self.legs.vector
+        instead = f"{rr.instead}; " if rr.instead else ""
+        if leg is None:
+            stages.append(
+                Stage("rerank", "skipped", 0, f"{instead}cosine scoring needs vectors: {self.legs.vector_reason}")
+            )
+            return {}
+        if not candidates:  # nothing to score; a rerank model that could not run is still said
+            stages += [Stage("rerank", "skipped", 0, rr.instead)] if rr.instead else []
+            return {}
+        qvec = self._qvecs.get(rquery)
+        if qvec is None:
+            try:
+                with wait_at_most(clock.worker_wait()):
+                    qvec = leg.embed([rquery])[0]
+            except QmdError as e:
+                stages.append(Stage("rerank", "skipped", (time.perf_counter() - t) * 1000, f"{instead}{e.message}"))
+                return {}
+        by_collection: dict[str, list[int]] = {}
+        for c in candidates:
+            by_collection.setdefault(docs[c.doc_id].collection, []).append(c.doc_id)
+        nearest = leg.nearest(qvec, by_collection)
+        ids = [c.doc_id for c in candidates if c.doc_id in nearest]
+        raw = [1.0 - nearest[d].distance for d in ids]
+        detail = (
+            f"{instead}cosine: the embedder's similarity to each candidate's nearest chunk,"
+            f" {len(ids)} of {len(candidates)} candidates"
+        )
+        if len(ids) < len(candidates):
+            detail += f"; the other {len(candidates) - len(ids)} have no vectors yet and count 0 for the rerank term"
+        status: Status = "partial" if instead or len(ids) < len(candidates) else "ran"
+        stages.append(Stage("rerank", status, (time.perf_counter() - t) * 1000, detail))
+        return {d: (n, r, False) for d, n, r in zip(ids, rr.normalize(raw), raw)}
 
     def _strategy(self, doc: DocRow, opts: QueryOptions) -> ChunkStrategy:
         coll = self.config.collections.get(doc.collection)

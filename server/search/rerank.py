@@ -8,7 +8,14 @@
   as a question the passage answers (UPR). With the 135M-270M models the project can run
   offline this ranks well (models README §4: MRR 0.88-0.94) where yes-no is near random.
 
-A fourth runs elsewhere: **remote** (`RemoteScorer`), a rerank endpoint (llama.cpp's server,
+A fourth needs no model: **cosine** (`CosineScorer`, `models.rerank: cosine`), the
+embedder's similarity between the query and each candidate's nearest chunk, from vectors
+the index already holds (about a millisecond for 40 candidates). Reciprocal rank fusion
+keeps only ranks; this puts the vector match's strength back. On the man-page benchmark it
+beat SmolLM2's query likelihood at no cost (README, "What each stage buys"), so it also
+stands in when the configured rerank model cannot run.
+
+A fifth runs elsewhere: **remote** (`RemoteScorer`), a rerank endpoint (llama.cpp's server,
 vLLM, TEI, Jina, Cohere) scoring pairs with whatever cross-encoder it serves; its method is
 "cross-encoder", since that is what such an endpoint runs, and its URI says where.
 
@@ -24,15 +31,17 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from qmd.server.errors import InvalidInput
-from qmd.server.models.refs import RemoteRef
+from qmd.server.models.refs import COSINE, RemoteRef
 from qmd.server.models.remote import CHARS_PER_TOKEN, RemoteReranker
 from qmd.server.models.worker import ModelSpec, WorkerClient
 
 Method = Literal["cross-encoder", "yes-no", "query-likelihood"]
 METHODS: tuple[Method, ...] = ("cross-encoder", "yes-no", "query-likelihood")
+"""What a model reranks by; `CosineScorer` is the model-free one."""
 
 PASSAGE_TOKENS = 256
 """Passage cap per scored pair, in the model's own tokens (the beginning is kept)."""
@@ -241,6 +250,26 @@ class RemoteScorer:
         if not self._logits:
             return list(raw)
         return [1.0 / (1.0 + math.exp(-s)) if s >= 0 else math.exp(s) / (1.0 + math.exp(s)) for s in raw]
+
+
+@dataclass(frozen=True)
+class CosineScorer:
+    """The embedder's cosine between the query and each candidate's nearest chunk (`models.rerank: cosine`).
+
+    Not a `Reranker`: it reads the vectors the index holds, not passages, so the hybrid
+    query scores it itself (`HybridQuery._rerank`). `instead` says why it stands in for the
+    configured rerank model (the model could not run), empty when it was chosen.
+    """
+
+    instead: str = ""
+    uri: str = COSINE
+    method: Literal["cosine"] = "cosine"
+
+    @staticmethod
+    def normalize(similarities: list[float]) -> list[float]:
+        """Cosines clipped to [0, 1]: absolute like a cross-encoder's probability, so a
+        candidate set of weak matches stays weak (never stretched to the top)."""
+        return [min(max(s, 0.0), 1.0) for s in similarities]
 
 
 def remote_reranker(ref: RemoteRef) -> Reranker:

@@ -90,3 +90,19 @@ def vector_hits(
                 if h.doc_id not in best or h.distance < best[h.doc_id].distance:
                     best[h.doc_id] = h
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:fetch]
+
+
+def nearest_chunks(
+    store: IndexStore,
+    spaces: Mapping[str, vectors.Space],
+    query_vector: Sequence[float],
+    docs: Mapping[str, Sequence[int]],
+) -> dict[int, vectors.VecHit]:
+    """Each given document's nearest chunk (`docs`: ids by collection), exact; a document
+    whose collection has no vectors, or that has none yet, is absent."""
+    out: dict[int, vectors.VecHit] = {}
+    with store.read() as conn:
+        for name, ids in docs.items():
+            if name in spaces:
+                out.update((h.doc_id, h) for h in vectors.nearest_of(conn, spaces[name], query_vector, name, ids))
+    return out
