@@ -1,13 +1,15 @@
 """What each stage of the full query buys, and what it costs: nDCG@10 and latency per configuration.
 
-    .venv/bin/python bench/bench_rerank.py [--docs 1500] [--max-chars 3000] [--queries 40]
-                                           [--seed 7] [--during 16] [--embed-model GGUF]
-                                           [--generate-model GGUF] [--rerank-model GGUF]
+    .venv/bin/python bench/bench_rerank.py [--corpus man|pydoc] [--docs 1500] [--max-chars 3000]
+                                           [--queries 40] [--seed 7] [--during 16] [--embed-model GGUF]
+                                           [--generate-model GGUF] [--rerank-model GGUF|cosine]
                                            [--only NAME ...] [--keep]
 
 The corpus is a BEIR-format known-item set built from this machine's man pages
 (bench/manpages_beir.py: a page's one-line description is the query, the page its one
-relevant document), each page cut to --max-chars so that embedding fits the run. One
+relevant document), each page cut to --max-chars so that embedding fits the run; or, with
+`--corpus pydoc` (and `--during 0`), from the standard library's docstrings
+(bench/pydoc_beir.py: a summary line is the query, the rest of its entry the document). One
 isolated `qmdd` (temporary HOME/XDG, free port) with MiniLM embedding and Gemma 3 270M
 expanding and reranking by query likelihood (bench_query.py's setup) serves everything:
 
@@ -43,6 +45,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import manpages_beir  # noqa: E402
+import pydoc_beir  # noqa: E402
 from _common import (  # noqa: E402
     Daemon,
     Isolated,
@@ -159,6 +162,7 @@ def scheduling(env: Isolated, daemon: Daemon, texts: list[str], extra: Path, say
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", choices=("man", "pydoc"), default="man", help="man pages, or stdlib docstrings")
     ap.add_argument("--docs", type=int, default=1500)
     ap.add_argument("--max-chars", type=int, default=3000)
     ap.add_argument("--queries", type=int, default=40, help="judged queries per configuration")
@@ -176,16 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, flush=True)
 
+    if args.corpus == "pydoc" and args.during:
+        ap.error("--corpus pydoc has no pages to embed meanwhile: give --during 0")
     scratch = Path(tempfile.mkdtemp(prefix="qmd-bench-rerank-"))
-    beir = scratch / "manpages"
-    docs, _ = manpages_beir.build(beir, args.docs, args.queries + 4 * args.during + 1, args.seed, args.max_chars)
-    # Other pages of the same shuffled list: a collection whose embedding competes with queries.
-    manpages_beir.build(scratch / "more", args.docs + args.extra, 1, args.seed, args.max_chars)
+    beir = scratch / args.corpus
     extra = scratch / "extra"
     extra.mkdir()
-    for line in (scratch / "more" / "corpus.jsonl").read_text().splitlines()[args.docs :]:
-        page = json.loads(line)
-        (extra / f"{page['_id']}.md").write_text(page["text"])
+    if args.corpus == "pydoc":
+        docs, _ = pydoc_beir.build(beir, args.docs, args.queries + 1, args.seed)
+    else:
+        docs, _ = manpages_beir.build(beir, args.docs, args.queries + 4 * args.during + 1, args.seed, args.max_chars)
+        # Other pages of the same shuffled list: a collection whose embedding competes with queries.
+        manpages_beir.build(scratch / "more", args.docs + args.extra, 1, args.seed, args.max_chars)
+        for line in (scratch / "more" / "corpus.jsonl").read_text().splitlines()[args.docs :]:
+            page = json.loads(line)
+            (extra / f"{page['_id']}.md").write_text(page["text"])
     asked = [json.loads(line) for line in (beir / "queries.jsonl").read_text().splitlines()]
     spare = [q["text"] for q in asked[args.queries :]]
     # The judged queries are the first --queries; the rest drive the scheduling phase only.
@@ -205,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     )
     say(code_line())
-    say(f"corpus: {docs} man pages (≤ {args.max_chars} characters), {args.queries} judged queries")
+    kind = f"man pages (≤ {args.max_chars} characters)" if args.corpus == "man" else "standard-library docstrings"
+    say(f"corpus: {docs} {kind}, {args.queries} judged queries")
     results: dict[str, Any] = {"machine": machine(), "args": vars(args), "models": models, "configs": {}}
     daemon = Daemon(env)
     try:

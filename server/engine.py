@@ -540,8 +540,7 @@ class Engine:
             return None, f"query expansion unavailable — {e.message}"
 
     def _reranker(self, cfg: Config) -> tuple[Reranker | CosineScorer | None, str]:
-        """The reranker, or why there is none; an endpoint's needs no local worker (remote rerank).
-        A local model that cannot run is stood in for by the cosine scorer, which says why."""
+        """The reranker, or why there is none; an endpoint's needs no local worker (remote rerank)."""
         try:
             models = self._usable_models(cfg)
             ref = resolve_model("rerank", models, config_dir=self.paths.config.parent).ref
@@ -558,7 +557,7 @@ class Engine:
                 self._rerankers[key] = make_reranker(self.worker, str(path), uri)
             return self._rerankers[key], ""
         except QmdError as e:
-            return CosineScorer(instead=f"reranking unavailable — {e.message}"), ""
+            return None, f"reranking unavailable — {e.message}"
 
     # -- metadata -----------------------------------------------------------
 

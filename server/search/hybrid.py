@@ -585,14 +585,10 @@ class HybridQuery:
         (the one the vector stage embedded, else embedded now)."""
         t = time.perf_counter()
         leg = self.legs.vector
-        instead = f"{rr.instead}; " if rr.instead else ""
         if leg is None:
-            stages.append(
-                Stage("rerank", "skipped", 0, f"{instead}cosine scoring needs vectors: {self.legs.vector_reason}")
-            )
+            stages.append(Stage("rerank", "skipped", 0, f"cosine scoring needs vectors: {self.legs.vector_reason}"))
             return {}
-        if not candidates:  # nothing to score; a rerank model that could not run is still said
-            stages += [Stage("rerank", "skipped", 0, rr.instead)] if rr.instead else []
+        if not candidates:
             return {}
         qvec = self._qvecs.get(rquery)
         if qvec is None:
@@ -600,7 +596,7 @@ class HybridQuery:
                 with wait_at_most(clock.worker_wait()):
                     qvec = leg.embed([rquery])[0]
             except QmdError as e:
-                stages.append(Stage("rerank", "skipped", (time.perf_counter() - t) * 1000, f"{instead}{e.message}"))
+                stages.append(Stage("rerank", "skipped", (time.perf_counter() - t) * 1000, e.message))
                 return {}
         by_collection: dict[str, list[int]] = {}
         for c in candidates:
@@ -609,12 +605,12 @@ class HybridQuery:
         ids = [c.doc_id for c in candidates if c.doc_id in nearest]
         raw = [1.0 - nearest[d].distance for d in ids]
         detail = (
-            f"{instead}cosine: the embedder's similarity to each candidate's nearest chunk,"
-            f" {len(ids)} of {len(candidates)} candidates"
+            f"cosine: the embedder's similarity to each candidate's nearest chunk"
+            f" ({len(ids)} of {len(candidates)} candidates)"
         )
         if len(ids) < len(candidates):
             detail += f"; the other {len(candidates) - len(ids)} have no vectors yet and count 0 for the rerank term"
-        status: Status = "partial" if instead or len(ids) < len(candidates) else "ran"
+        status: Status = "partial" if len(ids) < len(candidates) else "ran"
         stages.append(Stage("rerank", status, (time.perf_counter() - t) * 1000, detail))
         return {d: (n, r, False) for d, n, r in zip(ids, rr.normalize(raw), raw)}
 
