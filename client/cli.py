@@ -457,8 +457,9 @@ def pipeline_options(candidates_help: str, expand_help: str) -> Callable[[Callab
 )
 @click.option(
     "--rerank/--no-rerank",
-    default=True,
-    help="Rerank the candidates [default], or rank by fusion alone (seconds faster on a CPU).",
+    default=None,
+    help="Rerank the candidates, or rank by fusion alone [default: with a model trained to rank only; "
+    "a general small model's query likelihood costs seconds per query on a CPU].",
 )
 @click.option(
     "--budget-ms",
@@ -484,7 +485,7 @@ def query(
     metadata_filter: dict[str, Any] | None,
     intent: str | None,
     candidate_limit: int,
-    rerank: bool,
+    rerank: bool | None,
     expand: bool | None,
     budget_ms: int | None,
     explain: bool,

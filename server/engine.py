@@ -69,11 +69,19 @@ from qmd.server.models.refs import (
     resolve_model,
     resolve_models,
 )
-from qmd.server.models.worker import ModelSpec, WorkerClient, background_lane
+from qmd.server.models.worker import ModelSpec, WorkerClient, background_lane, env_number
 from qmd.server.quality import BenchSpec
 from qmd.server.search.discovery import CollectionKeys, MetadataOptions, MetadataReport, discover, top_keys
 from qmd.server.search.expansion import Expander, remote_expander, worker_generate
-from qmd.server.search.hybrid import CostModel, HybridOutcome, HybridQuery, Legs, QueryOptions, VectorLeg
+from qmd.server.search.hybrid import (
+    RERANK_PASSAGE_CHARS,
+    CostModel,
+    HybridOutcome,
+    HybridQuery,
+    Legs,
+    QueryOptions,
+    VectorLeg,
+)
 from qmd.server.search.keyword import search
 from qmd.server.search.pointers import (
     DocumentText,
@@ -127,6 +135,8 @@ class Engine:
         self._embed = threading.Lock()
         self._vector_states: dict[tuple[object, ...], VectorState] = {}
         self.costs = CostModel()
+        self.rerank_passage_chars = int(env_number("QMD_RERANK_PASSAGE_CHARS", RERANK_PASSAGE_CHARS, int))
+        """Characters of each candidate's passage a reranker scores; its cost is about linear in them."""
         self._expanders: dict[str, Expander] = {}
         self._rerankers: dict[str, Reranker] = {}
         self._synced: Config | None = None
@@ -474,10 +484,12 @@ class Engine:
         legs = Legs(
             *self._vector_leg(opts.collections),
             *(self._expander(cfg) if doc.mode == "expand" else unused),
-            *(self._reranker(cfg) if opts.rerank else unused),
+            *(self._reranker(cfg) if opts.rerank is not False else unused),
             backlog=self.worker.backlog,
         )
-        out = HybridQuery(self.store, cfg, legs, self.costs, index_name=self.index_label).run(doc, opts)
+        out = HybridQuery(
+            self.store, cfg, legs, self.costs, index_name=self.index_label, passage_chars=self.rerank_passage_chars
+        ).run(doc, opts)
         out.warnings += self._model_notes(cfg)
         return out
 

@@ -40,6 +40,11 @@ class InvalidInput(QmdError):
     """The request cannot be carried out as written (bad name, bad path, bad query)."""
 
 
+class InvalidSetting(InvalidInput, ValueError):
+    """An environment setting that cannot be honoured as written (`QMD_THREADS=many`): said at
+    startup, never replaced by a default in silence. A `ValueError` too, as settings parsers raise."""
+
+
 class NotFound(QmdError):
     """No such collection, document or context; `detail` may name similar ones."""
 

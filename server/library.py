@@ -209,7 +209,7 @@ class Index:
         limit: int = 10,
         min_score: float = 0.0,
         candidate_limit: int = 40,
-        rerank: bool = True,
+        rerank: bool | None = None,
         expand: bool | None = None,
         budget_ms: float | None = None,
         explain: bool = False,

@@ -39,7 +39,7 @@ def test_scores_are_the_vector_searchs_own_and_blend_by_position(embedded: tuple
     the vector list."""
     _, d = embedded
     answer = d.http.post(
-        "/v1/query", json={"query": QUERY, "explain": True, "limit": 40, "expand": False}
+        "/v1/query", json={"query": QUERY, "explain": True, "limit": 40, "expand": False, "rerank": True}
     ).raise_for_status()
     body = answer.json()
     st = stages(body)["rerank"]
@@ -68,7 +68,12 @@ def test_typed_query_and_intent_score_against_the_reranked_text(embedded: tuple[
     _, d = embedded
     body = d.http.post(
         "/v1/query",
-        json={"searches": [{"type": "lex", "query": "consensus"}], "intent": "leader election", "explain": True},
+        json={
+            "searches": [{"type": "lex", "query": "consensus"}],
+            "intent": "leader election",
+            "explain": True,
+            "rerank": True,
+        },
     ).raise_for_status()
     answer = body.json()
     assert stages(answer)["rerank"]["status"] == "ran", answer["stages"]
@@ -80,14 +85,17 @@ def test_typed_query_and_intent_score_against_the_reranked_text(embedded: tuple[
     assert any(h["file"] in cosine for h in answer["results"])
 
 
-def test_cli_no_rerank_and_bench_full(embedded: tuple[Env, Daemon]) -> None:
-    """`--no-rerank` still turns it off; `qmd bench -b full` runs it (no generative model)."""
+def test_runs_when_asked_and_bench_full_runs_it(embedded: tuple[Env, Daemon]) -> None:
+    """Unasked it does not run (it measured no gain), and says so; `--rerank` runs it,
+    `--no-rerank` turns it off; `qmd bench -b full` runs it (no generative model needed)."""
     env, d = embedded
+    unasked = stages(d.http.post("/v1/query", json={"query": QUERY}).json())["rerank"]
+    assert unasked["status"] == "off" and "the embedder's cosine measured no gain" in unasked["detail"]
     off = d.http.post("/v1/query", json={"query": QUERY, "rerank": False}).json()
-    assert stages(off)["rerank"]["status"] == "off"
-    r = env.qmd("query", QUERY, "--explain")
+    assert stages(off)["rerank"]["detail"] == "not requested (--no-rerank / rerank: false)"
+    r = env.qmd("query", QUERY, "--rerank", "--explain")
     assert r.returncode == 0, r.stderr
-    assert "cosine" in r.stdout + r.stderr
+    assert "rerank: ran" in r.stdout + r.stderr and "cosine: the embedder's similarity" in r.stdout + r.stderr
     fixture = require(EVAL_DIR / "example.json", "eval fixture")
     report = env.json("bench", str(fixture), "-c", "eval", "-b", "hybrid", "-b", "full", "--json")
     assert {b["name"]: b["status"] for b in report["backends"]} == {"hybrid": "ran", "full": "ran"}
@@ -101,7 +109,7 @@ def test_without_vectors_it_is_skipped_and_says_why(tmp_path: Path, notes: Path)
     d = Daemon(env)
     try:
         env.ok("collection", "add", str(notes), "--name", "notes")
-        answer = d.http.post("/v1/query", json={"query": "angel investors"}).json()
+        answer = d.http.post("/v1/query", json={"query": "angel investors", "rerank": True}).json()
         st = stages(answer)["rerank"]
         assert st["status"] == "skipped" and "cosine scoring needs vectors" in st["detail"], st
         assert answer["results"] and answer["results"][0]["rerank"] is None

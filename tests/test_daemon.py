@@ -208,6 +208,13 @@ def test_busy_port_is_one_line_and_exit_1(daemon: Daemon, env: Env) -> None:
     assert len(lines) == 1 and "already in use" in lines[0], r.stderr
 
 
+@pytest.mark.parametrize("setting", ["QMD_RERANK_PASSAGE_CHARS", "QMD_THREADS"])
+def test_a_bad_setting_is_one_line_and_exit_1(env: Env, setting: str) -> None:
+    r = env.qmdd(env={setting: "lots"})
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"qmdd: {setting} must be a positive int, got 'lots'", r.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_shut_down_cleanly(env: Env, sig: int) -> None:
     d = Daemon(env)

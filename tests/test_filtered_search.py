@@ -242,7 +242,7 @@ def test_every_hybrid_list_is_filtered_before_fusion(corpus: Corpus) -> None:
         assert all(corpus.admits(f, corpus.ids[h.doc.path]) for h in out.hits), raw
         assert all(h.metadata == corpus.by_path[h.doc.path] for h in out.hits)
         cosine = HybridQuery(engine.store, engine.config, Legs(leg, "", None, "off", CosineScorer(), ""), CostModel())
-        out = cosine.run(typed_query([("vec", "anything")], None), QueryOptions(limit=10, filter=f, explain=True))
+        out = cosine.run(typed_query([("vec", "anything")], None), QueryOptions(limit=10, filter=f, rerank=True))
         assert all(corpus.admits(f, corpus.ids[h.doc.path]) for h in out.hits), raw
         assert all(h.rerank is not None and 0 <= h.rerank <= 1 for h in out.hits), raw
 

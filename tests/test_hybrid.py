@@ -37,12 +37,11 @@ class ScriptedReranker:
     uri = "scripted"
     passage_tokens = 256
 
-    method = "query-likelihood"
-
-    def __init__(self, cost: float = 0.0, fail: bool = False) -> None:
+    def __init__(self, cost: float = 0.0, fail: bool = False, method: str = "cross-encoder") -> None:
         self.cost = cost
         self.fail = fail
         self.calls = 0
+        self.method = method
 
     def score(self, query: str, passages: list[str]) -> list[float]:
         self.calls += 1
@@ -196,3 +195,20 @@ def test_min_score_and_limit(engine: Engine) -> None:
 def test_unknown_collection_is_the_callers_error(engine: Engine) -> None:
     with pytest.raises(QmdError, match="nope"):
         engine.query(parse_query("investors"), QueryOptions(collections=["nope"]))
+
+
+def test_a_general_models_likelihood_reranks_only_when_asked(engine: Engine) -> None:
+    """A query that says nothing is reranked by a model trained to rank only: a general model's
+    query likelihood (seconds per query on a CPU for a small gain) is off and says why;
+    `rerank=True` runs it."""
+    rr = ScriptedReranker(cost=0.5, method="query-likelihood")
+    unasked = run(engine, "money investors", legs(rr), budget_ms=600)
+    st = {s.stage: s for s in unasked.stages}
+    assert st["rerank"].status == "off" and "not run by default" in st["rerank"].detail
+    assert "--rerank (rerank: true) runs it" in st["rerank"].detail
+    assert rr.calls == 0 and "rerank" not in {s.stage for s in unasked.skipped}
+    assert unasked.hits and all(h.rerank is None for h in unasked.hits)
+    asked = run(engine, "money investors", legs(rr), rerank=True)
+    assert {s.stage: s for s in asked.stages}["rerank"].status == "ran" and rr.calls > 0
+    trained = run(engine, "money investors", legs(ScriptedReranker()))
+    assert {s.stage: s for s in trained.stages}["rerank"].status == "ran"

@@ -181,7 +181,8 @@ Examples:
 
 A plain `query` runs on keyword and vector search; `expand: true` also has the generate model \
 write lex/vec/hyde lines (by default only a model trained for it does: a general small \
-model's measured no gain). All lists are fused (RRF) and the best passages reranked. \
+model's measured no gain). All lists are fused (RRF) and the best passages reranked \
+(by default by a model trained to rank only; `rerank: true` also with a general model). \
 `score` = fusion blended with rerank, 0-1: `fusion` is how strongly the searches agree \
 (1 = first everywhere), `rerank` the reranker's relevance (null if not scored). Threshold on \
 `score` around 0.3 to drop weak pointers.

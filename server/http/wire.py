@@ -123,7 +123,11 @@ class QueryFields(Request):
     intent: str | None = Field(
         None, max_length=2000, description="What the search is for; disambiguates the query and focuses snippets."
     )
-    rerank: bool = Field(True, description="Rerank the merged candidates.")
+    rerank: bool | None = Field(
+        None,
+        description="Rerank the merged candidates (default: with a model trained to rank only; a general "
+        "small model's query likelihood costs seconds per query on a CPU).",
+    )
     expand: bool | None = Field(
         None,
         description="Expand a plain-text query with the generate model (default: with a model trained "

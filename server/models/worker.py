@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import unquote, urlparse
 
-from qmd.server.errors import Unavailable
+from qmd.server.errors import InvalidSetting, Unavailable
 from qmd.server.index.chunking import Chunk
 from qmd.server.models.protocol import (
     HEADER,
@@ -361,7 +361,7 @@ def fingerprint(spec: ModelSpec) -> str:
 # --- the supervised worker ---
 
 
-def _env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
+def env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
     """A positive number from the environment; a bad value is an error at startup, not a silent default."""
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -371,7 +371,7 @@ def _env_number(name: str, default: float, kind: type[int] | type[float]) -> flo
     except ValueError:
         value = 0
     if value <= 0:
-        raise ValueError(f"{name} must be a positive {kind.__name__}, got {raw!r}")
+        raise InvalidSetting(f"{name} must be a positive {kind.__name__}, got {raw!r}")
     return value
 
 
@@ -533,9 +533,9 @@ class WorkerClient:
         the deadlines from QMD_WORKER_TIMEOUT, QMD_WORKER_ITEM_TIMEOUT, QMD_WORKER_LOAD_TIMEOUT,
         QMD_WORKER_START_TIMEOUT and the queue's length from QMD_WORKER_QUEUE (module docstring)."""
         self.idle_seconds = (
-            idle_seconds if idle_seconds is not None else _env_number("QMD_IDLE_SECONDS", DEFAULT_IDLE_SECONDS, float)
+            idle_seconds if idle_seconds is not None else env_number("QMD_IDLE_SECONDS", DEFAULT_IDLE_SECONDS, float)
         )
-        self.n_threads = n_threads or int(_env_number("QMD_THREADS", usable_cores(), int))
+        self.n_threads = n_threads or int(env_number("QMD_THREADS", usable_cores(), int))
         self.force_cpu = force_cpu if force_cpu is not None else _env_flag("QMD_FORCE_CPU")
         self.warnings: list[str] = []
         """Settings read but not honoured as written; said in the log once and in every `status`."""
@@ -550,11 +550,11 @@ class WorkerClient:
         """Contexts that embed side by side; 0 = the worker sizes it to the hardware."""
         for warning in self.warnings:
             log.warning("%s", warning)
-        self.call_timeout = _env_number("QMD_WORKER_TIMEOUT", CALL_TIMEOUT, float)
-        self.item_timeout = _env_number("QMD_WORKER_ITEM_TIMEOUT", ITEM_TIMEOUT, float)
-        self.load_timeout = _env_number("QMD_WORKER_LOAD_TIMEOUT", LOAD_TIMEOUT, float)
-        self.start_timeout = _env_number("QMD_WORKER_START_TIMEOUT", START_TIMEOUT, float)
-        self.queue_limit = int(_env_number("QMD_WORKER_QUEUE", QUEUE_LIMIT, int))
+        self.call_timeout = env_number("QMD_WORKER_TIMEOUT", CALL_TIMEOUT, float)
+        self.item_timeout = env_number("QMD_WORKER_ITEM_TIMEOUT", ITEM_TIMEOUT, float)
+        self.load_timeout = env_number("QMD_WORKER_LOAD_TIMEOUT", LOAD_TIMEOUT, float)
+        self.start_timeout = env_number("QMD_WORKER_START_TIMEOUT", START_TIMEOUT, float)
+        self.queue_limit = int(env_number("QMD_WORKER_QUEUE", QUEUE_LIMIT, int))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         """Guards the queue and the job states; never held while talking to the child."""

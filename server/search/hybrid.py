@@ -43,7 +43,7 @@ from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
-from qmd.server.search.rerank import CosineScorer, Reranker
+from qmd.server.search.rerank import NOT_BY_DEFAULT, CosineScorer, Reranker, reranks
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
 
@@ -52,8 +52,9 @@ LIST_FETCH = 20
 DEFAULT_CANDIDATES = 40
 IDENTIFIER_BOOST = 2.0
 RERANK_PASSAGE_CHARS = 600
-"""About 150 tokens: the best passage and its neighbourhood. Cost is about linear in it
-(Gemma 270M on 2 cores: 0.45 s per passage at 900 characters, 0.32 s at 600)."""
+"""About 150 tokens: the best passage and its neighbourhood (`QMD_RERANK_PASSAGE_CHARS`). Cost
+is about linear in it (SmolLM2 135M on 2 cores: 0.69 s per passage at 600 characters, 0.40 s
+at 300; query likelihood ranked as well at 300 on the man-page benchmark, README)."""
 RERANK_BATCH = 4
 """Candidates scored per worker call; the deadline is checked between calls."""
 SHAPE_RESERVE_S = 0.02
@@ -80,7 +81,8 @@ class QueryOptions:
     min_score: float = 0.0
     all_results: bool = False
     candidate_limit: int = DEFAULT_CANDIDATES
-    rerank: bool = True
+    rerank: bool | None = None
+    """None: the default, with a model trained to rank only (`rerank.reranks`)."""
     expand: bool | None = None
     """None: the default, with a fine-tuned expansion model only (`Expander.fine_tuned`)."""
     budget_ms: float | None = None
@@ -204,12 +206,14 @@ class HybridQuery:
         costs: CostModel,
         *,
         index_name: str | None = None,
+        passage_chars: int = RERANK_PASSAGE_CHARS,
     ) -> None:
         self.store = store
         self.config = config
         self.legs = legs
         self.costs = costs
         self.index_name = index_name
+        self.passage_chars = passage_chars
         self._qvecs: dict[str, Sequence[float]] = {}
         """Each embedded sub-query's vector by its text (one query per instance): cosine reranking reuses one."""
 
@@ -363,7 +367,7 @@ class HybridQuery:
                 self.costs.estimate("embed", vec.model) + len(scope.collections) * self.costs.estimate("vsearch")
             )
         rr = self.legs.reranker
-        if rr and opts.rerank and not isinstance(rr, CosineScorer):
+        if rr and not isinstance(rr, CosineScorer) and reranks(rr, opts.rerank):
             eligible = report.eligible if report is not None else self._documents_in(scope)
             total += min(opts.candidate_limit, eligible) * self.costs.estimate("rerank", rr.uri)
         return total
@@ -499,8 +503,11 @@ class HybridQuery:
     ) -> dict[int, tuple[float, float, bool]]:
         """doc id → (normalised score, raw score, cached) for the candidates scored."""
         rr = self.legs.reranker
-        if not opts.rerank:
+        if opts.rerank is False:
             stages.append(Stage("rerank", "off", 0, "not requested (--no-rerank / rerank: false)"))
+            return {}
+        if rr is not None and not reranks(rr, opts.rerank):
+            stages.append(Stage("rerank", "off", 0, NOT_BY_DEFAULT[rr.method]))
             return {}
         if rr is None:
             stages.append(Stage("rerank", "skipped", 0, self.legs.reranker_reason))
@@ -513,7 +520,13 @@ class HybridQuery:
         t = time.perf_counter()
         passages = {
             c.doc_id: _rerank_passage(
-                docs[c.doc_id], vec_hits.get(c.doc_id), c, terms, iterms, self._strategy(docs[c.doc_id], opts)
+                docs[c.doc_id],
+                vec_hits.get(c.doc_id),
+                c,
+                terms,
+                iterms,
+                self._strategy(docs[c.doc_id], opts),
+                self.passage_chars,
             )
             for c in candidates
         }
@@ -702,14 +715,15 @@ def _rerank_passage(
     terms: tuple[str, ...],
     iterms: tuple[str, ...],
     strategy: ChunkStrategy = DEFAULT_CHUNK_STRATEGY,
+    chars: int = RERANK_PASSAGE_CHARS,
 ) -> str:
     """The candidate's best chunk: around its best keyword line, or the chunk its
     vector match came from when only vectors found it; under the `auto` strategy a code
     file's window stays inside the syntax unit (function, class, imports) holding that line."""
     within = _vector_region(c, vh)
     passage = best_passage(doc.body, terms, max_len=10**9, lines_within=within, intent_terms=iterms)
-    unit = code_unit(doc.body, doc.path, passage.line, RERANK_PASSAGE_CHARS) if strategy == "auto" else None
-    text = passage_window(doc.body, passage, RERANK_PASSAGE_CHARS, within=unit)
+    unit = code_unit(doc.body, doc.path, passage.line, chars) if strategy == "auto" else None
+    text = passage_window(doc.body, passage, chars, within=unit)
     return f"{doc.title}\n{text}" if doc.title and doc.title not in text else text
 
 

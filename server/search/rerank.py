@@ -269,6 +269,23 @@ class CosineScorer:
         return [min(max(s, 0.0), 1.0) for s in similarities]
 
 
+NOT_BY_DEFAULT: dict[str, str] = {
+    "query-likelihood": "not run by default: a general model's query likelihood is seconds per query on a CPU "
+    "for a small gain (README, 'What each stage buys'); --rerank (rerank: true) runs it",
+    "cosine": "not run by default: the embedder's cosine measured no gain over fusion "
+    "(README, 'What each stage buys'); --rerank (rerank: true) runs it",
+}
+"""Why a query that does not ask is not reranked by a scorer of this method."""
+
+
+def reranks(rr: Reranker | CosineScorer, asked: bool | None) -> bool:
+    """Whether a query reranks with `rr`: as `asked` (`rerank: true|false`), or, when it says
+    nothing, with a model trained to rank (a cross-encoder, a yes/no "…Reranker", an
+    endpoint) only; a general model's query likelihood or the embedder's cosine runs when
+    asked (`NOT_BY_DEFAULT` says why)."""
+    return asked if asked is not None else rr.method not in NOT_BY_DEFAULT
+
+
 def remote_reranker(ref: RemoteRef) -> Reranker:
     """The reranker of a rerank endpoint; a `RemoteRerankError` when the setting cannot work
     (no model name, a bad `QMD_RERANK_TIMEOUT`). Its URI, the cache key of its scores,
