@@ -15,7 +15,7 @@ from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
 from qmd.server.search.expansion import Expander, Prompt
-from qmd.server.search.hybrid import CostModel, HybridQuery, Legs, QueryOptions
+from qmd.server.search.hybrid import RERANK_PASSAGE_CHARS, CostModel, HybridQuery, Legs, QueryOptions
 from qmd.server.search.querydoc import parse_query
 
 MORE = {f"extra/note-{i}.md": f"# Note {i}\n\nInvestors and bread, item {i}.\n" for i in range(8)}
@@ -41,10 +41,12 @@ class ScriptedReranker:
         self.cost = cost
         self.fail = fail
         self.calls = 0
+        self.passages: list[str] = []
         self.method = method
 
     def score(self, query: str, passages: list[str]) -> list[float]:
         self.calls += 1
+        self.passages = passages
         if self.fail:
             raise QmdError("the inference worker crashed (SIGKILL) while scoring")
         time.sleep(self.cost * len(passages))
@@ -212,3 +214,27 @@ def test_a_general_models_likelihood_reranks_only_when_asked(engine: Engine) -> 
     assert {s.stage: s for s in asked.stages}["rerank"].status == "ran" and rr.calls > 0
     trained = run(engine, "money investors", legs(ScriptedReranker()))
     assert {s.stage: s for s in trained.stages}["rerank"].status == "ran"
+
+
+def test_the_engine_cuts_passages_to_its_setting(
+    tmp_path: Path, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`QMD_RERANK_PASSAGE_CHARS` sets how much of each candidate a reranker reads (its cost
+    is about linear in it); the default is `RERANK_PASSAGE_CHARS`."""
+    long = "angel investors " + "and their seed rounds " * 80
+    engine.create_collection(str(write(tmp_path / "long", {"long.md": long})), name="long")
+    engine.update()
+    for setting, cap in (("", RERANK_PASSAGE_CHARS), ("120", 120)):
+        monkeypatch.setenv("QMD_RERANK_PASSAGE_CHARS", setting)
+        e = Engine(engine.paths)
+        try:
+            rr = ScriptedReranker()
+            HybridQuery(e.store, e.config, legs(rr), CostModel(), passage_chars=e.rerank_passage_chars).run(
+                parse_query("angel investors"), QueryOptions(collections=["long"], rerank=True)
+            )
+            assert e.rerank_passage_chars == cap
+            assert rr.passages and cap * 0.8 <= max(len(p) for p in rr.passages) <= cap + len(
+                "long\n"
+            )  # the title goes first
+        finally:
+            e.close()
