@@ -300,17 +300,33 @@ def test_a_background_embed_goes_in_slices_a_query_can_pass(
     worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The embed job's batch is sent in requests of about BACKGROUND_SLICE_S each (as many texts
-    as the pace measured on earlier calls fits: here one), and put back together exactly: the
-    same vectors, clipping and token counts as one interactive request."""
+    as the pace measured on earlier background calls fits: here one), and put back together
+    exactly: the same vectors, clipping and token counts as one interactive request. A query's
+    few words embed far faster than a chunk, and they do not set the background pace: when they
+    did, the next slice took 50 chunks."""
     texts = [f"note {i}: sourdough starter and rye flour" for i in range(9)]
     texts[6] = LONG
     whole = worker.embed(spec, texts, kind="document")
+    with inference.background_lane():
+        worker.embed(spec, texts[:3], kind="document")  # the background pace, measured
+    worker.embed(spec, ["rye"], kind="query")
     monkeypatch.setattr(inference, "BACKGROUND_SLICE_S", 1e-6)
     before = len(worker.status()["recent"])
     with inference.background_lane():
         sliced = worker.embed(spec, texts, kind="document")
     calls = [r for r in worker.status()["recent"][before:] if r["lane"] == "background"]
     assert [c["activity"].split()[1] for c in calls] == ["1"] * len(texts)
+    chunks = [f"chunk {i}: " + "a paragraph on sourdough starters, rye flour and hydration " * 20 for i in range(12)]
+    with inference.background_lane():
+        worker.embed(spec, chunks[:2], kind="document")  # ~250 tokens each: tens of ms a chunk
+    monkeypatch.setattr(inference, "BACKGROUND_SLICE_S", 0.02)
+    for _ in range(3):
+        worker.embed(spec, ["rye"], kind="query")  # a few ms each
+    before = len(worker.status()["recent"])
+    with inference.background_lane():
+        worker.embed(spec, chunks, kind="document")
+    sizes = [int(r["activity"].split()[1]) for r in worker.status()["recent"][before:] if r["lane"] == "background"]
+    assert max(sizes) <= 2, sizes  # sliced by the chunks' own pace, not the queries'
     assert sliced.clipped == whole.clipped == (6,) and sliced.n_tokens == whole.n_tokens
     assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
 

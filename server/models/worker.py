@@ -122,9 +122,12 @@ QUEUE_LIMIT = 64
 DISPOSE_TIMEOUT = 30.0
 RECENT_CALLS = 100
 """Calls `status()["recent"]` remembers: lane, activity, when queued, started and ended, outcome."""
-BACKGROUND_SLICE_S = 0.25
+BACKGROUND_SLICE_S = 0.05
 """What one background embed request may take: a query's call waits at most about this long for
-the one in flight. A job's batch is sent in slices sized by the model's measured pace."""
+the one in flight (in practice one or two chunks). A job's batch is sent in slices sized by the
+model's measured pace. Measured with MiniLM on 2 cores: 700 man pages embedded in 110.8 s at
+0.05 s slices and 113.3 s at 0.25 s, while a plain query's embedding waited 31-63 ms for its turn
+against 114-275 ms (`bench/bench_rerank.py`'s scheduling phase)."""
 TOKENS_PER_ITEM = 16
 """Generated tokens that count as one item of a completion's deadline."""
 
@@ -474,12 +477,14 @@ def wait_at_most(seconds: float | None) -> Iterator[None]:
         _wait_until.reset(token)
 
 
-def _pace_of(request: Request[Any]) -> tuple[tuple[str, str], int]:
-    """Which running mean a call's time belongs to (its request type and model file), and how
-    many items it is: an embed request's texts, one for any other call."""
+def _pace_of(request: Request[Any], lane: Lane) -> tuple[tuple[str, str, Lane], int]:
+    """Which running mean a call's time belongs to (its request type, model file and lane), and
+    how many items it is: an embed request's texts, one for any other call. The lane keeps a
+    query's few words apart from the embed job's chunks: one mean for both let a 5 ms query
+    set the pace, and the next background slice took 50 chunks (1.8 s) instead of 0.25 s."""
     model = getattr(request, "model", None)
     items = max(len(request.texts), 1) if isinstance(request, EmbedRequest) else 1
-    return (type(request).__name__, model.path if isinstance(model, LoadParams) else ""), items
+    return (type(request).__name__, model.path if isinstance(model, LoadParams) else "", lane), items
 
 
 @dataclass(eq=False)
@@ -575,7 +580,7 @@ class WorkerClient:
         self._starts = 0
         self._last_crash: dict[str, Any] | None = None
         self._last_used = time.monotonic()
-        self._pace: dict[tuple[str, str], float] = {}
+        self._pace: dict[tuple[str, str, Lane], float] = {}
         """Seconds per item (an embedded text; any other call is one), per (request type, model
         file): a running mean of what the child took, for `backlog` and the background slices."""
         self._missing: tuple[tuple[str, int], str] | None = None
@@ -638,13 +643,13 @@ class WorkerClient:
     def _observe(self, job: _Job, seconds: float) -> None:
         """Fold a finished call's time into its kind's mean (under the lock); a much faster call
         replaces the mean outright, since the first call of a model also loaded it."""
-        key, items = _pace_of(job.request)
+        key, items = _pace_of(job.request, job.lane)
         per, old = seconds / items, self._pace.get(key)
         self._pace[key] = per if old is None or per < old / 2 else 0.7 * old + 0.3 * per
 
     def _expected(self, job: _Job) -> float:
         """How long `job` should take, by its kind's mean (under the lock; 0 when not seen yet)."""
-        key, items = _pace_of(job.request)
+        key, items = _pace_of(job.request, job.lane)
         return self._pace.get(key, 0.0) * items
 
     def _slice(self, params: LoadParams, left: int) -> int:
@@ -653,7 +658,7 @@ class WorkerClient:
         if _lane.get() != "background":
             return left
         with self._lock:
-            pace = self._pace.get((EmbedRequest.__name__, params.path))
+            pace = self._pace.get((EmbedRequest.__name__, params.path, "background"))
         return max(1, min(left, 4 if pace is None else int(BACKGROUND_SLICE_S / max(pace, 1e-4))))
 
     def count_tokens(self, spec: ModelSpec, texts: list[str], *, timeout: float | None = None) -> list[int]:
