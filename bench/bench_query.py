@@ -392,7 +392,7 @@ def run_corpus(
                 elif mode == "budget":
                     body = query_body(q, budget_ms=args.budget_ms)
                 elif mode == "default":
-                    body = query_body(q, expand=None)
+                    body = query_body(q, expand=None, rerank=None)
                 else:
                     body = query_body(Q(typed_document(q.text), q.intent, q.kind), rerank=False)
                 measure(mode, q, body)

@@ -95,6 +95,12 @@ def build(out: Path, docs: int, queries: int, seed: int, max_chars: int = 60_000
         asked.append((f"q{len(corpus)}", found[0], doc_id))
     rng.shuffle(asked)
     asked = asked[:queries]
+    return write_beir(out, corpus, asked)
+
+
+def write_beir(out: Path, corpus: list[dict[str, str]], asked: list[tuple[str, str, str]]) -> tuple[int, int]:
+    """A known-item BEIR folder: the documents, the (query id, text, relevant document id)
+    questions, each judged 1 for its document; returns (documents, queries)."""
     (out / "qrels").mkdir(parents=True, exist_ok=True)
     (out / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
     (out / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in asked))

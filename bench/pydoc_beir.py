@@ -20,7 +20,6 @@ import argparse
 import importlib
 import inspect
 import io
-import json
 import random
 import re
 import sys
@@ -30,6 +29,10 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from manpages_beir import write_beir  # noqa: E402
+
 SKIP = ("antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "ensurepip", "pydoc_data", "lib2to3")
 """Modules that act on import (a browser, a poem), need a display, or are data only."""
 MIN_BODY = 120
@@ -37,6 +40,7 @@ MIN_BODY = 120
 MAX_SUMMARY = 200
 """A longer first paragraph is a description, not a summary line."""
 _WORDS = re.compile(r"[A-Za-z]{2,}")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
 def entries() -> Iterator[tuple[str, str, str]]:
@@ -71,7 +75,7 @@ def _entry(qualname: str, obj: Any) -> Iterator[tuple[str, str, str]]:
     if len(_WORDS.findall(summary)) < 4 or len(summary) > MAX_SUMMARY or len(body) < MIN_BODY:
         return
     try:
-        signature = str(inspect.signature(obj))
+        signature = _ADDRESS.sub("", str(inspect.signature(obj)))  # a default's repr may hold its address
     except (TypeError, ValueError):
         signature = ""
     yield f"{qualname}{signature}", summary, body
@@ -92,12 +96,7 @@ def build(out: Path, docs: int, queries: int, seed: int) -> tuple[int, int]:
         asked.append((f"q{i}", summary, f"d{i}"))
     rng.shuffle(asked)
     asked = asked[:queries]
-    (out / "qrels").mkdir(parents=True, exist_ok=True)
-    (out / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
-    (out / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t, _ in asked))
-    qrels = "".join(f"{q}\t{d}\t1\n" for q, _, d in asked)
-    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
-    return len(corpus), len(asked)
+    return write_beir(out, corpus, asked)
 
 
 def main(argv: list[str] | None = None) -> int:
