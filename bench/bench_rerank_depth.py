@@ -169,15 +169,18 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "query": q["text"],
                     "relevant": qrels.get(q["_id"], {}),
-                    "hits": [
-                        {
-                            "doc": Path(h["path"]).stem,
-                            "rrf": h["explain"]["rrf"]["rank"],
-                            "fusion": h["explain"]["rrf"]["positionScore"],
-                            "raw": h["explain"]["rerankRaw"],
-                        }
-                        for h in answer["results"]
-                    ],
+                    "hits": sorted(  # in fused order: the answer's is the reranked one
+                        (
+                            {
+                                "doc": Path(h["path"]).stem,
+                                "rrf": h["explain"]["rrf"]["rank"],
+                                "fusion": h["explain"]["rrf"]["positionScore"],
+                                "raw": h["explain"]["rerankRaw"],
+                            }
+                            for h in answer["results"]
+                        ),
+                        key=lambda h: h["rrf"],
+                    ),
                     "cosine": {Path(h["path"]).stem: h["score"] for h in vector.json()["results"]},
                 }
             )
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\nquery likelihood: {per_candidate:.2f} s a candidate (p50 over {len(model_s)} queries)")
     results = {"machine": machine(), "args": vars(args), "rerank_model": rerank_model, "rows": rows}
+    results["records"] = records  # per query: the fused candidates, their scores, the cosines
     results |= {"per_candidate_s": per_candidate, "started": time.time()}
     print(f"written: {write_json('bench_rerank_depth', results)}")
     return 0
