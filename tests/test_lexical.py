@@ -851,3 +851,12 @@ def test_idf_survives_counts_read_across_a_write() -> None:
     from qmd.server.search.lexical import _idf
 
     assert _idf(12, 10) == 1e-6 and _idf(0, 0) == 0.0 and _idf(1, 1000) > 6
+
+
+def test_a_hit_whose_items_all_read_no_documents_still_scores() -> None:
+    """A write between the item counts and the ranking can leave every idf 0 for a hit the
+    ranking found (a 500 once, in test_load's sixteen clients): the score is in [0, 1], never
+    a division by zero."""
+    from qmd.server.search.lexical import hit_score
+
+    assert hit_score(-3.2, [0.0, 0.0]) == 1.0 and 0 < hit_score(-0.5, [1.2, 0.8]) < 1

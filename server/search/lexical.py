@@ -420,8 +420,11 @@ def item_idfs(counts: Sequence[int], rows: int) -> list[float]:
 
 
 def hit_score(bm25: float, idfs: Sequence[float]) -> float:
-    """`LexHit.score`: `|bm25|` as a fraction of the query's attainable BM25 (module docstring)."""
-    return min(1.0, abs(bm25) / ((K1 + 1) * sum(idfs)))
+    """`LexHit.score`: `|bm25|` as a fraction of the query's attainable BM25 (module docstring).
+
+    Every idf can read 0 for a hit when a write lands between the item counts and the ranking
+    (sixteen clients during a full index did it): the sum is floored as each idf is, never 0."""
+    return min(1.0, abs(bm25) / ((K1 + 1) * max(sum(idfs), _IDF_FLOOR)))
 
 
 def _count(conn: sqlite3.Connection, expression: str) -> int:
