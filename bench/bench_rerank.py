@@ -136,6 +136,7 @@ def scheduling(env: Isolated, daemon: Daemon, texts: list[str], extra: Path, say
     groups = [texts[i * n : (i + 1) * n] for i in range(2 * len(modes))]
     env.cli("collection", "add", str(extra), "--name", "extra")
     log = env.base / "embed.log"
+    started = time.perf_counter()
     with open(log, "wb") as out:  # a file, not a pipe: the progress bar must never block the job
         embed = subprocess.Popen(
             [sys.executable, "-m", "qmd.client.cli", "embed"], env=env.vars, cwd=env.home, stdout=out, stderr=out
@@ -148,11 +149,13 @@ def scheduling(env: Isolated, daemon: Daemon, texts: list[str], extra: Path, say
         still = embed.poll() is None
     finally:
         embed.wait(timeout=3600)
+    embed_seconds = time.perf_counter() - started
     if embed.returncode != 0:
         raise RuntimeError(f"qmd embed failed: {log.read_text(errors='replace')[-2000:]}")
     later = groups[len(modes) :]
     idle = {mode: timed_queries(daemon.http, group, body) for (mode, body), group in zip(modes.items(), later)}
-    result: dict[str, Any] = {"embed_outlasted_the_queries": still}
+    result: dict[str, Any] = {"embed_outlasted_the_queries": still, "embed_seconds": round(embed_seconds, 1)}
+    say(f"[scheduling] qmd embed of {extra.name}: {embed_seconds:.1f} s, queries meanwhile")
     for mode in modes:
         d, i = percentile(during[mode], 50), percentile(idle[mode], 50)
         result[mode] = {

@@ -331,6 +331,77 @@ def test_a_background_embed_goes_in_slices_a_query_can_pass(
     assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
 
 
+CHUNKS = [f"chunk {i}: " + "a paragraph on sourdough starters, rye flour and hydration " * 20 for i in range(40)]
+"""About 250 tokens each: tens of milliseconds a decode on 2 cores."""
+
+
+def background_calls(worker: WorkerClient, since: int) -> list[dict[str, object]]:
+    return [r for r in worker.status()["recent"][since:] if r["lane"] == "background"]
+
+
+def test_a_query_takes_the_worker_from_a_background_embed_in_flight(
+    worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background request in flight yields to an interactive call that comes in: it answers for
+    the texts it has done, the query runs, and the rest goes again; put together, the vectors,
+    token counts and clipping are those of one uninterrupted request. Here the slice is made
+    large enough to carry all 40 chunks (a second or two of work) so that only yielding lets
+    the query in before the end."""
+    texts = [*CHUNKS[:30], LONG, *CHUNKS[30:]]
+    whole = worker.embed(spec, texts, kind="document")
+    with inference.background_lane():
+        worker.embed(spec, CHUNKS[:2], kind="document")  # the background pace, measured
+    monkeypatch.setattr(inference, "BACKGROUND_SLICE_S", 600.0)
+    before = len(worker.status()["recent"])
+    done: list[Embeddings] = []
+
+    def embed() -> None:
+        with inference.background_lane():
+            done.append(worker.embed(spec, texts, kind="document"))
+
+    thread = threading.Thread(target=embed)
+    thread.start()
+    wait_for(lambda: (worker.status()["busy"] or {}).get("activity", "").startswith("embedding 41 texts"))
+    worker.embed(spec, ["rye"], kind="query")
+    thread.join()
+    calls = worker.status()["recent"][before:]
+    first, query, rest = calls[0], calls[1], calls[2:]
+    assert first["lane"] == "background" and str(first["outcome"]).startswith("yielded after "), calls
+    assert query["lane"] == "interactive" and query["started_at"] >= first["ended_at"]  # type: ignore[operator]
+    assert rest and all(r["lane"] == "background" and r["outcome"] == "ok" for r in rest), calls
+    (sliced,) = done
+    assert sliced.clipped == whole.clipped == (30,) and sliced.n_tokens == whole.n_tokens
+    assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
+
+
+def test_a_background_embed_finishes_under_a_query_waiting_all_the_time(
+    worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the yield flag raised throughout (queries arriving back to back), a background slice
+    answers at once with nothing, and the next one then finishes a text before it yields: the
+    job slows down but gets done, to the same vectors."""
+    texts = CHUNKS[:4]
+    whole = worker.embed(spec, texts, kind="document")
+    with inference.background_lane():
+        worker.embed(spec, CHUNKS[:2], kind="document")
+    monkeypatch.setattr(inference, "BACKGROUND_SLICE_S", 600.0)
+    flag = worker._yield
+    assert flag is not None, "a started worker has its yield flag"
+    flag.set(True)
+    monkeypatch.setattr(flag, "set", lambda raised: None)  # nothing lowers it
+    before = len(worker.status()["recent"])
+    with inference.background_lane():
+        sliced = worker.embed(spec, texts, kind="document")
+    outcomes = [str(c["outcome"]) for c in background_calls(worker, before)]
+    assert outcomes[-1] == "ok" and len(outcomes) <= 2 * len(texts), outcomes
+    assert all(o.startswith("yielded after 0 of ") for o in outcomes[0:-1:2]), outcomes
+    assert all(o.startswith("yielded after ") and " 0 of " not in o for o in outcomes[1:-1:2]), outcomes
+    monkeypatch.undo()
+    flag.set(False)
+    assert sliced.n_tokens == whole.n_tokens
+    assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
+
+
 def test_backlog_counts_the_call_running_and_the_interactive_calls_in_line(
     worker: WorkerClient, spec: ModelSpec
 ) -> None:

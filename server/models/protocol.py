@@ -18,15 +18,20 @@ gets a receipt (`RECEIPT`, an empty frame) as soon as the child starts reading i
 exactly one `Reply`, in order. The receipt tells the parent which deaths to blame on a
 request: a child gone before it sent one had died between requests, and the request goes
 to a new child; after it, a death fails the request.
+
+Beside the pipe, one byte of shared memory, the `YieldFlag`, tells a background embed in
+flight that an interactive call is waiting: the pipe is read only between requests.
 """
 
 from __future__ import annotations
 
+import mmap
 import pickle
 import struct
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Generic, Literal, NamedTuple, TypeVar
+from typing import IO, Any, BinaryIO, Generic, Literal, NamedTuple, TypeVar
 
 HEADER = struct.Struct(">I")
 """Frame header: the pickle's length in bytes."""
@@ -65,6 +70,35 @@ def read_frame(stream: BinaryIO) -> Any:
     """The next message from a blocking stream, or None at a clean end of input."""
     body = read_frame_body(stream)
     return None if body is None else pickle.loads(body)
+
+
+class YieldFlag:
+    """One byte the parent and child share: raised while an interactive call waits for the worker.
+
+    A background embed reads it between its texts and, through llama.cpp's abort callback,
+    between the graph nodes of a decode, so a query waits for about one node of the embed
+    job's work instead of a whole request (`EmbedRequest.yield_after`). The memory is an
+    unlinked temporary file; the child maps the same descriptor, inherited (`--yield-fd`).
+    """
+
+    def __init__(self, fd: int, file: IO[bytes] | None = None) -> None:
+        self.fd = fd
+        self._file = file
+        """The creator's handle, kept so the descriptor stays open as long as the flag lives."""
+        self._map = mmap.mmap(fd, mmap.PAGESIZE)
+
+    @classmethod
+    def create(cls) -> YieldFlag:
+        """A new flag, lowered (the parent's side)."""
+        file = tempfile.TemporaryFile()
+        file.truncate(mmap.PAGESIZE)
+        return cls(file.fileno(), file)
+
+    def set(self, raised: bool) -> None:
+        self._map[0] = raised
+
+    def is_set(self) -> bool:
+        return self._map[0] != 0
 
 
 # --- values carried by requests ---
@@ -110,11 +144,15 @@ class GenerationParams:
 
 @dataclass(frozen=True)
 class EmbedResult:
-    """Vectors as one float32 byte string (the reason the frames are pickles), and what was clipped."""
+    """Vectors as one float32 byte string (the reason the frames are pickles), and what was clipped.
+
+    A request that yielded (`EmbedRequest.yield_after`) answers for its first `len(n_tokens)`
+    texts only; the parent sends the rest again.
+    """
 
     dims: int
     vectors: bytes
-    """Row-major float32, `dims` values per input, L2-normalised."""
+    """Row-major float32, `dims` values per input answered, L2-normalised."""
     n_tokens: list[int]
     clipped: list[int]
     """Indices of the inputs longer than `limit` tokens, cut at the token level."""
@@ -154,6 +192,10 @@ class EmbedRequest(Request[EmbedResult]):
     model: LoadParams
     texts: list[str]
     """Already in the model family's prompt format."""
+    yield_after: int | None = None
+    """A background request's: once this many texts are embedded, stop as soon as the parent
+    raises its yield flag (an interactive call is waiting), even in the middle of a decode, and
+    answer for the texts done so far. None: never stop early (an interactive request)."""
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,13 @@ idle timer can never free a context while work is in flight (the original races 
 qmd#938). Callers put their requests in its queue and wait for the answer:
 
 - **Lanes.** Interactive calls (a query's embedding, expansion, rerank) are taken before
-  background ones (the embed job's batches, marked with `background_lane()`), so a query
-  issued during `qmd embed` waits for at most the request in flight. A background embed is
-  sent in slices of about `BACKGROUND_SLICE_S` by the model's measured pace, so that wait
-  is a fraction of a second however large the job's batches are.
+  background ones (the embed job's batches, marked with `background_lane()`). A background
+  embed is sent in slices of about `BACKGROUND_SLICE_S` by the model's measured pace, and
+  a slice in flight yields: a queued interactive call raises the `YieldFlag` the child
+  shares, and the slice answers for the texts it has done, stopping its decode between
+  graph nodes (llama.cpp's abort callback); the rest is sent again after the query. So a
+  query issued during `qmd embed` waits for about a millisecond of the job's work, not a
+  chunk's decode (tens of ms) nor a whole batch.
 - **Deadlines.** Once sent, a call must be answered within `QMD_WORKER_TIMEOUT` (30 s) plus
   `QMD_WORKER_ITEM_TIMEOUT` (2 s) per item (text, document, prompt, 16 generated tokens),
   plus `QMD_WORKER_LOAD_TIMEOUT` (120 s) when it loads its model first; a new child has
@@ -95,6 +98,7 @@ from qmd.server.models.protocol import (
     Resident,
     Role,
     YesNoRequest,
+    YieldFlag,
     encode_frame,
 )
 
@@ -123,11 +127,12 @@ DISPOSE_TIMEOUT = 30.0
 RECENT_CALLS = 100
 """Calls `status()["recent"]` remembers: lane, activity, when queued, started and ended, outcome."""
 BACKGROUND_SLICE_S = 0.05
-"""What one background embed request may take: a query's call waits at most about this long for
-the one in flight (in practice one or two chunks). A job's batch is sent in slices sized by the
-model's measured pace. Measured with MiniLM on 2 cores: 700 man pages embedded in 110.8 s at
-0.05 s slices and 113.3 s at 0.25 s, while a plain query's embedding waited 31-63 ms for its turn
-against 114-275 ms (`bench/bench_rerank.py`'s scheduling phase)."""
+"""What one background embed request may take, sized by the model's measured pace: the bound on
+a query's wait where the slice in flight cannot yield (no `YieldFlag`), and in any case a
+reply every few chunks, so the job's progress and its deadline are per slice. Measured with MiniLM
+on 2 cores: 700 man pages embedded in 110.8 s at 0.05 s slices and 113.3 s at 0.25 s, while a
+plain query's embedding waited 31-63 ms for its turn against 114-275 ms before slices yielded
+(`bench/bench_rerank.py`'s scheduling phase)."""
 TOKENS_PER_ITEM = 16
 """Generated tokens that count as one item of a completion's deadline."""
 
@@ -487,6 +492,15 @@ def _pace_of(request: Request[Any], lane: Lane) -> tuple[tuple[str, str, Lane], 
     return (type(request).__name__, model.path if isinstance(model, LoadParams) else "", lane), items
 
 
+def _yielded(request: Request[Any], result: Any) -> str | None:
+    """How far a background embed got before it yielded to a query, for `status()["recent"]`; None
+    for any call that did all it was asked."""
+    if not isinstance(request, EmbedRequest) or not isinstance(result, EmbedResult):
+        return None
+    answered, asked = len(result.n_tokens), len(request.texts)
+    return f"yielded after {answered} of {asked} text{'s' * (asked != 1)}" if answered < asked else None
+
+
 @dataclass(eq=False)
 class _Job:
     """One call on its way through the dispatcher: queued, running, then done (or abandoned by its caller)."""
@@ -583,6 +597,8 @@ class WorkerClient:
         self._pace: dict[tuple[str, str, Lane], float] = {}
         """Seconds per item (an embedded text; any other call is one), per (request type, model
         file): a running mean of what the child took, for `backlog` and the background slices."""
+        self._yield: YieldFlag | None = None
+        """Raised while an interactive call waits; shared with every child (`protocol.YieldFlag`)."""
         self._missing: tuple[tuple[str, int], str] | None = None
         """(the llama_cpp install it was, why) once a child could not import llama_cpp."""
 
@@ -616,17 +632,23 @@ class WorkerClient:
         clipped: list[int] = []
         n_tokens: list[int] = []
         limit = params.n_ctx
+        # A background slice yields to a waiting query (`YieldFlag`); one that yielded before
+        # finishing a text finishes one next time, so a stream of queries slows the job but never stops it.
+        yield_after = 0 if _lane.get() == "background" else None
         while len(vectors) < len(prompts):
             part = prompts[len(vectors) : len(vectors) + self._slice(params, len(prompts) - len(vectors))]
             activity = f"embedding {len(part)} text{'s' * (len(part) != 1)} with {os.path.basename(spec.path)}"
-            result: EmbedResult = self._call(EmbedRequest(params, part), timeout, activity, items=len(part))
+            request = EmbedRequest(params, part, yield_after)
+            result: EmbedResult = self._call(request, timeout, activity, items=len(part))
             flat = array("f")
             flat.frombytes(result.vectors)
-            values, dims = flat.tolist(), result.dims
+            values, dims, answered = flat.tolist(), result.dims, len(result.n_tokens)
             clipped += [len(vectors) + i for i in result.clipped]
             n_tokens += result.n_tokens
             limit = result.limit
-            vectors += [values[i * dims : (i + 1) * dims] for i in range(len(part))]
+            vectors += [values[i * dims : (i + 1) * dims] for i in range(answered)]
+            if yield_after is not None:
+                yield_after = 0 if answered else 1
         return Embeddings(vectors, clipped=tuple(clipped), n_tokens=n_tokens, limit=limit)
 
     def backlog(self) -> float:
@@ -640,9 +662,12 @@ class WorkerClient:
             busy = self._running
             return ahead + (max(self._expected(busy) - (now - busy.started), 0.0) if busy is not None else 0.0)
 
-    def _observe(self, job: _Job, seconds: float) -> None:
+    def _observe(self, job: _Job, seconds: float, result: Any) -> None:
         """Fold a finished call's time into its kind's mean (under the lock); a much faster call
-        replaces the mean outright, since the first call of a model also loaded it."""
+        replaces the mean outright, since the first call of a model also loaded it. An embed that
+        yielded is left out: its time includes a decode it gave up."""
+        if _yielded(job.request, result) is not None:
+            return
         key, items = _pace_of(job.request, job.lane)
         per, old = seconds / items, self._pace.get(key)
         self._pace[key] = per if old is None or per < old / 2 else 0.7 * old + 0.3 * per
@@ -947,6 +972,8 @@ class WorkerClient:
                 )
             heapq.heappush(self._queue, (_LANE_ORDER[job.lane], next(self._seq), job))
             job.times.append(time.time())
+            if job.lane == "interactive" and self._yield is not None:
+                self._yield.set(True)  # a background embed in flight answers now with what it has
             if self._dispatcher is None:
                 self._dispatcher = threading.Thread(target=self._dispatch, name="qmd-inference", daemon=True)
                 self._dispatcher.start()
@@ -1028,6 +1055,8 @@ class WorkerClient:
                     job = _Job(DisposeRequest(), "freeing idle contexts", DISPOSE_TIMEOUT, True, "background")
                 job.state, job.started = "running", now
                 job.times += [time.time()] * (2 - len(job.times))  # an idle disposal was never queued
+                if self._yield is not None:  # no interactive call waits behind a background one it is given to
+                    self._yield.set(False)
                 self._running = job
                 return job
 
@@ -1046,13 +1075,10 @@ class WorkerClient:
             self._running = None
             self._last_used = time.monotonic()
             if error is None:
-                self._observe(job, self._last_used - job.started)
+                self._observe(job, self._last_used - job.started, result)
             job.times.append(time.time())
-            self._recent.append(
-                job.record(
-                    ("gave up by its caller; " if job.state == "abandoned" else "") + ("failed" if error else "ok")
-                )
-            )
+            outcome = "failed" if error else _yielded(job.request, result) or "ok"
+            self._recent.append(job.record(("gave up by its caller; " if job.state == "abandoned" else "") + outcome))
             if job.state == "running":
                 job.state, job.result, job.error = "done", result, error
             elif error is not None:
@@ -1192,11 +1218,17 @@ class WorkerClient:
         # editable finder). No PYTHONPATH is added: the `server/` folder on the path would let its
         # `http` package shadow the standard library's in the child.
         self.require_models()
+        if self._yield is None:
+            try:
+                self._yield = YieldFlag.create()
+            except OSError as e:  # no temporary file: background slices still bound a query's wait
+                log.warning("no yield flag for the inference worker (%s): queries wait for embed slices", e)
         args = [
             *(["--force-cpu"] if self.force_cpu else []),
             f"--gpu={self.gpu}",
             f"--embed-parallelism={self.parallelism}",
             f"--parent={os.getpid()}",
+            *([f"--yield-fd={self._yield.fd}"] if self._yield is not None else []),
         ]
         try:
             proc = subprocess.Popen(
@@ -1205,6 +1237,7 @@ class WorkerClient:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 bufsize=0,
+                pass_fds=() if self._yield is None else (self._yield.fd,),
             )
         except OSError as e:
             raise InferenceError(f"cannot start the inference worker: {e}") from None

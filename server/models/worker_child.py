@@ -57,6 +57,7 @@ from qmd.server.models.protocol import (
     Request,
     Resident,
     YesNoRequest,
+    YieldFlag,
     encode_frame,
     read_frame_body,
 )
@@ -69,6 +70,9 @@ if TYPE_CHECKING:
 # ggml_log_level as this llama.cpp build numbers it (llama_cpp/_logger.py's table is stale:
 # it maps real errors to DEBUG and drops them, and prints warnings as errors).
 GGML_LOG_WARN, GGML_LOG_ERROR, GGML_LOG_CONT = 3, 4, 5
+
+DECODE_ABORTED = 2
+"""What `llama_decode` returns when its abort callback said stop."""
 
 OUTPUT_ROWS = 32
 """Scored positions per decode in `LoadedModel._forward`. llama.cpp keeps an output buffer of one
@@ -361,12 +365,16 @@ class LoadedModel:
             self._side.append((_internals.LlamaContext(model=llm._model, params=params, verbose=False), batch))
         return [(llm._ctx, llm._batch), *self._side[: n - 1]]
 
-    def embed(self, texts: list[str]) -> EmbedResult:
+    def embed(self, texts: list[str], yield_after: int | None = None, flag: YieldFlag | None = None) -> EmbedResult:
         """L2-normalised vectors as float32 bytes, plus token counts and the indices that were clipped.
 
         One sequence per decode: on CPU, packing several sequences into one batch makes
         attention span the whole batch and is slower (models README), and it lets a
-        sequence use the full context.
+        sequence use the full context. With `yield_after`, the embedding stops once that
+        many texts are done and `flag` is raised, inside a decode too (llama.cpp's abort
+        callback, checked between graph nodes): the answer covers the texts done in order
+        so far, and an aborted decode leaves nothing behind (the next starts from a cleared
+        cache), so the parent's resend embeds the rest to the same vectors.
         """
         import llama_cpp
         import numpy as np
@@ -397,31 +405,62 @@ class LoadedModel:
             inputs.append(tokens)
         order = iter(range(len(texts)))
         taking = threading.Lock()
+        finished = [False] * len(texts)
+        answered = 0
+        """Texts done in order from the first: what a yielding answer covers."""
+
+        def must_yield() -> bool:
+            return flag is not None and yield_after is not None and answered >= yield_after and flag.is_set()
 
         def drain(ctx: _internals.LlamaContext, batch: _internals.LlamaBatch) -> None:
             """Embed the next input not yet taken, until none is left (ctypes lets the decodes run in parallel)."""
+            nonlocal answered
             while True:
                 with taking:
-                    i = next(order, None)
+                    i = None if must_yield() else next(order, None)
                 if i is None:
                     break
                 batch.reset()
                 batch.add_sequence(inputs[i], 0, True)
                 ctx.kv_cache_clear()
-                ctx.decode(batch)
+                status = llama_cpp.llama_decode(ctx.ctx, batch.batch)
+                if status == DECODE_ABORTED:
+                    break
+                if status != 0:
+                    raise RuntimeError(f"llama_decode returned {status}")
                 out[i] = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(ctx.ctx, 0), shape=(n_embd,))
+                with taking:
+                    finished[i] = True
+                    while answered < len(texts) and finished[answered]:
+                        answered += 1
             ctx.kv_cache_clear()
 
         contexts = self._contexts(min(self.parallelism, len(texts)))
-        if len(contexts) == 1:
-            drain(*contexts[0])
-        else:
-            with ThreadPoolExecutor(len(contexts), thread_name_prefix="embed") as pool:
-                for done in [pool.submit(drain, ctx, batch) for ctx, batch in contexts]:
-                    done.result()
+        # The callback is this call's only: an interactive decode never pays for it.
+        watched = contexts if flag is not None and yield_after is not None else []
+        abort = llama_cpp.ggml_abort_callback(lambda _data: must_yield())
+        for ctx, _ in watched:
+            llama_cpp.llama_set_abort_callback(ctx.ctx, abort, None)
+        try:
+            if len(contexts) == 1:
+                drain(*contexts[0])
+            else:
+                with ThreadPoolExecutor(len(contexts), thread_name_prefix="embed") as pool:
+                    for done in [pool.submit(drain, ctx, batch) for ctx, batch in contexts]:
+                        done.result()
+        finally:
+            for ctx, _ in watched:
+                llama_cpp.llama_set_abort_callback(ctx.ctx, llama_cpp.ggml_abort_callback(), None)
+        out = out[:answered]
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms > 0, norms, 1)
-        return EmbedResult(dims=n_embd, vectors=out.tobytes(), n_tokens=n_tokens, clipped=clipped, limit=limit)
+        return EmbedResult(
+            dims=n_embd,
+            vectors=out.tobytes(),
+            n_tokens=n_tokens[:answered],
+            clipped=[i for i in clipped if i < answered],
+            limit=limit,
+        )
 
     # -- generative models: completion, likelihoods, yes/no, and rank pooling --
 
@@ -703,9 +742,12 @@ class LoadedModel:
 class WorkerProcess:
     """The child's request loop state: models by load parameters, and the GPU decision made once."""
 
-    def __init__(self, force_cpu: bool, gpu: str = "auto", embed_parallelism: int = 0) -> None:
+    def __init__(
+        self, force_cpu: bool, gpu: str = "auto", embed_parallelism: int = 0, yield_flag: YieldFlag | None = None
+    ) -> None:
         """`gpu`: QMD_LLAMA_GPU as the parent read it (`auto`, `cpu` or a backend name);
-        `embed_parallelism`: QMD_EMBED_PARALLELISM (0 = `auto_parallelism`)."""
+        `embed_parallelism`: QMD_EMBED_PARALLELISM (0 = `auto_parallelism`); `yield_flag`: the
+        parent's (None: a background embed never stops early)."""
         import llama_cpp
 
         self.native_error: str | None = None
@@ -728,6 +770,7 @@ class WorkerProcess:
         self.gpu = plan_gpu(gpu, force_cpu=force_cpu, gpu_supported=gpu_supported, devices=self.devices)
         self.n_gpu_layers = self.gpu.n_gpu_layers
         self.embed_parallelism = embed_parallelism
+        self.yield_flag = yield_flag
         self.models: dict[LoadParams, LoadedModel] = {}
         self.hello = Hello(
             backend="GPU" if self.n_gpu_layers else "CPU",
@@ -810,7 +853,7 @@ def _operation(kind: type[Q], handler: Callable[[WorkerProcess, Q], object]) -> 
 
 OPERATIONS: dict[type[Request[Any]], Handler] = dict(
     [
-        _operation(EmbedRequest, lambda w, r: w.model(r.model).embed(r.texts)),
+        _operation(EmbedRequest, lambda w, r: w.model(r.model).embed(r.texts, r.yield_after, w.yield_flag)),
         _operation(CountTokensRequest, lambda w, r: [w.model(r.model).count(t) for t in r.texts]),
         _operation(ChunkRequest, _chunk),
         _operation(CompleteRequest, lambda w, r: w.model(r.model).complete(r.prompt, r.messages, r.params)),
@@ -874,6 +917,7 @@ def main() -> None:
             force_cpu="force-cpu" in options,
             gpu=options.get("gpu") or "auto",
             embed_parallelism=int(options.get("embed-parallelism") or 0),
+            yield_flag=YieldFlag(int(options["yield-fd"])) if options.get("yield-fd") else None,
         )
     except ImportError as e:  # qmd without its `models` extra: say so, rather than die with a traceback
         replies.write(encode_frame(Reply(result=None, error=f"{MODELS_MISSING}: {e}", resident=())))
