@@ -110,12 +110,25 @@ def estimate(configs: dict[str, dict[str, Any]]) -> None:
             f["estimated_p50_ms"] = round(base["p50_ms"] + candidates * per, 1)
 
 
-def timed_queries(http: httpx.Client, texts: list[str], body: dict[str, Any]) -> list[float]:
-    out = []
+class Timed:
+    """Wall-clock seconds per query, and what the daemon said each stage took (ms)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.stages: dict[str, list[float]] = {}
+
+    def stage_p50(self) -> dict[str, float]:
+        return {name: round(percentile(ms, 50), 1) for name, ms in self.stages.items()}
+
+
+def timed_queries(http: httpx.Client, texts: list[str], body: dict[str, Any]) -> Timed:
+    out = Timed()
     for text in texts:
         t0 = time.perf_counter()
-        http.post("/v1/query", json={"query": text, **body}).raise_for_status()
-        out.append(time.perf_counter() - t0)
+        answer = http.post("/v1/query", json={"query": text, **body}).raise_for_status().json()
+        out.seconds.append(time.perf_counter() - t0)
+        for stage in [*answer["stages"], {"stage": "daemon total", "ms": answer["elapsed_ms"]}]:
+            out.stages.setdefault(stage["stage"], []).append(stage["ms"])
     return out
 
 
@@ -141,7 +154,7 @@ def scheduling(env: Isolated, daemon: Daemon, texts: list[str], extra: Path, say
         embed = subprocess.Popen(
             [sys.executable, "-m", "qmd.client.cli", "embed"], env=env.vars, cwd=env.home, stdout=out, stderr=out
         )
-    during: dict[str, list[float]] = {}
+    during: dict[str, Timed] = {}
     try:
         time.sleep(3.0)  # the job is under way: models loaded, batches flowing
         for (mode, body), group in zip(modes.items(), groups[: len(modes)], strict=True):
@@ -157,15 +170,19 @@ def scheduling(env: Isolated, daemon: Daemon, texts: list[str], extra: Path, say
     result: dict[str, Any] = {"embed_outlasted_the_queries": still, "embed_seconds": round(embed_seconds, 1)}
     say(f"[scheduling] qmd embed of {extra.name}: {embed_seconds:.1f} s, queries meanwhile")
     for mode in modes:
-        d, i = percentile(during[mode], 50), percentile(idle[mode], 50)
+        d, i = percentile(during[mode].seconds, 50), percentile(idle[mode].seconds, 50)
         result[mode] = {
             "during_p50_ms": round(d * 1000, 1),
-            "during_p95_ms": round(percentile(during[mode], 95) * 1000, 1),
+            "during_p95_ms": round(percentile(during[mode].seconds, 95) * 1000, 1),
             "idle_p50_ms": round(i * 1000, 1),
-            "idle_p95_ms": round(percentile(idle[mode], 95) * 1000, 1),
+            "idle_p95_ms": round(percentile(idle[mode].seconds, 95) * 1000, 1),
             "ratio_p50": round(d / i, 2),
+            "stages_during_p50_ms": during[mode].stage_p50(),
+            "stages_idle_p50_ms": idle[mode].stage_p50(),
         }
         say(f"[scheduling] {mode}: during embed {d * 1000:.0f} ms p50, idle {i * 1000:.0f} ms ({d / i:.2f}×)")
+        busy, calm = during[mode].stage_p50(), idle[mode].stage_p50()
+        say("  stages p50, during / idle ms: " + ", ".join(f"{k} {v:g}/{calm.get(k, 0):g}" for k, v in busy.items()))
     if not still:
         say("[scheduling] WARNING: the embed ended before the queries did: use more --docs")
     return result

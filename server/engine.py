@@ -470,7 +470,8 @@ class Engine:
 
     def search(self, query: str, opts: SearchOptions = SearchOptions()) -> SearchOutcome:
         """Keyword (BM25) search: pointers, best first."""
-        return search(self.store, self.config, query, opts, self.index_label)
+        with self.worker.searching():
+            return search(self.store, self.config, query, opts, self.index_label)
 
     def query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         """The hybrid query: typed routing, expansion, RRF, rerank, within `opts.budget_ms`."""
@@ -487,9 +488,10 @@ class Engine:
             *(self._reranker(cfg) if opts.rerank is not False else unused),
             backlog=self.worker.backlog,
         )
-        out = HybridQuery(
-            self.store, cfg, legs, self.costs, index_name=self.index_label, passage_chars=self.rerank_passage_chars
-        ).run(doc, opts)
+        with self.worker.searching():
+            out = HybridQuery(
+                self.store, cfg, legs, self.costs, index_name=self.index_label, passage_chars=self.rerank_passage_chars
+            ).run(doc, opts)
         out.warnings += self._model_notes(cfg)
         return out
 
@@ -689,7 +691,8 @@ class Engine:
     def vsearch(self, query: str, opts: SearchOptions = SearchOptions()) -> SearchOutcome:
         """Vector search; when it cannot run, keyword results with the reason (never silence)."""
         try:
-            out = self._vector_or_raise(query, opts)
+            with self.worker.searching():
+                out = self._vector_or_raise(query, opts)
         except VectorUnavailable as e:
             out = self.search(query, replace(opts, min_score=0.0))
             out.warnings.insert(0, f"{e.message}; showing keyword results instead")

@@ -340,7 +340,7 @@ def background_calls(worker: WorkerClient, since: int) -> list[dict[str, object]
 
 
 def test_a_query_takes_the_worker_from_a_background_embed_in_flight(
-    worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+    worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A background request in flight yields to an interactive call that comes in: it answers for
     the texts it has done, the query runs, and the rest goes again; put together, the vectors,
@@ -372,6 +372,10 @@ def test_a_query_takes_the_worker_from_a_background_embed_in_flight(
     (sliced,) = done
     assert sliced.clipped == whole.clipped == (30,) and sliced.n_tokens == whole.n_tokens
     assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
+    worker.embed(spec, ["after"], kind="query")  # the child's stderr of the yield has been forwarded by now
+    time.sleep(0.2)
+    said = [r.getMessage() for r in caplog.records if r.name == "qmd.inference" and r.levelno >= logging.WARNING]
+    assert not [m for m in said if "compute" in m or "decode" in m], f"a yield is not news in the daemon's log: {said}"
 
 
 def test_a_background_embed_finishes_under_a_query_waiting_all_the_time(
@@ -400,6 +404,59 @@ def test_a_background_embed_finishes_under_a_query_waiting_all_the_time(
     flag.set(False)
     assert sliced.n_tokens == whole.n_tokens
     assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
+
+
+def test_background_calls_wait_while_a_search_runs_but_not_for_long(
+    worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search that starts makes the background call in flight yield at once, before the search
+    asks anything of a model; while it runs no background call starts and interactive calls still
+    go; the background call goes when the search ends, or after HOLD_S of searches, and then runs
+    its slice to the end."""
+    done = threading.Event()
+
+    def embed(texts: list[str]) -> None:
+        with inference.background_lane():
+            worker.embed(spec, texts, kind="document")
+        done.set()
+
+    def waiting() -> int:
+        return int(worker.status()["waiting"]["background"])
+
+    with inference.background_lane():
+        worker.embed(spec, CHUNKS[:2], kind="document")  # the background pace, measured
+    monkeypatch.setattr(inference, "BACKGROUND_SLICE_S", 600.0)
+    monkeypatch.setattr(inference, "HOLD_S", 600.0)
+    before = len(worker.status()["recent"])
+    thread = threading.Thread(target=embed, args=(CHUNKS,))
+    thread.start()
+    wait_for(lambda: (worker.status()["busy"] or {}).get("activity", "").startswith("embedding 40 texts"))
+    with worker.searching():
+        wait_for(lambda: waiting() == 1)  # it yielded, and what is left waits
+        worker.embed(spec, ["rye"], kind="query")
+        time.sleep(0.2)
+        assert not done.is_set() and waiting() == 1
+    thread.join(timeout=60)  # the search ended: the rest went
+    calls = worker.status()["recent"][before:]
+    assert str(calls[0]["outcome"]).startswith("yielded after ") and calls[1]["lane"] == "interactive", calls
+    assert done.is_set() and calls[-1]["outcome"] == "ok"
+
+    done.clear()
+    monkeypatch.setattr(inference, "HOLD_S", 1.0)
+    before = len(worker.status()["recent"])
+    with worker.searching():
+        thread = threading.Thread(target=embed, args=(CHUNKS[:10],))
+        held = time.monotonic()
+        thread.start()
+        wait_for(lambda: waiting() == 1)
+        time.sleep(0.2)
+        assert not done.is_set()
+        wait_for(lambda: (worker.status()["busy"] or {}).get("activity", "").startswith("embedding 10 texts"))
+        assert time.monotonic() - held >= 1.0  # held no longer than HOLD_S
+        with worker.searching():  # another search starts: the slice that waited HOLD_S does not yield to it
+            thread.join(timeout=30)
+        assert done.is_set()
+    assert [c["outcome"] for c in background_calls(worker, before)] == ["ok"]
 
 
 def test_backlog_counts_the_call_running_and_the_interactive_calls_in_line(

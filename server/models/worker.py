@@ -22,7 +22,9 @@ qmd#938). Callers put their requests in its queue and wait for the answer:
   shares, and the slice answers for the texts it has done, stopping its decode between
   graph nodes (llama.cpp's abort callback); the rest is sent again after the query. So a
   query issued during `qmd embed` waits for about a millisecond of the job's work, not a
-  chunk's decode (tens of ms) nor a whole batch.
+  chunk's decode (tens of ms) nor a whole batch. And while a search is in progress
+  (`searching()`), no background call starts, for up to `HOLD_S`: its work between model
+  calls has the cores too.
 - **Deadlines.** Once sent, a call must be answered within `QMD_WORKER_TIMEOUT` (30 s) plus
   `QMD_WORKER_ITEM_TIMEOUT` (2 s) per item (text, document, prompt, 16 generated tokens),
   plus `QMD_WORKER_LOAD_TIMEOUT` (120 s) when it loads its model first; a new child has
@@ -46,6 +48,7 @@ weights.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import heapq
 import importlib.metadata
@@ -133,6 +136,9 @@ reply every few chunks, so the job's progress and its deadline are per slice. Me
 on 2 cores: 700 man pages embedded in 110.8 s at 0.05 s slices and 113.3 s at 0.25 s, while a
 plain query's embedding waited 31-63 ms for its turn against 114-275 ms before slices yielded
 (`bench/bench_rerank.py`'s scheduling phase)."""
+HOLD_S = 0.25
+"""How long a search in progress (`WorkerClient.searching`) may keep background calls from starting:
+past it one goes, so a stream of searches slows the embed job but never stops it."""
 TOKENS_PER_ITEM = 16
 """Generated tokens that count as one item of a completion's deadline."""
 
@@ -597,6 +603,10 @@ class WorkerClient:
         self._pace: dict[tuple[str, str, Lane], float] = {}
         """Seconds per item (an embedded text; any other call is one), per (request type, model
         file): a running mean of what the child took, for `backlog` and the background slices."""
+        self._searches = 0
+        """Searches in progress (`searching`): while there are any, background calls wait, up to `HOLD_S`."""
+        self._held_since: float | None = None
+        """When the background call first in line was first held back; None when none is."""
         self._yield: YieldFlag | None = None
         """Raised while an interactive call waits; shared with every child (`protocol.YieldFlag`)."""
         self._missing: tuple[tuple[str, int], str] | None = None
@@ -650,6 +660,22 @@ class WorkerClient:
             if yield_after is not None:
                 yield_after = 0 if answered else 1
         return Embeddings(vectors, clipped=tuple(clipped), n_tokens=n_tokens, limit=limit)
+
+    @contextlib.contextmanager
+    def searching(self) -> Iterator[None]:
+        """A search runs inside: no background call starts meanwhile (for up to `HOLD_S` at a time), so
+        its own work between model calls (BM25, the vector scan, fusion) has the cores the embed job's
+        threads would take. The background call in flight, if any, yields at the search's first model call."""
+        with self._cond:
+            self._searches += 1
+            if self._yield is not None:  # the background call in flight stops now, not at the first model call
+                self._yield.set(True)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._searches -= 1
+                self._cond.notify_all()
 
     def backlog(self) -> float:
         """Seconds a new interactive call would wait for its turn: what the call running has left
@@ -850,6 +876,7 @@ class WorkerClient:
             waiting = [job.lane for *_, job in self._queue if job.state == "queued"]
             busy = self._running
             recent = list(self._recent)
+            searches = self._searches
         now = time.monotonic()
         return {
             "pid": proc.pid if running and proc else None,
@@ -882,6 +909,7 @@ class WorkerClient:
             "models_missing": self.models_missing(),
             "busy": None if busy is None else {"activity": busy.activity, "seconds": round(now - busy.started, 3)},
             "waiting": {lane: waiting.count(lane) for lane in _LANE_ORDER},
+            "searches": searches,
             "hangs": self._hangs,
             "recent": recent,
             "deadlines": {
@@ -1041,8 +1069,18 @@ class WorkerClient:
                 while self._queue and self._queue[0][2].state != "queued":
                     heapq.heappop(self._queue)
                 now = time.monotonic()
+                if self._queue and self._queue[0][2].lane == "background" and self._searches and not self._closed:
+                    self._held_since = now if self._held_since is None else self._held_since
+                    if (left := self._held_since + HOLD_S - now) > 0:
+                        self._cond.wait(left)
+                        continue
                 if self._queue:
                     job = heapq.heappop(self._queue)[2]
+                    if job.lane == "background":
+                        if self._held_since is not None and self._searches and isinstance(job.request, EmbedRequest):
+                            # held its full HOLD_S: this slice runs to its end, however many searches come
+                            job.request = dataclasses.replace(job.request, yield_after=None)
+                        self._held_since = None
                 elif self._closed:
                     return None
                 elif self._proc is None or not any(m.context_live for m in self._resident):

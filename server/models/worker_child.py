@@ -73,6 +73,9 @@ GGML_LOG_WARN, GGML_LOG_ERROR, GGML_LOG_CONT = 3, 4, 5
 
 DECODE_ABORTED = 2
 """What `llama_decode` returns when its abort callback said stop."""
+YIELDING = threading.Event()
+"""Set once an embed has told llama.cpp to stop for a yield, until it returns: the errors llama.cpp
+logs about the graph it abandoned are expected then, and not passed on."""
 
 OUTPUT_ROWS = 32
 """Scored positions per decode in `LoadedModel._forward`. llama.cpp keeps an output buffer of one
@@ -435,10 +438,16 @@ class LoadedModel:
                         answered += 1
             ctx.kv_cache_clear()
 
+        @llama_cpp.ggml_abort_callback
+        def abort(_data: ctypes.c_void_p) -> bool:
+            if not must_yield():
+                return False
+            YIELDING.set()
+            return True
+
         contexts = self._contexts(min(self.parallelism, len(texts)))
         # The callback is this call's only: an interactive decode never pays for it.
         watched = contexts if flag is not None and yield_after is not None else []
-        abort = llama_cpp.ggml_abort_callback(lambda _data: must_yield())
         for ctx, _ in watched:
             llama_cpp.llama_set_abort_callback(ctx.ctx, abort, None)
         try:
@@ -451,6 +460,7 @@ class LoadedModel:
         finally:
             for ctx, _ in watched:
                 llama_cpp.llama_set_abort_callback(ctx.ctx, llama_cpp.ggml_abort_callback(), None)
+            YIELDING.clear()
         out = out[:answered]
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         out /= np.where(norms > 0, norms, 1)
@@ -757,10 +767,10 @@ class WorkerProcess:
         def forward_native_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
             """Warnings and errors to stderr (the daemon's log); an error also goes into the reply."""
             nonlocal shown
-            shown = shown if level == GGML_LOG_CONT else level >= GGML_LOG_WARN
+            shown = shown if level == GGML_LOG_CONT else level >= GGML_LOG_WARN and not YIELDING.is_set()
             if shown:
                 os.write(2, text)
-            if level == GGML_LOG_ERROR and self.native_error is None:  # the first error names the cause
+            if level == GGML_LOG_ERROR and self.native_error is None and shown:  # the first error names the cause
                 self.native_error = text.decode("utf-8", "replace").strip()
 
         self._log_callback = forward_native_log  # ctypes must keep it alive as long as llama.cpp may call it
