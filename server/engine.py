@@ -475,6 +475,10 @@ class Engine:
 
     def query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         """The hybrid query: typed routing, expansion, RRF, rerank, within `opts.budget_ms`."""
+        with self.worker.searching():  # from the first step: sizing the legs reads the index too
+            return self._query(doc, opts)
+
+    def _query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         cfg = self.config
         resolve_scope(cfg, opts.collections)  # an unknown collection is the caller's error, before any model loads
         check_strategy(opts.chunk_strategy)
@@ -488,10 +492,9 @@ class Engine:
             *(self._reranker(cfg) if opts.rerank is not False else unused),
             backlog=self.worker.backlog,
         )
-        with self.worker.searching():
-            out = HybridQuery(
-                self.store, cfg, legs, self.costs, index_name=self.index_label, passage_chars=self.rerank_passage_chars
-            ).run(doc, opts)
+        out = HybridQuery(
+            self.store, cfg, legs, self.costs, index_name=self.index_label, passage_chars=self.rerank_passage_chars
+        ).run(doc, opts)
         out.warnings += self._model_notes(cfg)
         return out
 
@@ -690,13 +693,13 @@ class Engine:
 
     def vsearch(self, query: str, opts: SearchOptions = SearchOptions()) -> SearchOutcome:
         """Vector search; when it cannot run, keyword results with the reason (never silence)."""
-        try:
-            with self.worker.searching():
+        with self.worker.searching():
+            try:
                 out = self._vector_or_raise(query, opts)
-        except VectorUnavailable as e:
-            out = self.search(query, replace(opts, min_score=0.0))
-            out.warnings.insert(0, f"{e.message}; showing keyword results instead")
-            out.degraded = True
+            except VectorUnavailable as e:
+                out = self.search(query, replace(opts, min_score=0.0))
+                out.warnings.insert(0, f"{e.message}; showing keyword results instead")
+                out.degraded = True
         out.warnings += self._model_notes(self.config)
         return out
 

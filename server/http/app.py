@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -123,6 +124,12 @@ class IndexHeader:
         await self.app(scope, receive, send_with_header)
 
 
+SEARCHES = frozenset({"/query", "/search", "/v1/query", "/v1/keyword", "/v1/vector", "/mcp"})
+"""The routes whose requests are searches (an MCP request is an agent's, waiting on its answer):
+the worker hears of each from its arrival to its last byte (`WorkerClient.searching`), so that
+background embedding makes way for its parsing and shaping as well as for its stages."""
+
+
 class IndexRouter:
     """Serve each request from the index its headers name (`server/indexes.py`): the
     engine is opened if need be (off the event loop: opening migrates and reads the
@@ -146,7 +153,8 @@ class IndexRouter:
             return
         scope.setdefault("state", {})["engine"] = engine
         try:
-            await self.app(scope, receive, send)
+            with engine.worker.searching() if scope["path"] in SEARCHES else contextlib.nullcontext():
+                await self.app(scope, receive, send)
         finally:
             self.indexes.release(paths)
 
