@@ -22,9 +22,10 @@ qmd#938). Callers put their requests in its queue and wait for the answer:
   shares, and the slice answers for the texts it has done, stopping its decode between
   graph nodes (llama.cpp's abort callback); the rest is sent again after the query. So a
   query issued during `qmd embed` waits for about a millisecond of the job's work, not a
-  chunk's decode (tens of ms) nor a whole batch. And while a search is in progress
-  (`searching()`), no background call starts, for up to `HOLD_S`: its work between model
-  calls has the cores too.
+  chunk's decode (tens of ms) nor a whole batch. A search announced with `searching()`
+  (the HTTP layer does so from a request's arrival) raises the flag too, and while it runs
+  no background call starts, for up to `HOLD_S`: its work between model calls has the
+  cores as well.
 - **Deadlines.** Once sent, a call must be answered within `QMD_WORKER_TIMEOUT` (30 s) plus
   `QMD_WORKER_ITEM_TIMEOUT` (2 s) per item (text, document, prompt, 16 generated tokens),
   plus `QMD_WORKER_LOAD_TIMEOUT` (120 s) when it loads its model first; a new child has
@@ -663,9 +664,9 @@ class WorkerClient:
 
     @contextlib.contextmanager
     def searching(self) -> Iterator[None]:
-        """A search runs inside: no background call starts meanwhile (for up to `HOLD_S` at a time), so
-        its own work between model calls (BM25, the vector scan, fusion) has the cores the embed job's
-        threads would take. The background call in flight, if any, yields at the search's first model call."""
+        """A search runs inside: the background call in flight, if any, yields at once, and no other
+        starts meanwhile (for up to `HOLD_S` at a time), so the search's own work (parsing, BM25, the
+        vector scan, fusion, shaping) has the cores the embed job's threads would take."""
         with self._cond:
             self._searches += 1
             if self._yield is not None:  # the background call in flight stops now, not at the first model call
