@@ -98,11 +98,18 @@ def list_files(conn: Connection, collection: str, prefix: str) -> list[FileEntry
 
 def sync_collections(conn: Connection, cfg: Config) -> None:
     """Mirror the YAML collections into `store_collections` (spec §2.2), so another
-    reader of the index file sees the collections without the YAML."""
+    reader of the index file sees the collections without the YAML.
+
+    An upsert, not a plain insert after the delete: two daemons on one Postgres index mirror
+    the same config at once, and the second's delete does not see the first's uncommitted rows,
+    so its insert of the same name would fail on the key (CI, test_postgres_backend)."""
     conn.execute("DELETE FROM store_collections")
     conn.executemany(
         "INSERT INTO store_collections(name, path, pattern, ignore_patterns, include_by_default,"
-        " update_command, context) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        " update_command, context) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (name) DO UPDATE SET path = excluded.path, pattern = excluded.pattern,"
+        " ignore_patterns = excluded.ignore_patterns, include_by_default = excluded.include_by_default,"
+        " update_command = excluded.update_command, context = excluded.context",
         [
             (
                 c.name,
