@@ -335,6 +335,11 @@ CHUNKS = [f"chunk {i}: " + "a paragraph on sourdough starters, rye flour and hyd
 """About 250 tokens each: tens of milliseconds a decode on 2 cores."""
 
 
+def busy_with(worker: WorkerClient, activity: str) -> bool:
+    """Whether the call running now is one whose activity starts with `activity`."""
+    return str((worker.status()["busy"] or {}).get("activity", "")).startswith(activity)
+
+
 def background_calls(worker: WorkerClient, since: int) -> list[dict[str, object]]:
     return [r for r in worker.status()["recent"][since:] if r["lane"] == "background"]
 
@@ -361,7 +366,7 @@ def test_a_query_takes_the_worker_from_a_background_embed_in_flight(
 
     thread = threading.Thread(target=embed)
     thread.start()
-    wait_for(lambda: (worker.status()["busy"] or {}).get("activity", "").startswith("embedding 41 texts"))
+    wait_for(lambda: busy_with(worker, "embedding 41 texts"))
     worker.embed(spec, ["rye"], kind="query")
     thread.join()
     calls = worker.status()["recent"][before:]
@@ -430,7 +435,7 @@ def test_background_calls_wait_while_a_search_runs_but_not_for_long(
     before = len(worker.status()["recent"])
     thread = threading.Thread(target=embed, args=(CHUNKS,))
     thread.start()
-    wait_for(lambda: (worker.status()["busy"] or {}).get("activity", "").startswith("embedding 40 texts"))
+    wait_for(lambda: busy_with(worker, "embedding 40 texts"))
     with worker.searching():
         wait_for(lambda: waiting() == 1)  # it yielded, and what is left waits
         worker.embed(spec, ["rye"], kind="query")
@@ -451,7 +456,7 @@ def test_background_calls_wait_while_a_search_runs_but_not_for_long(
         wait_for(lambda: waiting() == 1)
         time.sleep(0.2)
         assert not done.is_set()
-        wait_for(lambda: (worker.status()["busy"] or {}).get("activity", "").startswith("embedding 10 texts"))
+        wait_for(lambda: busy_with(worker, "embedding 10 texts"))
         assert time.monotonic() - held >= 1.0  # held no longer than HOLD_S
         with worker.searching():  # another search starts: the slice that waited HOLD_S does not yield to it
             thread.join(timeout=30)
