@@ -339,6 +339,84 @@ def test_contexts_freed_when_idle_give_the_same_results(smol_path: str) -> None:
         w.close()
 
 
+def test_a_shared_prefix_is_evaluated_once_and_changes_no_answer(gemma_path: str) -> None:
+    """The expansion prompt's instructions and examples (`shared`) are evaluated by the first call
+    and restored by every later one, for any query; each answer is the same, bit for bit, whether
+    the state was fresh, kept, or rebuilt after the idle timer freed it."""
+    w = WorkerClient(idle_seconds=1, n_threads=2)
+    spec = ModelSpec("generate", gemma_path)
+    head = len(expansion_prompt(QUERY)) - len(f"Query: {QUERY}\n")
+
+    def expand(query: str, shared: int = head) -> Completion:
+        return w.complete(spec, expansion_prompt(query), params=EXPANSION, shared=shared)
+
+    try:
+        first = expand(QUERY)
+        assert first.reused_tokens == 0 and LINE.search(first.text), first
+        other = expand("sourdough bread baking")
+        assert other.reused_tokens > 250, "the examples are the same for every query"
+        assert expand("fixing a flat tyre", shared=0).reused_tokens == 0
+        again = expand(QUERY)
+        assert again.reused_tokens == other.reused_tokens and again.text == first.text
+        assert expand("sourdough bread baking").text == other.text
+        wait_until_idle(w, spec)
+        cold = expand(QUERY)
+        assert cold.reused_tokens == 0, "kept states go with the context"
+        assert cold.text == first.text
+        with pytest.raises(ValueError, match="shared must be 0 or more"):
+            expand(QUERY, shared=-1)
+    finally:
+        w.close()
+
+
+def test_scores_after_a_shared_head_do_not_depend_on_the_other_candidates(
+    smol_worker: WorkerClient, smol_path: str
+) -> None:
+    """Reranking restores the template's head for each candidate: a candidate's score is the same
+    bits alone, among others, or in another order."""
+    spec = ModelSpec("generate", smol_path)
+    reranker = QueryLikelihoodReranker(smol_worker, smol_path, f"file:{smol_path}", chat=True)
+    passages = [FUNDRAISING, BREAD, BIKE]
+    scores = reranker.score(QUERY, passages)
+    assert scores[0] == max(scores)
+    assert reranker.score(QUERY, passages[::-1]) == scores[::-1]
+    assert reranker.score(QUERY, passages[1:2]) == scores[1:2]
+    head = f"Query: {QUERY}\nDocument: "
+    prompts = [f"{head}{p}\nRelevant (yes/no):" for p in passages]
+    judged = smol_worker.yes_no(spec, prompts, shared=len(head))
+    assert smol_worker.yes_no(spec, prompts[2:], shared=len(head)) == judged[2:]
+    assert smol_worker.yes_no(spec, prompts[::-1], shared=len(head)) == judged[::-1]
+    with pytest.raises(ValueError, match="shared must be 0 or more"):
+        smol_worker.likelihood(spec, prompts, QUERY, shared=-3)
+
+
+def test_a_shared_head_is_decoded_once_per_model(smol_path: str) -> None:
+    """In the worker's own process: ten candidates after one template head decode the head once
+    and keep one state for it, whose tokens are the head's; the rest is decoded per candidate."""
+    from qmd.server.models.protocol import LoadParams
+    from qmd.server.models.worker_child import GpuPlan, LoadedModel
+
+    model = LoadedModel(LoadParams("generate", smol_path, False, 2048, 512, 512, 2), GpuPlan(0, None, None))
+    try:
+        head = "<|im_start|>user\nWrite a search query that this document answers.\nDocument: "
+        prefixes = [f"{head}{p} ({i})<|im_end|>\n<|im_start|>assistant\n" for i, p in enumerate([FUNDRAISING] * 10)]
+        starts: list[int] = []
+        decode = model._decode
+
+        def counted(tokens: list[int], start: int, first_output: int) -> Iterator[object]:
+            starts.append(start)
+            return decode(tokens, start, first_output)
+
+        model._decode = counted  # type: ignore[method-assign]
+        scores = model.likelihood(prefixes, QUERY, shared=len(head))
+        (kept,) = model._prefixes
+        assert list(kept) == model.prompt_tokens(head)[: len(kept)] and len(kept) >= 10
+        assert starts == [0] + [len(kept)] * 10, "the head once from position 0, then each candidate after it"
+        assert len(set(scores)) > 1
+    finally:
+        model.close()
+
+
 def cross_encoder(path: Path, weight: list[float], bias: float, rerank_template: str | None = None) -> str:
     """MiniLM rebuilt as a cross-encoder: `bert.pooling_type` rank and a one-logit `cls.output` head.
 

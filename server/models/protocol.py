@@ -178,6 +178,8 @@ class Completion(NamedTuple):
     completion_tokens: int
     seconds: float
     """Wall time in the worker from tokenizing to the last token (no model load, no pipe)."""
+    reused_tokens: int = 0
+    """Prompt tokens restored from the kept state of an earlier call's shared prefix, not evaluated again."""
 
 
 # --- requests: one type per operation, each naming its result type ---
@@ -220,6 +222,10 @@ class CompleteRequest(Request[Completion]):
     messages: list[dict[str, str]] | None
     """Rendered by the GGUF's chat template; exactly one of `prompt` and `messages` is set."""
     params: GenerationParams
+    shared: int = 0
+    """The part that repeats from call to call (instructions, examples): characters of `prompt`,
+    or leading `messages`. The worker evaluates it once, keeps its state and reuses it, with
+    bit-identical results."""
 
 
 @dataclass(frozen=True)
@@ -233,12 +239,17 @@ class LikelihoodRequest(Request[list[float]]):
     model: LoadParams
     prefixes: list[str]
     continuation: str
+    shared: int = 0
+    """Leading characters of each prefix that repeat between prefixes and calls (a template's
+    head): evaluated once and reused, as in `CompleteRequest.shared`."""
 
 
 @dataclass(frozen=True)
 class YesNoRequest(Request[list[float]]):
     model: LoadParams
     prompts: list[str]
+    shared: int = 0
+    """As `LikelihoodRequest.shared`."""
 
 
 @dataclass(frozen=True)

@@ -315,6 +315,12 @@ def file_sha256(path: str) -> str:
     return _sha_cache[key]
 
 
+def _check_shared(shared: int) -> None:
+    """A request's `shared` counts characters or messages from the start: negative means nothing."""
+    if shared < 0:
+        raise ValueError(f"shared must be 0 or more (how much of the start repeats between calls), got {shared}")
+
+
 def _is_rank_model(meta: dict[str, Any]) -> bool:
     """A cross-encoder: the GGUF asks for rank pooling (`{arch}.pooling_type` 4)."""
     return meta.get(f"{meta.get('general.architecture', '')}.pooling_type") == 4
@@ -752,21 +758,25 @@ class WorkerClient:
         *,
         messages: list[dict[str, str]] | None = None,
         params: GenerationParams,
+        shared: int = 0,
         timeout: float | None = None,
     ) -> Completion:
         """Text generated after a raw `prompt`, or after `messages` rendered by the GGUF's own chat template.
 
-        `params` travels to llama.cpp as the caller chose it. Each call starts from an empty
-        KV cache: calls are independent. The prompt plus `params.max_tokens` must fit the
-        context; the worker says by how much it does not (an `InferenceError`, and the
-        worker stays up).
+        `params` travels to llama.cpp as the caller chose it. Calls are independent: the same
+        request gives the same answer whatever came before. `shared` names the part that
+        repeats between calls (characters of `prompt`, or leading `messages`): the worker
+        evaluates it once and keeps its state (`CompleteRequest.shared`). The prompt plus
+        `params.max_tokens` must fit the context; the worker says by how much it does not
+        (an `InferenceError`, and the worker stays up).
         """
         if (prompt is None) == (messages is None):
             raise ValueError("complete() takes exactly one of prompt or messages")
+        _check_shared(shared)
         load = self._generative_params(spec, "complete")
         activity = f"generating up to {params.max_tokens} tokens with {os.path.basename(spec.path)}"
         items = params.max_tokens / TOKENS_PER_ITEM
-        return self._call(CompleteRequest(load, prompt, messages, params), timeout, activity, items=items)
+        return self._call(CompleteRequest(load, prompt, messages, params, shared), timeout, activity, items=items)
 
     def render_chat(self, spec: ModelSpec, messages: list[dict[str, str]], *, timeout: float | None = None) -> str:
         """`messages` as the raw prompt the model's chat template makes of them, ending where the reply starts.
@@ -779,30 +789,42 @@ class WorkerClient:
         return self._call(request, timeout, activity, items=0)
 
     def likelihood(
-        self, spec: ModelSpec, prefixes: list[str], continuation: str, *, timeout: float | None = None
+        self,
+        spec: ModelSpec,
+        prefixes: list[str],
+        continuation: str,
+        *,
+        shared: int = 0,
+        timeout: float | None = None,
     ) -> list[float]:
         """Mean log P(continuation tokens | prefix) for each prefix: query likelihood (models README §4).
 
         Higher is more likely; values are negative. The prefix gets BOS (if the vocabulary adds
         one) and its special tokens parsed; the continuation neither. A prefix too long for the
-        context with the continuation is an error: shortening it is the caller's call.
+        context with the continuation is an error: shortening it is the caller's call. The
+        first `shared` characters of every prefix (a template's head) are evaluated once.
         """
         if not continuation:
             raise ValueError("likelihood() needs a non-empty continuation")
+        _check_shared(shared)
         params = self._generative_params(spec, "likelihood")
         if not prefixes:
             return []
         activity = f"scoring {len(prefixes)} prefix{'es' * (len(prefixes) != 1)} with {os.path.basename(spec.path)}"
-        request = LikelihoodRequest(params, prefixes, continuation)
+        request = LikelihoodRequest(params, prefixes, continuation, shared)
         return self._call(request, timeout, activity, items=len(prefixes))
 
-    def yes_no(self, spec: ModelSpec, prompts: list[str], *, timeout: float | None = None) -> list[float]:
-        """P(yes) / (P(yes) + P(no)) for the token after each prompt, in [0, 1]."""
+    def yes_no(
+        self, spec: ModelSpec, prompts: list[str], *, shared: int = 0, timeout: float | None = None
+    ) -> list[float]:
+        """P(yes) / (P(yes) + P(no)) for the token after each prompt, in [0, 1]; the first `shared`
+        characters of every prompt are evaluated once."""
+        _check_shared(shared)
         params = self._generative_params(spec, "yes_no")
         if not prompts:
             return []
         activity = f"asking yes/no of {len(prompts)} prompt{'s' * (len(prompts) != 1)} of {os.path.basename(spec.path)}"
-        return self._call(YesNoRequest(params, prompts), timeout, activity, items=len(prompts))
+        return self._call(YesNoRequest(params, prompts, shared), timeout, activity, items=len(prompts))
 
     def rank(self, spec: ModelSpec, query: str, documents: list[str], *, timeout: float | None = None) -> list[float]:
         """Cross-encoder relevance of each document to `query`, in [0, 1], by llama.cpp rank pooling.

@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
@@ -81,6 +82,15 @@ OUTPUT_ROWS = 32
 """Scored positions per decode in `LoadedModel._forward`. llama.cpp keeps an output buffer of one
 vocabulary-sized row per output and never shrinks it: 32 rows of Gemma's 262k floats are
 32 MiB, while a whole 512-token batch of outputs would pin 512 MiB."""
+
+
+PREFIX_STATES = 8
+"""Evaluated prompt prefixes kept per generative model (`LoadedModel._prefill`): the expansion
+prompt's instructions and examples, a reranker's template head, a yes/no judge's head for the
+query at hand."""
+PREFIX_BYTES = 64 << 20
+"""Their total size at most (the newest is always kept): each is the KV cache of its tokens,
+about 20 KB per token for Gemma 270M and SmolLM2 (5 MB for the 272-token expansion prompt)."""
 
 
 M_MMAP_THRESHOLD = -3
@@ -314,6 +324,8 @@ class LoadedModel:
         self.tail = self._special_tail()
         self._chat: Jinja2ChatFormatter | None = None
         self._yes_no: tuple[list[int], list[int]] | None = None
+        self._prefixes: OrderedDict[tuple[int, ...], ctypes.Array[ctypes.c_uint8]] = OrderedDict()
+        """Sequence states of evaluated prompt prefixes, least recently used first (`_prefill`)."""
 
     def _special_tail(self) -> int:
         """How many special tokens the tokenizer appends after the text ([SEP] for BERT, EOS for some).
@@ -348,7 +360,9 @@ class LoadedModel:
         self.context_live = True
 
     def free_context(self) -> None:
-        """Free the compute buffers and KV cache (every parallel context's); the weights and tokenizer stay loaded."""
+        """Free the compute buffers and KV cache (every parallel context's) and the kept prefix states;
+        the weights and tokenizer stay loaded."""
+        self._prefixes.clear()
         for ctx, batch in self._side:
             ctx.close()
             batch.close()
@@ -479,6 +493,61 @@ class LoadedModel:
         self.llm.reset()
         self.llm._ctx.kv_cache_clear()
 
+    def _shared_split(self, tokens: list[int], shared: str, limit: int) -> int:
+        """How many leading `tokens` to take from a kept prefix state: as many as the tokens of
+        `shared` (the text the caller says repeats between calls) have in common with them, at most `limit`.
+
+        The common prefix of the two tokenizations, not the tokens of `shared` itself: a word
+        that runs on past `shared` tokenizes differently, and the prompt's own tokens are what
+        the model reads. The split depends on the prompt and `shared` alone, never on history.
+        """
+        if not shared:
+            return 0
+        n = 0
+        for a, b in zip(self.prompt_tokens(shared), tokens):
+            if a != b:
+                break
+            n += 1
+        return min(n, limit)
+
+    def _prefill(self, tokens: list[int], split: int) -> int:
+        """Start from a KV cache holding exactly `tokens[:split]`; how many of them came from a kept state.
+
+        The prefix is evaluated on its own (`n_batch` batches from position 0, no outputs), its
+        sequence state copied out, and then copied back in, on its first use as on every later
+        one: the rest of the prompt is evaluated on the same cache bits however often the
+        prefix was seen, so results are bit-identical to a cold start's. (Reusing whatever the
+        previous request left in the cache, as llama-cpp-python's `generate` does, moves the
+        split with the history and changes results in their last bits.)
+        """
+        import llama_cpp
+
+        self._begin()
+        if split == 0:
+            return 0
+        llm, key = self.llm, tuple(tokens[:split])
+        state = self._prefixes.pop(key, None)
+        reused = split if state is not None else 0
+        if state is None:
+            for _ in self._decode(tokens[:split], 0, split):
+                pass
+            size = llama_cpp.llama_state_seq_get_size(llm._ctx.ctx, 0)
+            state = (ctypes.c_uint8 * size)()
+            if llama_cpp.llama_state_seq_get_data(llm._ctx.ctx, state, size, 0) != size:
+                raise RuntimeError("llama.cpp could not copy out the state of the prompt prefix")
+            self._begin()
+        self._prefixes[key] = state
+        while len(self._prefixes) > 1 and (
+            len(self._prefixes) > PREFIX_STATES or sum(map(len, self._prefixes.values())) > PREFIX_BYTES
+        ):
+            self._prefixes.popitem(last=False)
+        if llama_cpp.llama_state_seq_set_data(llm._ctx.ctx, state, len(state), 0) != len(state):
+            raise RuntimeError("llama.cpp could not restore the state of the prompt prefix")
+        # What llama-cpp-python's generate() matches a prompt against: it then evaluates only the rest.
+        llm.input_ids[:split] = tokens[:split]
+        llm.n_tokens = split
+        return reused
+
     def _require_logits(self, op: str) -> None:
         """Logit-based ops need a context built for generation, not one that pools embeddings; and a live one.
 
@@ -532,7 +601,7 @@ class LoadedModel:
         return self._chat(messages=messages, enable_thinking=False).prompt  # type: ignore[arg-type]
 
     def complete(
-        self, prompt: str | None, messages: list[dict[str, str]] | None, params: GenerationParams
+        self, prompt: str | None, messages: list[dict[str, str]] | None, params: GenerationParams, shared: int = 0
     ) -> Completion:
         """Generated text for a raw prompt (or chat messages rendered by the model's template).
 
@@ -540,6 +609,8 @@ class LoadedModel:
         measures exactly what is evaluated. min_p is 0 so the sampling is what the caller
         named (llama-cpp-python would add its own 0.05); repeat_penalty stays 1.0 because a
         penalty punishes the format tokens the prompt's examples repeat (models README §2).
+        `shared` (characters of `prompt`, or leading `messages`) is the part that repeats
+        between calls, evaluated once and reused (`_prefill`).
         """
         self._require_logits("complete")
         max_tokens = params.max_tokens
@@ -557,7 +628,8 @@ class LoadedModel:
                 f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}: "
                 f"{len(tokens) + max_tokens} is more than the context of {n_ctx} tokens"
             )
-        self._begin()
+        head = text[:shared] if messages is None else self.render_chat(messages[:shared]) if shared else ""
+        reused = self._prefill(tokens, self._shared_split(tokens, head, len(tokens) - 1))
         out = self.llm.create_completion(
             tokens,
             max_tokens=max_tokens,
@@ -576,10 +648,17 @@ class LoadedModel:
             prompt_tokens=usage["prompt_tokens"],
             completion_tokens=usage["completion_tokens"],
             seconds=time.perf_counter() - started,
+            reused_tokens=reused,
         )
 
-    def _forward(self, tokens: list[int], first_output: int) -> Iterator[Any]:
-        """Decode `tokens` as one sequence from an empty cache; yield the logits of each position from `first_output`.
+    def _forward(self, tokens: list[int], first_output: int, split: int = 0) -> Iterator[Any]:
+        """Evaluate `tokens` as one sequence, the first `split` from a kept prefix state (`_prefill`);
+        yield the logits of each position from `first_output` (at least `split`)."""
+        self._prefill(tokens, split)
+        yield from self._decode(tokens, split, first_output)
+
+    def _decode(self, tokens: list[int], start: int, first_output: int) -> Iterator[Any]:
+        """Decode `tokens[start:]` onto a cache holding `tokens[:start]`; yield the logits from position `first_output`.
 
         Each row is a view into llama.cpp's output buffer, valid only until the generator
         resumes, so callers reduce it at once. Rows come from `llama_get_logits_ith`, never
@@ -593,27 +672,27 @@ class LoadedModel:
         llm = self.llm
         n_vocab = llm.n_vocab()
         batch = llm._batch.batch
-        self._begin()
-        starts = [*range(0, first_output, llm.n_batch), *range(first_output, len(tokens), OUTPUT_ROWS)]
-        for start, end in zip(starts, [*starts[1:], len(tokens)]):
-            batch.n_tokens = end - start
-            for j, pos in enumerate(range(start, end)):
+        starts = [*range(start, first_output, llm.n_batch), *range(first_output, len(tokens), OUTPUT_ROWS)]
+        for begin, end in zip(starts, [*starts[1:], len(tokens)]):
+            batch.n_tokens = end - begin
+            for j, pos in enumerate(range(begin, end)):
                 batch.token[j] = tokens[pos]
                 batch.pos[j] = pos
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = 0
                 batch.logits[j] = pos >= first_output
             llm._ctx.decode(llm._batch)
-            for j in range(max(first_output - start, 0), end - start):
+            for j in range(max(first_output - begin, 0), end - begin):
                 yield np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, j), shape=(n_vocab,))
 
-    def likelihood(self, prefixes: list[str], continuation: str) -> list[float]:
+    def likelihood(self, prefixes: list[str], continuation: str, shared: int = 0) -> list[float]:
         """Mean log P(continuation tokens | prefix) per prefix: query likelihood (UPR, models README §4).
 
         The continuation is tokenized without BOS and without special-token parsing (it is
         user text that follows the prefix). Positions from the prefix's last token to the
         continuation's second-to-last are decoded with logits: row i predicts continuation
-        token i, so the last continuation token itself is never evaluated.
+        token i, so the last continuation token itself is never evaluated. The first `shared`
+        characters of each prefix (a template's head) are evaluated once and reused.
         """
         import numpy as np
 
@@ -633,7 +712,8 @@ class LoadedModel:
                     f"more than the context of {n_ctx} tokens; shorten the prefix"
                 )
             total = 0.0
-            rows = self._forward(tokens + target[:-1], len(tokens) - 1)
+            split = self._shared_split(tokens, prefix[:shared], len(tokens) - 1)
+            rows = self._forward(tokens + target[:-1], len(tokens) - 1, split)
             for token, row in zip(target, rows, strict=True):
                 total += float(row[token]) - _logsumexp(np.asarray(row, dtype=np.float64))
             scores.append(total / len(target))
@@ -653,12 +733,13 @@ class LoadedModel:
             self._yes_no = (yes, no)
         return self._yes_no
 
-    def yes_no(self, prompts: list[str]) -> list[float]:
+    def yes_no(self, prompts: list[str], shared: int = 0) -> list[float]:
         """P(yes) / (P(yes) + P(no)) at the position after each prompt (qmd's generative reranker formula).
 
         Each side is the logsumexp of its single-token variants (" yes" and "yes"), so the
         answer counts whether or not the model would put a space first. The softmax
         normaliser cancels, so raw logits suffice: the ratio is sigmoid(lse(yes) - lse(no)).
+        The first `shared` characters of each prompt are evaluated once and reused.
         """
         import numpy as np
 
@@ -672,7 +753,8 @@ class LoadedModel:
                 raise ValueError(f"prompt {i} is empty")
             if len(tokens) > n_ctx:
                 raise ValueError(f"prompt {i} is {len(tokens)} tokens: more than the context of {n_ctx} tokens")
-            (row,) = self._forward(tokens, len(tokens) - 1)
+            split = self._shared_split(tokens, prompt[:shared], len(tokens) - 1)
+            (row,) = self._forward(tokens, len(tokens) - 1, split)
             logits = np.asarray(row, dtype=np.float64)
             scores.append(_sigmoid(_logsumexp(logits[yes]) - _logsumexp(logits[no])))
         return scores
@@ -866,10 +948,10 @@ OPERATIONS: dict[type[Request[Any]], Handler] = dict(
         _operation(EmbedRequest, lambda w, r: w.model(r.model).embed(r.texts, r.yield_after, w.yield_flag)),
         _operation(CountTokensRequest, lambda w, r: [w.model(r.model).count(t) for t in r.texts]),
         _operation(ChunkRequest, _chunk),
-        _operation(CompleteRequest, lambda w, r: w.model(r.model).complete(r.prompt, r.messages, r.params)),
+        _operation(CompleteRequest, lambda w, r: w.model(r.model).complete(r.prompt, r.messages, r.params, r.shared)),
         _operation(RenderChatRequest, lambda w, r: w.model(r.model).render_chat(r.messages)),
-        _operation(LikelihoodRequest, lambda w, r: w.model(r.model).likelihood(r.prefixes, r.continuation)),
-        _operation(YesNoRequest, lambda w, r: w.model(r.model).yes_no(r.prompts)),
+        _operation(LikelihoodRequest, lambda w, r: w.model(r.model).likelihood(r.prefixes, r.continuation, r.shared)),
+        _operation(YesNoRequest, lambda w, r: w.model(r.model).yes_no(r.prompts, r.shared)),
         _operation(RankRequest, lambda w, r: w.model(r.model).rank(r.query, r.documents)),
         _operation(DisposeRequest, lambda w, r: w.dispose()),
     ]

@@ -253,6 +253,9 @@ class Prompt:
     prompt: str | None
     messages: list[dict[str, str]] | None
     params: GenerationParams
+    shared: int = 0
+    """The part that is the same for every query (characters of `prompt`, or leading `messages`):
+    the instructions and examples, which a local worker evaluates once (`CompleteRequest.shared`)."""
 
 
 def _answer(lex: str, vec: str, hyde: str) -> str:
@@ -280,15 +283,17 @@ def build_prompt(query: str, name: str | None, chat_template: bool) -> Prompt:
         for i, (example, lex, vec, hyde) in enumerate(FEW_SHOT):
             user = f"Query: {example}" if i else f"{INSTRUCTIONS}\n\nQuery: {example}"
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": _answer(lex, vec, hyde)}]
+        shared = len(messages)
         messages.append({"role": "user", "content": f"Query: {query}"})
-        return Prompt(
-            prompt=None, messages=messages, params=GenerationParams(max_tokens=96, stop=["\n\n", "<|im_end|>"])
-        )
+        params = GenerationParams(max_tokens=96, stop=["\n\n", "<|im_end|>"])
+        return Prompt(prompt=None, messages=messages, params=params, shared=shared)
     shots = "".join(f"Query: {example}\n{_answer(lex, vec, hyde)}\n\n" for example, lex, vec, hyde in FEW_SHOT)
+    head = f"{INSTRUCTIONS}\n\n{shots}"
     return Prompt(
-        prompt=f"{INSTRUCTIONS}\n\n{shots}Query: {query}\n",
+        prompt=f"{head}Query: {query}\n",
         messages=None,
         params=GenerationParams(max_tokens=96, stop=["\nQuery:", "\n\n"]),
+        shared=len(head),
     )
 
 
@@ -312,7 +317,9 @@ def worker_generate(worker: WorkerClient, spec: ModelSpec, timeout: float | None
     """An Expander's `generate`: the prompt run by `WorkerClient.complete` on the generate model."""
 
     def generate(p: Prompt) -> str:
-        return worker.complete(spec, p.prompt, messages=p.messages, params=p.params, timeout=timeout).text
+        return worker.complete(
+            spec, p.prompt, messages=p.messages, params=p.params, shared=p.shared, timeout=timeout
+        ).text
 
     return generate
 

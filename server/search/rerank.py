@@ -153,20 +153,21 @@ class YesNoReranker(_GenerativeScorer):
 
     method: Method = "yes-no"
 
-    def _prompt(self, query: str, passage: str) -> str:
-        """The prompt whose next token is the model's yes or no."""
+    def _around(self, query: str) -> tuple[str, str]:
+        """What goes before and after the passage in the prompt whose next token is the model's yes or no."""
         if not self.chat:
-            return f"Query: {query}\nDocument: {passage}\nRelevant (yes/no):"
+            return f"Query: {query}\nDocument: ", "\nRelevant (yes/no):"
         user = f"<Instruct>: {_INSTRUCT}\n<Query>: {_QUERY}\n<Document>: {_PASSAGE}"
         head, tail = self._chat_template([{"role": "system", "content": _JUDGE}, {"role": "user", "content": user}])
-        return head.replace(_QUERY, query) + passage + tail.replace(_QUERY, query)
+        return head.replace(_QUERY, query), tail.replace(_QUERY, query)
 
     def score(self, query: str, passages: list[str]) -> list[float]:
-        """P(yes) / (P(yes) + P(no)) per passage."""
+        """P(yes) / (P(yes) + P(no)) per passage; the judge's instructions and the query are evaluated once."""
         if not passages:
             return []
-        prompts = [self._prompt(query, p) for p in self.fit(passages)]
-        return self.worker.yes_no(self.spec, prompts)
+        head, tail = self._around(query)
+        prompts = [head + p + tail for p in self.fit(passages)]
+        return self.worker.yes_no(self.spec, prompts, shared=len(head))
 
 
 class QueryLikelihoodReranker(_GenerativeScorer):
@@ -180,19 +181,21 @@ class QueryLikelihoodReranker(_GenerativeScorer):
 
     method: Method = "query-likelihood"
 
-    def _prefix(self, passage: str) -> str:
-        """The prompt the query is scored after."""
+    def _around(self) -> tuple[str, str]:
+        """What goes before and after the passage in the prompt the query is scored after."""
         if not self.chat:
-            return f"Passage: {passage}\nA question that this passage answers: "
+            return "Passage: ", "\nA question that this passage answers: "
         user = f"Write a search query that this document answers.\nDocument: {_PASSAGE}"
-        head, tail = self._chat_template([{"role": "user", "content": user}])
-        return head + passage + tail
+        return self._chat_template([{"role": "user", "content": user}])
 
     def score(self, query: str, passages: list[str]) -> list[float]:
-        """Mean log-probability per query token, per passage: negative, roughly -3 to -16."""
+        """Mean log-probability per query token, per passage: negative, roughly -3 to -16; the
+        template's head is evaluated once."""
         if not passages:
             return []
-        return self.worker.likelihood(self.spec, [self._prefix(p) for p in self.fit(passages)], query)
+        head, tail = self._around()
+        prefixes = [head + p + tail for p in self.fit(passages)]
+        return self.worker.likelihood(self.spec, prefixes, query, shared=len(head))
 
     def normalize(self, raw: list[float]) -> list[float]:
         """exp(lp - max lp): each candidate's per-token likelihood of the query relative to the best candidate.
