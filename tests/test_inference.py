@@ -411,6 +411,27 @@ def test_a_background_embed_finishes_under_a_query_waiting_all_the_time(
     assert all(dot(a, b) > 0.99999 for a, b in zip(sliced, whole, strict=True))
 
 
+def test_every_route_that_answers_a_search_holds_background_work() -> None:
+    """`SEARCHES` (the paths the HTTP layer wraps in `WorkerClient.searching`) is every route whose
+    answer is a search result, and MCP, which the app mounts: a search route added or renamed
+    without it would queue behind a background embed again."""
+    from starlette.routing import Route
+
+    from qmd.server.http.app import SEARCHES
+    from qmd.server.http.routes import router
+    from qmd.server.http.wire import QueryResponse, SearchResponse
+
+    answers = {
+        r.path
+        for r in router.routes
+        if isinstance(r, Route)
+        and isinstance(getattr(r, "response_model", None), type)
+        and issubclass(r.response_model, (QueryResponse, SearchResponse))  # type: ignore[attr-defined]
+    }
+    assert answers == {"/query", "/search", "/v1/query", "/v1/keyword", "/v1/vector"}
+    assert answers | {"/mcp"} == SEARCHES
+
+
 def test_background_calls_wait_while_a_search_runs_but_not_for_long(
     worker: WorkerClient, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:

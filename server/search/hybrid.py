@@ -43,7 +43,7 @@ from qmd.server.search.keyword import lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
-from qmd.server.search.rerank import NOT_BY_DEFAULT, CosineScorer, Reranker, reranks
+from qmd.server.search.rerank import NOT_BY_DEFAULT, SCORING, CosineScorer, Reranker, reranks
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
 
@@ -530,7 +530,7 @@ class HybridQuery:
             )
             for c in candidates
         }
-        model = f"{rr.uri}|{rr.method}|{rr.passage_tokens}"
+        model = f"{rr.uri}|{rr.method}|{rr.passage_tokens}|{SCORING}"
         keys = {
             c.doc_id: llm_cache.cache_key("rerank", {"query": rquery, "model": model, "chunk": passages[c.doc_id]})
             for c in candidates

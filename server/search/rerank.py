@@ -44,6 +44,10 @@ METHODS: tuple[Method, ...] = ("cross-encoder", "yes-no", "query-likelihood")
 
 PASSAGE_TOKENS = 256
 """Passage cap per scored pair, in the model's own tokens (the beginning is kept)."""
+SCORING = 2
+"""Which way of computing scores the cached ones came from, part of their cache key: bumped when
+the same model and passage would score differently, so that a query never ranks old scores
+against new ones. 2: a prompt's head evaluated apart and reused (`LikelihoodRequest.shared`)."""
 
 _EMBEDDING_POOLING = ("mean", "cls", "last")
 _PASSAGE = "\x00qmd-passage\x00"
