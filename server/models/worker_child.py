@@ -651,9 +651,10 @@ class LoadedModel:
             reused_tokens=reused,
         )
 
-    def _forward(self, tokens: list[int], first_output: int, split: int = 0) -> Iterator[Any]:
-        """Evaluate `tokens` as one sequence, the first `split` from a kept prefix state (`_prefill`);
-        yield the logits of each position from `first_output` (at least `split`)."""
+    def _forward(self, tokens: list[int], first_output: int, shared: str) -> Iterator[Any]:
+        """Evaluate `tokens` as one sequence, those of the text `shared` from a kept prefix state
+        (`_prefill`); yield the logits of each position from `first_output`."""
+        split = self._shared_split(tokens, shared, first_output)
         self._prefill(tokens, split)
         yield from self._decode(tokens, split, first_output)
 
@@ -712,8 +713,7 @@ class LoadedModel:
                     f"more than the context of {n_ctx} tokens; shorten the prefix"
                 )
             total = 0.0
-            split = self._shared_split(tokens, prefix[:shared], len(tokens) - 1)
-            rows = self._forward(tokens + target[:-1], len(tokens) - 1, split)
+            rows = self._forward(tokens + target[:-1], len(tokens) - 1, prefix[:shared])
             for token, row in zip(target, rows, strict=True):
                 total += float(row[token]) - _logsumexp(np.asarray(row, dtype=np.float64))
             scores.append(total / len(target))
@@ -753,8 +753,7 @@ class LoadedModel:
                 raise ValueError(f"prompt {i} is empty")
             if len(tokens) > n_ctx:
                 raise ValueError(f"prompt {i} is {len(tokens)} tokens: more than the context of {n_ctx} tokens")
-            split = self._shared_split(tokens, prompt[:shared], len(tokens) - 1)
-            (row,) = self._forward(tokens, len(tokens) - 1, split)
+            (row,) = self._forward(tokens, len(tokens) - 1, prompt[:shared])
             logits = np.asarray(row, dtype=np.float64)
             scores.append(_sigmoid(_logsumexp(logits[yes]) - _logsumexp(logits[no])))
         return scores
