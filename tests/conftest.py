@@ -4,6 +4,7 @@ benchmarks use too)."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import os
@@ -52,13 +53,58 @@ def require(path: Path, why: str) -> Path:
 
 def require_llama_server() -> None:
     """`python -m llama_cpp.server` needs llama-cpp-python's `server` extra (in the test extra)."""
-    import importlib.util
-
     missing = [
         m for m in ("starlette_context", "pydantic_settings", "sse_starlette") if not importlib.util.find_spec(m)
     ]
     if missing:
         unavailable(f"llama_cpp.server needs {', '.join(missing)}: pip install -e '.[test]'")
+
+
+def cross_encoder(path: Path, weight: list[float], bias: float, rerank_template: str | None = None) -> str:
+    """MiniLM rebuilt as a cross-encoder: `bert.pooling_type` rank and a one-logit `cls.output` head.
+
+    No cross-encoder GGUF can be had offline (models README §4), so this is a real llama.cpp
+    rank-pooling graph with a head of our choosing: its scores test the plumbing (pair
+    format, head, sigmoid), not relevance.
+    """
+    if importlib.util.find_spec("gguf") is None:
+        unavailable("gguf is missing: pip install -e '.[test]'")
+    import gguf
+    import numpy as np
+
+    minilm = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM embedder GGUF")
+    reader = gguf.GGUFReader(minilm)
+    writer = gguf.GGUFWriter(path, arch="bert")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # the writer adds these itself
+        value = 4 if key == "bert.pooling_type" else field.contents()
+        writer.add_key_value(key, value, field.types[0], field.types[1] if len(field.types) > 1 else None)
+    if rerank_template is not None:
+        writer.add_string("tokenizer.chat_template.rerank", rerank_template)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.add_tensor("cls.output.weight", np.array([weight], dtype=np.float32))
+    writer.add_tensor("cls.output.bias", np.array([bias], dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+LLAMA_SERVER = Path(
+    os.environ.get("QMD_TEST_LLAMA_SERVER")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qmd-test/llama-server-11434.0.0/llama-server"
+)
+"""llama.cpp's `llama-server`, a third-party rerank server: `.ci/llama-server` builds it there."""
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    if not os.access(LLAMA_SERVER, os.X_OK):
+        unavailable(f"{LLAMA_SERVER} is missing: .ci/llama-server builds llama.cpp's server there (about 6 minutes)")
+    return LLAMA_SERVER
 
 
 @pytest.fixture

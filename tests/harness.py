@@ -298,7 +298,8 @@ def silent_endpoint() -> Iterator[str]:
 
 @dataclass
 class LlamaServer:
-    """A running `python -m llama_cpp.server`, its OpenAI API base and its log."""
+    """A running model server (`python -m llama_cpp.server` or llama.cpp's `llama-server`), its
+    OpenAI API base and its log."""
 
     proc: subprocess.Popen[bytes]
     url: str
@@ -315,17 +316,32 @@ def llama_cpp_server(model: Path, log: Path, *args: str, alias: str, api_key: st
     argv = ["--model", str(model), "--model_alias", alias, "--verbose", "false", *args]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2"]
     argv += ["--api_key", api_key] if api_key else []
+    return _serve("llama_cpp.server", [sys.executable, "-m", "llama_cpp.server", *argv], port, log, api_key)
+
+
+def llama_server(binary: Path, model: Path, log: Path, *args: str, alias: str) -> LlamaServer:
+    """llama.cpp's own `llama-server` binary serving `model` as `alias` on a free loopback port
+    (2 threads), once it answers; `args` are its options (`--reranking`). The caller stops it."""
+    port = free_port()
+    argv = ["-m", str(model), "--alias", alias, "--host", "127.0.0.1", "--port", str(port), "-t", "2", *args]
+    return _serve("llama-server", [str(binary), *argv], port, log, None)
+
+
+def _serve(name: str, cmd: list[str], port: int, log: Path, api_key: str | None) -> LlamaServer:
+    """Start `cmd` and wait (60 s at most) until its `/v1/models` answers 200: llama-server
+    answers 503 while it loads the model."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", *argv], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     served = LlamaServer(proc, f"http://127.0.0.1:{port}/v1", log)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     deadline = time.monotonic() + 60
     while True:
         if proc.poll() is not None or time.monotonic() > deadline:
             served.stop()
-            raise RuntimeError(f"llama_cpp.server did not start:\n{log.read_text()}")
+            raise RuntimeError(f"{name} did not start:\n{log.read_text()}")
         try:
-            httpx.get(f"{served.url}/models", headers=headers, timeout=1)
-            return served
+            if httpx.get(f"{served.url}/models", headers=headers, timeout=1).status_code == 200:
+                return served
         except httpx.TransportError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)

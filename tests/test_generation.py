@@ -7,16 +7,14 @@ and determinism, never the exact text a 135M-270M model writes.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import MODELS_DIR, require
+from conftest import MODELS_DIR, cross_encoder, require
 
 from qmd.server.errors import InvalidInput
 from qmd.server.models.protocol import GenerationParams
@@ -89,14 +87,6 @@ def expansion_messages(query: str) -> list[dict[str, str]]:
     for q, a in EXAMPLES:
         turns += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
     return [*turns, {"role": "user", "content": query}]
-
-
-def package_dir(name: str) -> Path:
-    """Where an installed package lives, found without importing it."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return Path(sysconfig.get_paths()["purelib"]) / name
-    return Path(spec.submodule_search_locations[0])
 
 
 @pytest.fixture(scope="session")
@@ -417,42 +407,10 @@ def test_a_shared_head_is_decoded_once_per_model(smol_path: str) -> None:
         model.close()
 
 
-def cross_encoder(path: Path, weight: list[float], bias: float, rerank_template: str | None = None) -> str:
-    """MiniLM rebuilt as a cross-encoder: `bert.pooling_type` rank and a one-logit `cls.output` head.
-
-    No cross-encoder GGUF can be had offline (models README §4), so this is a real llama.cpp
-    rank-pooling graph with a head of our choosing: its scores test the plumbing (pair
-    format, head, sigmoid), not relevance.
-    """
-    import gguf
-    import numpy as np
-
-    minilm = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM embedder GGUF")
-    reader = gguf.GGUFReader(minilm)
-    writer = gguf.GGUFWriter(path, arch="bert")
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue  # the writer adds these itself
-        value = 4 if key == "bert.pooling_type" else field.contents()
-        writer.add_key_value(key, value, field.types[0], field.types[1] if len(field.types) > 1 else None)
-    if rerank_template is not None:
-        writer.add_string("tokenizer.chat_template.rerank", rerank_template)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-    writer.add_tensor("cls.output.weight", np.array([weight], dtype=np.float32))
-    writer.add_tensor("cls.output.bias", np.array([bias], dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def rank_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
     """(a head with fixed random weights; the same with a rerank template spelling out BERT's pair
     format; a head that ignores its input and outputs the logit 2.0)."""
-    require(package_dir("gguf"), "pip install gguf==0.19.0 (the test extra)")
     import random
 
     rng = random.Random(0)

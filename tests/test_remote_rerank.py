@@ -1,21 +1,25 @@
 """The remote rerank backend: a rerank endpoint (`/v1/rerank` as llama.cpp's server, vLLM,
 Jina and Cohere serve it, or TEI's `/rerank`) as the rerank model.
 
-`llama_cpp.server`, the real server the other remote roles are tested against, serves no rerank
-endpoint (its routes: completions, chat completions, embeddings, models, tokenize). So the real
-server here is a small loopback one speaking both wire formats and scoring with a real model:
-MiniLM's embeddings through llama_cpp, cosine of query and passage (slow tests), end to end
-through the real CLI and daemon. The failures a server will not produce on demand (500, a
-malformed answer, the wrong count, an answer that never comes) come from scripted loopback
-servers, in process, and through the daemon, which must still answer.
+The third-party server is llama.cpp's own `llama-server --reranking` (built by
+`.ci/llama-server`) with a rank-pooling GGUF: its scores must be the local worker's on the same
+file, in both wire formats and through the CLI (slow tests). A loopback server scoring with
+MiniLM's cosine checks that a real model's judgment survives the trip; the failures a server
+will not produce on demand (500, a malformed answer, the wrong count, an answer that never
+comes) come from scripted loopback servers, in process, and through the daemon, which must
+still answer.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import random
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +31,19 @@ from conftest import (
     Daemon,
     Env,
     Scripted,
+    cross_encoder,
     endpoint_error,
     free_port,
     require,
     unavailable,
     write,
 )
-from harness import Reply, scripted_endpoint
+from harness import LlamaServer, Reply, llama_server, scripted_endpoint
 
 from qmd.server.errors import InvalidInput
 from qmd.server.models.refs import RemoteRef, resolve_model
 from qmd.server.models.remote import RemoteReranker, RemoteRerankError
-from qmd.server.models.worker import wait_at_most
+from qmd.server.models.worker import ModelSpec, WorkerClient, wait_at_most
 from qmd.server.search.rerank import RemoteScorer, remote_reranker
 
 SECRET = "qmd-rerank-secret-0c4d2e"
@@ -95,6 +100,15 @@ def test_probabilities_stay_and_logits_go_through_a_sigmoid() -> None:
     assert [round(s, 4) for s in rr.normalize([4.0, 0.0, -3.0, -800.0])] == [0.982, 0.5, 0.0474, 0.0]
     # logits once, logits always: a later set that falls inside [0, 1] is not taken for probabilities
     assert [round(s, 4) for s in rr.normalize([0.9, 0.2])] == [0.7109, 0.5498]
+
+
+def test_llama_cpp_answers_are_logits_from_the_first(scripted: Scripted) -> None:
+    """llama-server sends raw logits, tagged `"object": "list"`: logits inside [0, 1] are mapped too."""
+    reply = {"model": "m", "object": "list", "results": [{"index": 0, "relevance_score": 0.87}]}
+    scripted.replies = [jina([0.87]), (200, {}, json.dumps(reply).encode())]
+    rr = RemoteScorer(RemoteReranker(scripted.url, "m", environ={}), "u")
+    assert rr.normalize(rr.score(QUERY, ["a"])) == [0.87]  # untagged, inside [0, 1]: a probability
+    assert [round(s, 4) for s in rr.normalize(rr.score(QUERY, ["a"]))] == [0.7047]
 
 
 def test_retries_a_busy_server_then_succeeds(scripted: Scripted) -> None:
@@ -306,3 +320,69 @@ def test_cli_query_with_a_real_model_endpoint(cosine: CosineRanker, env: Env, tm
         finally:
             d.stop()
         assert server.auth and set(server.auth) == {f"Bearer {SECRET}"}
+
+
+# --- llama.cpp's own server, a rerank server we did not write ---
+
+
+@dataclass
+class Served:
+    """`llama-server --reranking` on loopback with a rank-pooling GGUF, and that GGUF."""
+
+    server: LlamaServer
+    model: Path
+
+
+@pytest.fixture(scope="module")
+def llama_reranker(llama_server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """Small head weights keep every logit inside [0, 1], where only the answer's shape can tell
+    llama-server's logits from probabilities."""
+    rng = random.Random(1)
+    folder = tmp_path_factory.mktemp("llama-server")
+    model = Path(cross_encoder(folder / "ce.gguf", [rng.gauss(0, 0.3 * 384**-0.5) for _ in range(384)], 0.5))
+    served = llama_server(llama_server_binary, model, folder / "server.log", "--reranking", alias="ce")
+    try:
+        yield Served(served, model)
+    finally:
+        served.stop()
+
+
+@pytest.mark.slow
+def test_llama_server_scores_as_the_local_cross_encoder_does(llama_reranker: Served) -> None:
+    """Same GGUF, same pair format, same sigmoid: the endpoint's scores are the local worker's."""
+    passages = [str(NOTES[name]) for name in ("cooking/bread.md", "fundraising.md", "work/meeting-2026-04-10.md")]
+    url = llama_reranker.server.url
+    for base in (url, url.removesuffix("/v1")):  # Jina/Cohere shape at /v1/rerank, TEI's at /rerank
+        rr = remote_reranker(RemoteRef(base, "ce"))
+        raw = rr.score(QUERY, passages)
+        assert all(0.0 <= s <= 1.0 for s in raw) and len(set(raw)) == 3, raw
+        remote = rr.normalize(raw)
+        assert remote == [pytest.approx(1 / (1 + math.exp(-s)), abs=1e-9) for s in raw]
+    w = WorkerClient(n_threads=2)
+    try:
+        local = w.rank(ModelSpec("rerank", str(llama_reranker.model)), QUERY, passages)
+    finally:
+        w.close()
+    assert remote == [pytest.approx(s, abs=1e-3) for s in local], (remote, local)
+
+
+@pytest.mark.slow
+def test_cli_query_reranks_on_llama_server(llama_reranker: Served, env: Env, tmp_path: Path) -> None:
+    url = llama_reranker.server.url
+    env.vars.update(QMD_RERANK_MODEL=f"{url}#ce")
+    d = Daemon(env)
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    try:
+        env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
+        r = env.qmd("query", QUERY, "--explain", "--json")
+        assert r.returncode == 0, r.stderr
+        assert "rerank: ran" in r.stderr and " cached, " in r.stderr, r.stderr
+        hits = [h["explain"] for h in json.loads(r.stdout)]
+        assert f"cross-encoder: {len(hits)} of {len(hits)} candidates (0 cached, {len(hits)} scored)" in r.stderr
+        assert all(0.0 <= e["rerankRaw"] <= 1.0 for e in hits), hits
+        # mapped as logits from the first answer, on the shape of llama-server's reply alone
+        assert [e["rerankScore"] for e in hits] == [
+            pytest.approx(1 / (1 + math.exp(-e["rerankRaw"])), abs=1e-3) for e in hits
+        ]
+    finally:
+        d.stop()

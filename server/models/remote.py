@@ -492,6 +492,9 @@ class RemoteReranker(_QueryEndpoint):
         """Also picks the wire format from the URI."""
         super().__init__(endpoint, model, environ=environ)
         self.format = rerank_format(endpoint)
+        # Set once an answer comes from llama.cpp's server (its `Server` header, or the
+        # `"object": "list"` no other rerank server sends): it sends the head's raw logit.
+        self.sends_logits = False
 
     def rerank(self, query: str, documents: list[str]) -> list[float]:
         """One score per document, within this client's timeout and the query's budget, whichever ends first."""
@@ -511,6 +514,10 @@ class RemoteReranker(_QueryEndpoint):
         except ValueError:
             raise self._shape(f"no JSON in the answer ({resp.headers.get('content-type', 'no type')})") from None
         items = payload.get("results") if isinstance(payload, dict) else payload
+        self.sends_logits = self.sends_logits or (
+            resp.headers.get("server", "").startswith("llama.cpp")
+            or (isinstance(payload, dict) and payload.get("object") == "list")
+        )
         if not isinstance(items, list):
             raise self._shape("no 'results' list")
         if len(items) != n:

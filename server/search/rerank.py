@@ -241,18 +241,19 @@ class RemoteScorer:
         return self.client.rerank(query, [p[:cap] for p in passages])
 
     def normalize(self, raw: list[float]) -> list[float]:
-        """Probabilities unchanged; logits through a sigmoid, once any score has left [0, 1].
+        """Probabilities unchanged; logits through a sigmoid, once the endpoint is known to send them.
 
         Endpoints differ: TEI and vLLM apply the model's sigmoid and send probabilities,
         llama.cpp's server sends the classification head's raw logit. A cross-encoder is
         trained with a sigmoid on that one logit, so sigmoid(logit) is the probability it
         was trained to give, the local cross-encoder's score (`worker_child.rank`) and, like
         it, absolute: comparable across queries, never stretched as min-max would. Which
-        scale an endpoint uses is learned from its scores and kept: one score outside
-        [0, 1] proves logits, and from then on every set is mapped, so the scale does not
-        flip between queries whose logits happen to fall inside [0, 1].
+        scale an endpoint uses is learned and kept: an answer from llama.cpp's server says
+        logits from the first answer on; elsewhere one score outside [0, 1] proves logits, and from
+        then on every set is mapped, so the scale does not flip between queries whose logits
+        happen to fall inside [0, 1].
         """
-        self._logits = self._logits or any(not 0.0 <= s <= 1.0 for s in raw)
+        self._logits = self._logits or self.client.sends_logits or any(not 0.0 <= s <= 1.0 for s in raw)
         if not self._logits:
             return list(raw)
         return [1.0 / (1.0 + math.exp(-s)) if s >= 0 else math.exp(s) / (1.0 + math.exp(s)) for s in raw]
