@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
 import pytest
 from conftest import Daemon, Env, unavailable
 
-from qmd.server.http.peer import _hex, peer_uid
+from qmd.server.http.peer import _diag_uid, _hex, _table_uid, peer_uid
 
 pytestmark = pytest.mark.slow
 
@@ -105,13 +106,37 @@ def test_a_token_shares_the_daemon_on_purpose(tmp_path_factory: pytest.TempPathF
         d.stop()
 
 
-def test_the_kernel_table_names_this_connection(daemon: Daemon) -> None:
-    """The lookup itself, on a connection of ours: uid 0 here (tests run as root)."""
+def test_the_kernel_names_this_connection_both_ways(daemon: Daemon) -> None:
+    """The lookup itself, on connections of ours: uid 0 here (tests run as root), from
+    sock_diag and from the tables alike; a connection nobody has is in neither."""
     import socket
 
     host, port = "127.0.0.1", daemon.env.port
     with socket.create_connection((host, port)) as s:
         client = s.getsockname()
-        assert peer_uid(client, (host, port)) == os.getuid()
+        assert peer_uid(client, (host, port)) == _diag_uid(client, (host, port)) == os.getuid()
+        assert _table_uid(client, (host, port)) == os.getuid()
+        assert _diag_uid((host, 1), (host, port)) is None and _table_uid((host, 1), (host, port)) is None
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.bind(("::1", 0))
+        listener.listen()
+        server = listener.getsockname()[:2]
+        with socket.create_connection(server) as s6:
+            assert _diag_uid(s6.getsockname()[:2], server) == _table_uid(s6.getsockname()[:2], server) == os.getuid()
     assert _hex("127.0.0.1", 8181) == ("0100007F:1FF5", "0000000000000000FFFF00000100007F:1FF5")
     assert _hex("::1", 1)[1] == "00000000000000000000000001000000:0001"
+
+
+def test_without_netlink_the_tables_answer(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel (or sandbox) that refuses sock_diag: the lookup reads /proc's tables instead."""
+    import socket
+
+    import qmd.server.http.peer as peer
+
+    def refused(*_: object) -> NoReturn:
+        raise PermissionError(1, "netlink refused")
+
+    monkeypatch.setattr(peer, "_diag_uid", refused)
+    host, port = "127.0.0.1", daemon.env.port
+    with socket.create_connection((host, port)) as s:
+        assert peer_uid(s.getsockname(), (host, port)) == os.getuid()

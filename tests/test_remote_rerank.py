@@ -302,23 +302,29 @@ def test_real_model_ranks_through_both_formats(cosine: CosineRanker) -> None:
         assert server.paths == ["/v1/rerank"] * 2 + ["/rerank"] * 2
 
 
+def query_through_the_daemon(env: Env, tmp_path: Path, model: str) -> tuple[list[dict[str, Any]], str]:
+    """`qmd query QUERY --explain --json` over the notes, `model` the rerank model: the hits and stderr."""
+    env.vars["QMD_RERANK_MODEL"] = model
+    d = Daemon(env)
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    try:
+        env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
+        r = env.qmd("query", QUERY, "--explain", "--json")
+        assert r.returncode == 0, r.stderr
+        assert "rerank: ran" in r.stderr and "cross-encoder: " in r.stderr, r.stderr
+        return json.loads(r.stdout), r.stderr
+    finally:
+        d.stop()
+
+
 @pytest.mark.slow
 def test_cli_query_with_a_real_model_endpoint(cosine: CosineRanker, env: Env, tmp_path: Path) -> None:
     with scripted_endpoint(cosine) as server:
-        env.vars.update(QMD_RERANK_MODEL=f"{server.url}#minilm", QMD_RERANK_API_KEY=SECRET)
-        d = Daemon(env)
-        env.vars["QMD_NO_AUTOSTART"] = "1"
-        try:
-            env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
-            r = env.qmd("query", QUERY, "--explain", "--json")
-            assert r.returncode == 0, r.stderr
-            assert "rerank: ran" in r.stderr and "cross-encoder: " in r.stderr, r.stderr
-            hits = json.loads(r.stdout)
-            assert all(0.0 <= h["rerank"] <= 1.0 for h in hits)
-            best = max(hits, key=lambda h: h["explain"]["rerankRaw"])  # the model's own judgment
-            assert best["file"] == hits[0]["file"] == "qmd://notes/fundraising.md", hits
-        finally:
-            d.stop()
+        env.vars["QMD_RERANK_API_KEY"] = SECRET
+        hits, _ = query_through_the_daemon(env, tmp_path, f"{server.url}#minilm")
+        assert all(0.0 <= h["rerank"] <= 1.0 for h in hits)
+        best = max(hits, key=lambda h: h["explain"]["rerankRaw"])  # the model's own judgment
+        assert best["file"] == hits[0]["file"] == "qmd://notes/fundraising.md", hits
         assert server.auth and set(server.auth) == {f"Bearer {SECRET}"}
 
 
@@ -368,21 +374,10 @@ def test_llama_server_scores_as_the_local_cross_encoder_does(llama_reranker: Ser
 
 @pytest.mark.slow
 def test_cli_query_reranks_on_llama_server(llama_reranker: Served, env: Env, tmp_path: Path) -> None:
-    url = llama_reranker.server.url
-    env.vars.update(QMD_RERANK_MODEL=f"{url}#ce")
-    d = Daemon(env)
-    env.vars["QMD_NO_AUTOSTART"] = "1"
-    try:
-        env.ok("collection", "add", str(write(tmp_path / "notes", NOTES)), "--name", "notes")
-        r = env.qmd("query", QUERY, "--explain", "--json")
-        assert r.returncode == 0, r.stderr
-        assert "rerank: ran" in r.stderr and " cached, " in r.stderr, r.stderr
-        hits = [h["explain"] for h in json.loads(r.stdout)]
-        assert f"cross-encoder: {len(hits)} of {len(hits)} candidates (0 cached, {len(hits)} scored)" in r.stderr
-        assert all(0.0 <= e["rerankRaw"] <= 1.0 for e in hits), hits
-        # mapped as logits from the first answer, on the shape of llama-server's reply alone
-        assert [e["rerankScore"] for e in hits] == [
-            pytest.approx(1 / (1 + math.exp(-e["rerankRaw"])), abs=1e-3) for e in hits
-        ]
-    finally:
-        d.stop()
+    hits, said = query_through_the_daemon(env, tmp_path, f"{llama_reranker.server.url}#ce")
+    n = len(hits)
+    assert f"cross-encoder: {n} of {n} candidates (0 cached, {n} scored)" in said, said
+    raw = [h["explain"]["rerankRaw"] for h in hits]
+    assert all(0.0 <= s <= 1.0 for s in raw), raw
+    # mapped as logits from the first answer, on what llama-server's reply says of itself alone
+    assert [h["explain"]["rerankScore"] for h in hits] == [pytest.approx(1 / (1 + math.exp(-s)), abs=1e-3) for s in raw]
