@@ -36,6 +36,7 @@ class ScriptedReranker:
 
     uri = "scripted"
     passage_tokens = 256
+    learning = False
 
     def __init__(self, cost: float = 0.0, fail: bool = False, method: str = "cross-encoder") -> None:
         self.cost = cost

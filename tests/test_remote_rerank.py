@@ -107,7 +107,9 @@ def test_llama_cpp_answers_are_logits_from_the_first(scripted: Scripted) -> None
     reply = {"model": "m", "object": "list", "results": [{"index": 0, "relevance_score": 0.87}]}
     scripted.replies = [jina([0.87]), (200, {}, json.dumps(reply).encode())]
     rr = RemoteScorer(RemoteReranker(scripted.url, "m", environ={}), "u")
+    assert rr.learning  # nothing heard yet: cached scores alone would not tell the scale
     assert rr.normalize(rr.score(QUERY, ["a"])) == [0.87]  # untagged, inside [0, 1]: a probability
+    assert not rr.learning
     assert [round(s, 4) for s in rr.normalize(rr.score(QUERY, ["a"]))] == [0.7047]
 
 
@@ -374,10 +376,21 @@ def test_llama_server_scores_as_the_local_cross_encoder_does(llama_reranker: Ser
 
 @pytest.mark.slow
 def test_cli_query_reranks_on_llama_server(llama_reranker: Served, env: Env, tmp_path: Path) -> None:
+    """Mapped as logits from the first answer, on what llama-server's reply says of itself; after
+    a restart, from cached scores too, which is what one candidate scored anew is for."""
     hits, said = query_through_the_daemon(env, tmp_path, f"{llama_reranker.server.url}#ce")
     n = len(hits)
     assert f"cross-encoder: {n} of {n} candidates (0 cached, {n} scored)" in said, said
-    raw = [h["explain"]["rerankRaw"] for h in hits]
-    assert all(0.0 <= s <= 1.0 for s in raw), raw
-    # mapped as logits from the first answer, on what llama-server's reply says of itself alone
-    assert [h["explain"]["rerankScore"] for h in hits] == [pytest.approx(1 / (1 + math.exp(-s)), abs=1e-3) for s in raw]
+    d = Daemon(env)  # a restart: the cache stays, what the endpoint said of itself is forgotten
+    try:
+        r = env.qmd("query", QUERY, "--explain", "--json")
+        assert r.returncode == 0, r.stderr
+        assert f"cross-encoder: {n} of {n} candidates ({n - 1} cached, 1 scored)" in r.stderr, r.stderr
+        again = json.loads(r.stdout)
+    finally:
+        d.stop()
+    for answer in (hits, again):
+        raw = [h["explain"]["rerankRaw"] for h in answer]
+        assert all(0.0 <= s <= 1.0 for s in raw), raw
+        scores = [h["explain"]["rerankScore"] for h in answer]
+        assert scores == [pytest.approx(1 / (1 + math.exp(-s)), abs=1e-3) for s in raw]

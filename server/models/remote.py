@@ -495,6 +495,7 @@ class RemoteReranker(_QueryEndpoint):
         # Set once an answer comes from llama.cpp's server (its `Server` header, or the
         # `"object": "list"` no other rerank server sends): it sends the head's raw logit.
         self.sends_logits = False
+        self.answered = False
 
     def rerank(self, query: str, documents: list[str]) -> list[float]:
         """One score per document, within this client's timeout and the query's budget, whichever ends first."""
@@ -531,6 +532,7 @@ class RemoteReranker(_QueryEndpoint):
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
                 raise self._shape(f"the score of passage {index} is not a finite number")
             scores[index] = float(value)
+        self.answered = True
         return [s for s in scores if s is not None]
 
     def _shape(self, what: str) -> RemoteRerankError:

@@ -541,6 +541,8 @@ class HybridQuery:
             if keys[c.doc_id] in cached:
                 raw[c.doc_id] = (float(cached[keys[c.doc_id]]), True)
         todo = [c.doc_id for c in candidates if c.doc_id not in raw]
+        if not todo and rr.learning:  # the scores' scale comes with an answer: one candidate asks for it
+            todo = [candidates[0].doc_id]
         per = self.costs.estimate("rerank", rr.uri)
         new: dict[str, str] = {}
         error = ""

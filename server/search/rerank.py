@@ -79,6 +79,12 @@ class Reranker(Protocol):
         """Map one query's raw scores to [0, 1] for blending (identity for probabilities)."""
         ...
 
+    @property
+    def learning(self) -> bool:
+        """True while the scorer needs an answer from its model before `normalize` knows the
+        scores' scale: a query whose scores all come from the cache scores one candidate anew."""
+        ...
+
 
 class _Scorer:
     """What every scorer shares: the worker, the model, and cutting passages to the token cap."""
@@ -111,6 +117,11 @@ class _Scorer:
     def normalize(self, raw: list[float]) -> list[float]:
         """Already probabilities in [0, 1]: unchanged, and comparable across queries."""
         return list(raw)
+
+    @property
+    def learning(self) -> bool:
+        """A local model's scale is known from its method."""
+        return False
 
 
 class CrossEncoderReranker(_Scorer):
@@ -257,6 +268,12 @@ class RemoteScorer:
         if not self._logits:
             return list(raw)
         return [1.0 / (1.0 + math.exp(-s)) if s >= 0 else math.exp(s) / (1.0 + math.exp(s)) for s in raw]
+
+    @property
+    def learning(self) -> bool:
+        """Until the endpoint has answered in this process (a daemon restart forgets what it
+        said of itself), cached raw scores alone could be logits taken for probabilities."""
+        return not self.client.answered
 
 
 @dataclass(frozen=True)
