@@ -97,19 +97,6 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def proc_children(pid: int) -> list[int]:
-    """The live processes whose parent is `pid` (the daemon's model worker), from /proc."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(d.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return found
-
-
 def system_cpu_s() -> tuple[float, float] | None:
     """(busy, steal) CPU seconds of the whole machine since boot, from /proc/stat: busy
     counts every process (ours and others), steal the time the hypervisor gave away."""

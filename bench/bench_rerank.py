@@ -57,7 +57,6 @@ from _common import (  # noqa: E402
     embed_model_path,
     machine,
     percentile,
-    proc_children,
     proc_cpu_s,
     system_cpu_s,
     table,
@@ -133,17 +132,24 @@ class Timed:
         return {name: round(percentile(s, 50) * 1000, 1) for name, s in self.cpu.items()}
 
 
-def _cpu(daemon_pid: int) -> dict[str, float]:
-    used = {"daemon": proc_cpu_s(daemon_pid) or 0.0}
-    used["worker"] = sum(proc_cpu_s(c) or 0.0 for c in proc_children(daemon_pid))
-    used["machine"] = (system_cpu_s() or (0.0, 0.0))[0]
-    return used
+def _cpu(daemon_pid: int, worker_pid: int | None) -> dict[str, float]:
+    return {
+        "daemon": proc_cpu_s(daemon_pid) or 0.0,
+        "worker": (proc_cpu_s(worker_pid) or 0.0) if worker_pid else 0.0,
+        "machine": (system_cpu_s() or (0.0, 0.0))[0],
+    }
 
 
-def _worker_time(http: httpx.Client, start: float, end: float) -> dict[str, float]:
-    """Seconds of [start, end] the worker spent on calls of each lane, from its recent calls."""
+def _inference(http: httpx.Client) -> dict[str, Any]:
+    """The worker's own snapshot (`WorkerClient.status`): its pid and its recent calls."""
+    answer: dict[str, Any] = http.get("/v1/status").raise_for_status().json()["inference"]
+    return answer
+
+
+def _lane_seconds(recent: list[dict[str, Any]], start: float, end: float) -> dict[str, float]:
+    """Seconds of [start, end] the worker spent on calls of each lane."""
     busy = {"interactive": 0.0, "background": 0.0}
-    for call in http.get("/v1/status").raise_for_status().json()["inference"]["recent"]:
+    for call in recent:
         if call["started_at"] is not None:
             overlap = min(call["ended_at"] or end, end) - max(call["started_at"], start)
             busy[call["lane"]] += max(overlap, 0.0)
@@ -152,15 +158,17 @@ def _worker_time(http: httpx.Client, start: float, end: float) -> dict[str, floa
 
 def timed_queries(http: httpx.Client, daemon_pid: int, texts: list[str], body: dict[str, Any]) -> Timed:
     out = Timed()
+    worker = _inference(http)
     for text in texts:
-        before = _cpu(daemon_pid)
+        before = _cpu(daemon_pid, worker["pid"])
         w0, t0 = time.time(), time.perf_counter()
         answer = http.post("/v1/query", json={"query": text, **body}).raise_for_status().json()
         out.seconds.append(time.perf_counter() - t0)
-        after = _cpu(daemon_pid)
+        after, w1 = _cpu(daemon_pid, worker["pid"]), time.time()
         for name in before:
             out.cpu.setdefault(name, []).append(after[name] - before[name])
-        for lane, busy in _worker_time(http, w0, time.time()).items():
+        worker = _inference(http)
+        for lane, busy in _lane_seconds(worker["recent"], w0, w1).items():
             out.cpu.setdefault(f"worker {lane} calls (wall)", []).append(busy)
         for stage in [*answer["stages"], {"stage": "daemon total", "ms": answer["elapsed_ms"]}]:
             out.stages.setdefault(stage["stage"], []).append(stage["ms"])

@@ -97,7 +97,8 @@ LLAMA_SERVER = Path(
     os.environ.get("QMD_TEST_LLAMA_SERVER")
     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qmd-test/llama-server-11434.0.0/llama-server"
 )
-"""llama.cpp's `llama-server`, a third-party rerank server: `.ci/llama-server` builds it there."""
+"""llama.cpp's `llama-server`, a third-party rerank server: `.ci/llama-server` builds it there
+(the version in this path is that script's `version`: change both together)."""
 
 
 @pytest.fixture(scope="session")

@@ -495,6 +495,7 @@ class RemoteReranker(_QueryEndpoint):
         # Set once an answer comes from llama.cpp's server (its `Server` header, or the
         # `"object": "list"` no other rerank server sends): it sends the head's raw logit.
         self.sends_logits = False
+        # Set by the first well-formed answer: what the endpoint says of itself has been heard.
         self.answered = False
 
     def rerank(self, query: str, documents: list[str]) -> list[float]:
