@@ -228,7 +228,7 @@ def table(
 
 def machine() -> dict[str, Any]:
     try:
-        from qmd.server.index.db import sqlite3 as qsqlite
+        from qmd.server.store.db import sqlite3 as qsqlite
 
         sqlite_version = qsqlite.sqlite_version
         sqlite_module = qsqlite.__name__

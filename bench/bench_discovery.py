@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_discovery.py [--docs 100000] [--seed 1] [--rounds 15] [--stale] [--keep]
         [--postgres [URL]]
 
-Builds a temporary `qmd.server.index.store.Store` holding --docs documents in two
+Builds a temporary `qmd.server.store.sqlite.Store` holding --docs documents in two
 collections (`notes` two thirds, `work` one third; ~1% inactive, ~1% pending
 extraction, ~0.5% rejected) with generated metadata written straight through SQL as
 the indexer writes it (an array's smallest value `multi` 1, its others 2; a document
@@ -56,11 +56,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import CpuWindow, code_line, machine, summary_ms, table, write_json  # noqa: E402
 
-from qmd.server.index import metadata  # noqa: E402
-from qmd.server.index.db import Connection, IndexStore  # noqa: E402
-from qmd.server.index.store import Store  # noqa: E402
 from qmd.server.search import discovery  # noqa: E402
 from qmd.server.search.filters import parse_filter, parse_match  # noqa: E402
+from qmd.server.store import metadata  # noqa: E402
+from qmd.server.store.db import Connection, IndexStore  # noqa: E402
+from qmd.server.store.sqlite import Store  # noqa: E402
 
 SCOPE = ["notes", "work"]
 Row = tuple[int, str, str, str | int | float, str | None, int]
@@ -265,7 +265,7 @@ def postgres_store(url: str) -> Iterator[IndexStore]:
     from bench_postgres import database
     from pg_server import embedded_postgres
 
-    from qmd.server.index.pg_store import PgStore
+    from qmd.server.store.pg_store import PgStore
 
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(embedded_postgres()) if url == "embedded" else url

@@ -62,7 +62,7 @@ from _common import (  # noqa: E402
 
 REPORT = re.compile(r"Embedded (\d+) chunks from (\d+) documents in ([\d.]+)s \(([\d.]+) chunks/s\); (\d+) pending")
 SUB_BATCH = 32
-"""Texts per worker `embed` request, as the embed job sends them (server/index/embed_job.py, EMBED_SUB_BATCH)."""
+"""Texts per worker `embed` request, as the embed job sends them (server/ingest/embed_job.py, EMBED_SUB_BATCH)."""
 
 
 def parse_report(stdout: str) -> dict:

@@ -18,9 +18,9 @@ bench/corpus.py's vocabulary, ~1 KB each) with a `qmd: metadata:` frontmatter bl
 
 each key drawn from its own seeded permutation, so the buckets are independent of one
 another and of the text. The files are indexed by the real indexer
-(`qmd.server.index.indexer.index_collection`: walk, load, FTS5, metadata extraction),
+(`qmd.server.ingest.indexer.index_collection`: walk, load, FTS5, metadata extraction),
 then every document gets 1-2 random 384-dim unit vectors written through
-`qmd.server.index.vectors` (`ensure_space`, `write_document`, `sync_partitions`): no
+`qmd.server.store.vectors` (`ensure_space`, `write_document`, `sync_partitions`): no
 model is needed to time a search. The index is cached under `--cache` (default
 `$TMPDIR/qmd-bench-filter/`) in a folder named by --docs, --seed and BUILD_VERSION, so
 a rerun skips the build; `--rebuild` throws the cached one away first. The first build
@@ -180,10 +180,10 @@ def unit_vector(rng: random.Random) -> array:
 
 
 def build(folder: Path, docs: int, seed: int) -> dict[str, Any]:
-    from qmd.server.index import vectors
-    from qmd.server.index.config import Collection
-    from qmd.server.index.indexer import index_collection
-    from qmd.server.index.store import Store
+    from qmd.server.config import Collection
+    from qmd.server.ingest.indexer import index_collection
+    from qmd.server.store import vectors
+    from qmd.server.store.sqlite import Store
 
     if folder.exists():
         shutil.rmtree(folder)
@@ -297,12 +297,12 @@ def timed(fn, *a) -> tuple[float, Any]:  # noqa: ANN001
 
 
 def measure(store, config, space, args: argparse.Namespace) -> dict[str, Any]:  # noqa: ANN001
-    from qmd.server.index.metadata import ids_sql
     from qmd.server.search.filters import parse_filter
     from qmd.server.search.keyword import lexical_hits
     from qmd.server.search.lexical import parse_lex
     from qmd.server.search.scope import scope_of
     from qmd.server.search.vector import vector_hits
+    from qmd.server.store.metadata import ids_sql
 
     variants = [("unfiltered", None), *SELECTIVE, *REALISTIC]
     scopes = {name: scope_of(config, None, None if raw is None else parse_filter(raw)) for name, raw in variants}
@@ -384,13 +384,13 @@ def measure(store, config, space, args: argparse.Namespace) -> dict[str, Any]:  
 
 def exactness(store, config, space, seed: int, n_queries: int) -> list[dict[str, Any]]:  # noqa: ANN001
     """Filtered top 10 == the unfiltered full ranking, filtered in Python."""
-    from qmd.server.index import metadata
-    from qmd.server.index.vectors import pack
     from qmd.server.search.filters import matches, parse_filter
     from qmd.server.search.keyword import lexical_hits
     from qmd.server.search.lexical import parse_lex
     from qmd.server.search.scope import scope_of
     from qmd.server.search.vector import vector_hits
+    from qmd.server.store import metadata
+    from qmd.server.store.vectors import pack
 
     with store.read() as conn:
         ids = [r[0] for r in conn.execute("SELECT id FROM documents WHERE active = 1")]
@@ -440,9 +440,9 @@ def exactness(store, config, space, seed: int, n_queries: int) -> list[dict[str,
 
 
 def explain(store, config, space) -> None:  # noqa: ANN001
-    from qmd.server.index.metadata import ids_sql
     from qmd.server.search.filters import parse_filter
     from qmd.server.search.scope import scope_of
+    from qmd.server.store.metadata import ids_sql
 
     with store.read() as conn:
         for name, raw in SELECTIVE:
@@ -512,9 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     print(code_line(), flush=True)
 
-    from qmd.server.index import vectors
-    from qmd.server.index.config import Collection, Config
-    from qmd.server.index.store import Store
+    from qmd.server.config import Collection, Config
+    from qmd.server.store import vectors
+    from qmd.server.store.sqlite import Store
 
     folder, stats, reused = cached(args)
     print(

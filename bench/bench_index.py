@@ -78,7 +78,7 @@ def floor_walk_stat(root: Path) -> float:
 
 
 def _sqlite():
-    from qmd.server.index.db import sqlite3
+    from qmd.server.store.db import sqlite3
 
     return sqlite3
 
@@ -93,7 +93,7 @@ def _connect(path: Path):
 
 def floor_fts5(root: Path, db: Path) -> tuple[float, float]:
     """(total seconds, seconds inside INSERT) for read + decode + FTS5 insert, one transaction."""
-    from qmd.server.index.schema import FTS_TABLE
+    from qmd.server.store.schema import FTS_TABLE
 
     conn = _connect(db)
     # the same table definition as the index's (with or without a copy of the bodies)
@@ -117,7 +117,7 @@ def floor_fts5(root: Path, db: Path) -> tuple[float, float]:
 
 def floor_schema(root: Path, db: Path) -> float:
     """qmd's schema and statements, in one process, batches of 400 files per transaction."""
-    from qmd.server.index.schema import FTS_TABLE, TABLES
+    from qmd.server.store.schema import FTS_TABLE, TABLES
 
     conn = _connect(db)
     conn.executescript(TABLES)
@@ -253,9 +253,9 @@ class TimingConn:
 
 def phases(root: Path, work: Path) -> dict:
     """Run the indexer's parts in-process, one after the other (no overlap), on a fresh DB."""
-    from qmd.server.index.config import Collection
-    from qmd.server.index.indexer import BATCH_FILES, _apply, _finish, discover, load_file, max_file_bytes
-    from qmd.server.index.store import Store
+    from qmd.server.config import Collection
+    from qmd.server.ingest.indexer import BATCH_FILES, _apply, _finish, discover, load_file, max_file_bytes
+    from qmd.server.store.sqlite import Store
 
     coll = Collection(name="bench", path=str(root), pattern="**/*.md")
     store = Store(work / "phases.sqlite")

@@ -7,7 +7,7 @@ The set's documents are indexed into a SQLite index through the library (`qmd.op
 real indexer), and Postgres (an embedded server, tests/pg_server.py, unless --url names
 one) is fed from that index's document rows twice, into two databases:
 
-  fts5      postings cut by FTS5's own tokenizer (server/index/fts_tokens.py): what qmd ships;
+  fts5      postings cut by FTS5's own tokenizer (server/store/fts_tokens.py): what qmd ships;
   tsvector  postings cut by Postgres' `to_tsvector` with the closest configuration it has
             (default parser, unaccent, the snowball `porter` stemmer, hyphenated words as
             their parts only): the alternative the issue names, measured to see what it loses.
@@ -37,13 +37,14 @@ from _common import code_line, machine, percentile, table, write_json  # noqa: E
 from pg_server import embedded_postgres  # noqa: E402 - tests/ is on the path through _common
 
 import qmd  # noqa: E402
-from qmd.server.index import pg  # noqa: E402
-from qmd.server.index.db import sqlite3  # noqa: E402
-from qmd.server.index.fts_tokens import TokenBatch, copy_line  # noqa: E402
-from qmd.server.index.pg_lexical import put_documents, sqlite_documents  # noqa: E402
 from qmd.server.quality import load_beir, materialize, score  # noqa: E402
-from qmd.server.search.lexical import norm_cjk, parse_lex, search_fts  # noqa: E402
+from qmd.server.search.lexical import parse_lex, search_fts  # noqa: E402
 from qmd.server.search.lexical_pg import search_pg  # noqa: E402
+from qmd.server.store import pg  # noqa: E402
+from qmd.server.store.db import sqlite3  # noqa: E402
+from qmd.server.store.fts_tokens import TokenBatch, copy_line  # noqa: E402
+from qmd.server.store.pg_lexical import put_documents, sqlite_documents  # noqa: E402
+from qmd.server.text.cjk import norm_cjk  # noqa: E402
 
 TS_CONFIG = """
 CREATE EXTENSION IF NOT EXISTS unaccent;

@@ -1,4 +1,4 @@
-"""Vector search on pgvector (server/index/pg_vectors.py): HNSW against exact search, in one run (issue 14).
+"""Vector search on pgvector (server/store/pg_vectors.py): HNSW against exact search, in one run (issue 14).
 
     .venv/bin/python bench/bench_postgres_vectors.py [--sizes 10000,100000,200000] [--queries 100]
                                                      [--float32-at 100000] [--url postgresql://...]
@@ -41,7 +41,7 @@ import psycopg  # noqa: E402
 from _common import code_line, machine, percentile, table, write_json  # noqa: E402
 from pg_server import embedded_postgres  # noqa: E402 - tests/ is on the path through _common
 
-from qmd.server.index import pg_vectors as pv  # noqa: E402
+from qmd.server.store import pg_vectors as pv  # noqa: E402
 
 DIMS = 384
 K = 10

@@ -144,7 +144,7 @@ def new_connection_health(port: int) -> float:
 
 
 def httpx_client_setup() -> float:
-    """What `qmd.client.connection.Daemon` pays to build its httpx.Client (default verify=True)."""
+    """What `qmd.connection.Daemon` pays to build its httpx.Client (default verify=True)."""
     import httpx
 
     t0 = time.perf_counter()

@@ -18,11 +18,11 @@
     embedding (inference worker round trip), the KNN + document lookups + snippets.
 
 (b) scale. For each size N (default 10k, 100k, 300k), a temporary
-    `qmd.server.index.store.Store` gets N synthetic 384-dim unit vectors (8 chunks per
+    `qmd.server.store.sqlite.Store` gets N synthetic 384-dim unit vectors (8 chunks per
     document) in collection `big`, plus 1,000 in a collection `small` beside it, written
-    with `qmd.server.index.vectors` itself (`ensure_space`, `write_document`,
+    with `qmd.server.store.vectors` itself (`ensure_space`, `write_document`,
     `sync_partitions`) over matching `content`/`documents` rows. The in-memory index
-    (`qmd.server.index.vector_index`) is built in the foreground and timed (cold build,
+    (`qmd.server.store.vector_index`) is built in the foreground and timed (cold build,
     memory). Then over --queries random unit queries, each back to back:
     `vectors.search(conn, space, q, "big", limit=10)` without the index (vec0's exact
     KNN: the baseline, today's search before the index) and with it; recall@10 of the
@@ -239,10 +239,10 @@ def in_process(env: Isolated, model: str, rounds: int) -> dict[str, list[float]]
     os.environ["QMD_EMBED_MODEL"] = model
     from qmd.paths import IndexPaths
     from qmd.server.engine import Engine
-    from qmd.server.index.vectors import find_space
     from qmd.server.models.embedders import embed_query
     from qmd.server.search.pointers import SearchOptions
     from qmd.server.search.vector import vector_search
+    from qmd.server.store.vectors import find_space
 
     VSEARCH = SearchOptions(limit=5, min_score=0.3)
 
@@ -289,9 +289,9 @@ def unit_vector(rng: random.Random) -> array:
 
 
 def build(path: Path, n_big: int, seed: int) -> dict:
-    """An index with `n_big` vectors in `big` and SMALL in `small`, through qmd.server.index.vectors."""
-    from qmd.server.index import vectors
-    from qmd.server.index.store import Store, utcnow
+    """An index with `n_big` vectors in `big` and SMALL in `small`, through qmd.server.store.vectors."""
+    from qmd.server.store import vectors
+    from qmd.server.store.sqlite import Store, utcnow
 
     rng = random.Random(f"qmd-bench-vectors-{seed}")
     store = Store(path)
@@ -336,8 +336,8 @@ def build(path: Path, n_big: int, seed: int) -> dict:
 
 def more_vectors(store, space, n_docs: int, seed: int, coll: str = "big") -> None:  # noqa: ANN001
     """One embed-job batch: `n_docs` new documents' vectors committed with `add_partitions`."""
-    from qmd.server.index import vectors
-    from qmd.server.index.store import utcnow
+    from qmd.server.store import vectors
+    from qmd.server.store.sqlite import utcnow
 
     rng = random.Random(f"qmd-bench-vectors-more-{seed}")
     now = utcnow()
@@ -365,8 +365,8 @@ def more_vectors(store, space, n_docs: int, seed: int, coll: str = "big") -> Non
 
 
 def scale(args: argparse.Namespace) -> tuple[list[dict], dict]:
-    from qmd.server.index import vector_index, vectors
-    from qmd.server.index.store import Store
+    from qmd.server.store import vector_index, vectors
+    from qmd.server.store.sqlite import Store
 
     base = Path(tempfile.mkdtemp(prefix="qmd-bench-vectors-"))
     qrng = random.Random(f"qmd-bench-vector-queries-{args.seed}")
@@ -497,7 +497,7 @@ def scale(args: argparse.Namespace) -> tuple[list[dict], dict]:
 def vector_state_queries(conn, space) -> None:  # noqa: ANN001
     """The index reads `Engine.vector_state` makes before every vector search (and for
     status): the pending count and two counts of content_vectors."""
-    from qmd.server.index import vectors
+    from qmd.server.store import vectors
 
     vectors.pending_hashes(conn, space, None)
     conn.execute("SELECT COUNT(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()
@@ -654,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                 [f"{s['n_big'] + SMALL:,}", s["documents"], s["build_s"], s["write_s"], s["sync_s"], s["db_mb"]]
                 for s in sizes
             ],
-            title="(b) building the synthetic indexes (through qmd.server.index.vectors)",
+            title="(b) building the synthetic indexes (through qmd.server.store.vectors)",
             formats=[None, "d", ".1f", ".1f", ".1f", ".0f"],
         )
     )

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from qmd.client import formats
-from qmd.client.connection import ClientError, Daemon, address
+from qmd.connection import ClientError, Daemon, address
 from qmd.paths import find_project
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)

@@ -47,7 +47,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from qmd.client.connection import ClientError, Daemon, Http
+from qmd.connection import ClientError, Daemon, Http
 
 MCP_PATH = "/mcp"
 DRAIN_TIMEOUT_S = 5.0

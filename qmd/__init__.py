@@ -19,7 +19,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from qmd.version import __version__
 
 if TYPE_CHECKING:
     from qmd.server.errors import (
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
         QmdError,
         Unavailable,
     )
-    from qmd.server.index.embed_job import EmbedReport
-    from qmd.server.index.indexer import Summary
+    from qmd.server.ingest.embed_job import EmbedReport
+    from qmd.server.ingest.indexer import Summary
     from qmd.server.library import Index, open
     from qmd.server.quality import BenchReport
     from qmd.server.search.discovery import KeyReport, MetadataReport, TypeReport
@@ -53,8 +53,8 @@ _EXPORTS = {
     "TypeReport": "qmd.server.search.discovery",
     "HybridOutcome": "qmd.server.search.hybrid",
     "Stage": "qmd.server.search.hybrid",
-    "Summary": "qmd.server.index.indexer",
-    "EmbedReport": "qmd.server.index.embed_job",
+    "Summary": "qmd.server.ingest.indexer",
+    "EmbedReport": "qmd.server.ingest.embed_job",
     "BenchReport": "qmd.server.quality",
     "CollectionInfo": "qmd.server.status",
     "IndexStatus": "qmd.server.status",

@@ -17,10 +17,10 @@ import sys
 
 import click
 
-from qmd import __version__
 from qmd.paths import DEFAULT_HOST, DEFAULT_PORT, IndexPaths, private_dir
 from qmd.pidfile import remove_pidfile, running_daemon, write_pidfile
 from qmd.token import TokenError, load_token
+from qmd.version import __version__
 
 
 def start_detached(paths: IndexPaths, host: str, port: int, log_level: str) -> int:
@@ -120,8 +120,8 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
     from qmd.server.errors import QmdError
     from qmd.server.http.app import create_app
     from qmd.server.http.guard import GuardSettings
-    from qmd.server.index.watcher import Watcher, WatchSettings
     from qmd.server.indexes import Indexes
+    from qmd.server.ingest.watcher import Watcher, WatchSettings
     from qmd.server.models.worker import WorkerClient
 
     guard, warnings = GuardSettings.from_env(host)

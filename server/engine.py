@@ -18,15 +18,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal
 
-from qmd import __version__
 from qmd.paths import DEFAULT_INDEX, IndexPaths
-from qmd.server import quality
-from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound, QmdError
-from qmd.server.index import catalog, metadata, trust, upkeep, vectors
-from qmd.server.index import copy as index_copy
-from qmd.server.index.chunking import CHUNK_STRATEGIES, ChunkStrategy
-from qmd.server.index.code_chunks import grammar_status
-from qmd.server.index.config import (
+from qmd.server import quality, trust
+from qmd.server.config import (
     DEFAULT_PATTERN,
     Collection,
     Config,
@@ -40,21 +34,11 @@ from qmd.server.index.config import (
     schema_url,
     validate_collection_name,
 )
-from qmd.server.index.db import IndexStore
-from qmd.server.index.documents import (
-    find_document,
-    glob_documents,
-    is_comma_list,
-    link_index,
-    parse_virtual,
-    safe_relpath,
-    split_range,
-)
-from qmd.server.index.embed_job import EmbedReport, embed_pending, strategy_groups
-from qmd.server.index.indexer import Progress, Scope, Summary, index_collection, run_hook, split_mask
-from qmd.server.index.loaders import Pages, split_page
-from qmd.server.index.store import open_store
-from qmd.server.index.watcher import Watcher, off
+from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound, QmdError
+from qmd.server.ingest import upkeep
+from qmd.server.ingest.embed_job import EmbedReport, embed_pending, strategy_groups
+from qmd.server.ingest.indexer import Progress, Scope, Summary, index_collection, run_hook, split_mask
+from qmd.server.ingest.watcher import Watcher, off
 from qmd.server.models.embedders import Embedder, Embedders, EmbedderUnavailable, LocalBackend, embed_query
 from qmd.server.models.refs import (
     COSINE,
@@ -98,6 +82,23 @@ from qmd.server.search.rerank import CosineScorer, Reranker, make_reranker, remo
 from qmd.server.search.scope import resolve_scope
 from qmd.server.search.vector import VectorUnavailable, nearest_chunks, vector_hits, vector_search
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
+from qmd.server.store import catalog, metadata, vectors
+from qmd.server.store import copy as index_copy
+from qmd.server.store.db import IndexStore
+from qmd.server.store.documents import (
+    find_document,
+    glob_documents,
+    is_comma_list,
+    link_index,
+    parse_virtual,
+    safe_relpath,
+    split_range,
+)
+from qmd.server.store.sqlite import open_store
+from qmd.server.text.chunking import CHUNK_STRATEGIES, ChunkStrategy
+from qmd.server.text.code_chunks import grammar_status
+from qmd.server.text.pages import Pages, split_page
+from qmd.version import __version__
 
 
 def _server_of(index: str, configured: str | None) -> str | None:
@@ -413,6 +414,13 @@ class Engine:
         """A collection came, went or was renamed: its watch starts or stops now."""
         if self.watcher is not None:
             self.watcher.poke()
+
+    def watched_collections(self) -> list[Collection]:
+        """What the watcher listens to: watched collections, less an untrusted project's
+        outside folders (they are not even listened to)."""
+        cfg = self.config
+        gate = self.gate(cfg)
+        return [c for c in cfg.collections.values() if c.watch and not gate.blocks("path", c.name)]
 
     def index_watched(self, name: str, scope: Scope | None) -> Summary | None:
         """The watcher's pass over one collection (the paths in `scope`, or all of it): under

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from qmd.paths import PROJECT_PREFIX, IndexPaths, is_project_root
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
-from qmd.server.index.documents import link_index
 from qmd.server.models.worker import WorkerClient
+from qmd.server.store.documents import link_index
 
 log = logging.getLogger("qmd.indexes")
 

@@ -26,15 +26,11 @@ from types import TracebackType
 from typing import Any, Literal
 
 from qmd.paths import DEFAULT_INDEX, IndexPaths, cache_root
+from qmd.server.config import Config, ConfigFile, ConfigSource, MemoryConfig, is_index_url
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
-from qmd.server.index import catalog
-from qmd.server.index.chunking import ChunkStrategy
-from qmd.server.index.config import Config, ConfigFile, ConfigSource, MemoryConfig, is_index_url
-from qmd.server.index.db import IndexStore
-from qmd.server.index.embed_job import EmbedReport
-from qmd.server.index.indexer import Summary
-from qmd.server.index.store import open_store
+from qmd.server.ingest.embed_job import EmbedReport
+from qmd.server.ingest.indexer import Summary
 from qmd.server.quality import BACKENDS, BenchReport, BenchSpec
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
@@ -42,6 +38,10 @@ from qmd.server.search.hybrid import HybridOutcome, QueryOptions
 from qmd.server.search.pointers import DocumentText, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import SubQueryType, parse_query, typed_query
 from qmd.server.status import CollectionInfo, IndexStatus
+from qmd.server.store import catalog
+from qmd.server.store.db import IndexStore
+from qmd.server.store.sqlite import open_store
+from qmd.server.text.chunking import ChunkStrategy
 
 Progress = Callable[[dict[str, Any]], None]
 

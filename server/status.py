@@ -7,11 +7,12 @@ leg of a query read the same fields; `http.wire` turns them into JSON.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from qmd.server.index.catalog import LastRun, SkippedFile
-from qmd.server.index.code_chunks import GrammarStatus
-from qmd.server.index.metadata import ExtractionCounts
+from qmd.server.ingest.watcher import WatchInfo
+from qmd.server.store.catalog import LastRun, SkippedFile
+from qmd.server.store.metadata import ExtractionCounts
+from qmd.server.text.code_chunks import GrammarStatus
 
 
 @dataclass(frozen=True)
@@ -32,31 +33,6 @@ class VectorState:
     """One line for the user: `vector search unavailable — 3 documents pending (run 'qmd embed')`."""
     spaces: dict[str, str] = field(default_factory=dict)
     """Chunk strategy → the fingerprint of its space, for the strategies the collections use."""
-
-
-WatchMode = Literal["watching", "polling", "off"]
-
-
-@dataclass(frozen=True)
-class WatchInfo:
-    """The watcher's side of a collection (`index.watcher`): is the daemon keeping it fresh,
-    how, and how far behind it is."""
-
-    mode: WatchMode
-    reason: str
-    """Why it is off or polling, or what is wrong with its folder ('' when all is well)."""
-    last_change: str | None
-    """When the watcher last saw one of its files change (ISO, UTC)."""
-    queue: int
-    """Changed paths waiting for the next pass."""
-    passes: int
-    """Index passes the watcher has run over it since the daemon started (sweeps included)."""
-    last_pass: str | None
-    """The last pass's one-line report (`Summary.line`)."""
-    pending_vectors: int
-    """Its documents without a complete set of vectors from the current embedder."""
-    embedding: str
-    """'automatic' when changed documents are embedded in the background, else why not."""
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from harness import (  # noqa: F401 - daemons_on, free_port: for the test module
 from pg_server import embedded_postgres
 
 from qmd.server.errors import QmdError
-from qmd.server.index.db import IndexStore
-from qmd.server.index.store import Store
+from qmd.server.store.db import IndexStore
+from qmd.server.store.sqlite import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("QMD_SHARED_DIR", ROOT.parent / "shared"))
@@ -251,7 +251,7 @@ def postgres_template(request: pytest.FixtureRequest) -> str | None:
         pytest.fail(f"QMD_TEST_BACKEND must be sqlite or postgres, got {BACKEND!r}")
     import psycopg
 
-    from qmd.server.index import pg
+    from qmd.server.store import pg
 
     url: str = request.getfixturevalue("postgres_url")
     with psycopg.connect(url, autocommit=True) as conn:
@@ -313,7 +313,7 @@ def open_store(tmp_path: Path, postgres_template: str | None) -> Iterator[Callab
             if postgres_template is None:
                 store: IndexStore = Store(tmp_path / f"{name}.sqlite")
             else:
-                from qmd.server.index.pg_store import PgStore
+                from qmd.server.store.pg_store import PgStore
 
                 url = stack.enter_context(new_database(postgres_template, template="qmd_template"))
                 store = PgStore(url)

@@ -23,7 +23,7 @@ from conftest import ROOT, Env, daemons_on
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from qmd.client.connection import Daemon
+from qmd.connection import Daemon
 from qmd.mcp_bridge import bridge
 
 BRIDGES = {

@@ -9,7 +9,7 @@ import pytest
 from conftest import MODELS_DIR, require
 
 import qmd
-from qmd.server.index import vectors
+from qmd.server.store import vectors
 
 EMBED = "all-MiniLM-L6-v2-Q8_0.gguf"
 

@@ -1,4 +1,4 @@
-"""The chunker (server/index/chunking.py): spec §7 break points, fences and cut-offs, the
+"""The chunker (server/text/chunking.py): spec §7 break points, fences and cut-offs, the
 token ceiling (estimate and the real MiniLM tokenizer), the minChars floor
 (seeds/001), the located-text invariant, and hostile input."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import MODELS_DIR, SHARED, require
 
-from qmd.server.index.chunking import (
+from qmd.server.text.chunking import (
     CHUNKER_VERSION,
     SCORES,
     BreakPoint,

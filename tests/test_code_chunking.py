@@ -14,23 +14,30 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tree_sitter
 import yaml
 from conftest import MODELS_DIR, ROOT, Daemon, Env, require, write
 
+from qmd.server.config import Config
 from qmd.server.errors import InvalidInput
-from qmd.server.index import code_chunks
-from qmd.server.index.chunking import CharEstimateTokenizer, Chunk, LlamaTokenizer, Tokenizer, chunk_document
-from qmd.server.index.code_chunks import GRAMMARS, code_unit, grammar_status, language_for
-from qmd.server.index.config import Config
 from qmd.server.models.embedders import Embedder
 from qmd.server.models.remote import RemoteBackend
 from qmd.server.search.snippets import best_passage, passage_window
+from qmd.server.text import code_chunks
+from qmd.server.text.chunking import CharEstimateTokenizer, Chunk, LlamaTokenizer, Tokenizer
+from qmd.server.text.code_chunks import GRAMMARS, grammar_status, language_for
+from qmd.server.text.split import code_unit, split
 
 MINILM = MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf"
 BUDGET = 256  # what the embed job gives MiniLM
+
+
+def cut(text: str, **options: Any) -> list[Chunk]:
+    """Every chunk of `text`, as the worker cuts it (`split`: code at its syntax for a `language`)."""
+    return list(split(text, **options))
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +137,9 @@ def test_the_projects_own_sources(minilm: LlamaTokenizer) -> None:
     t0 = time.perf_counter()
     for f in files:
         text = f.read_text(encoding="utf-8")
-        chunks = chunk_document(text, max_tokens=BUDGET, tokenizer=minilm, language="python")
+        chunks = cut(text, max_tokens=BUDGET, tokenizer=minilm, language="python")
         check(text, chunks, minilm, BUDGET, "python")
-        regex = chunk_document(text, max_tokens=BUDGET, tokenizer=minilm)
+        regex = cut(text, max_tokens=BUDGET, tokenizer=minilm)
         for start, end, _ in definitions(text, "python", kinds):
             if minilm.count(text[start:end]) <= BUDGET - 16:
                 fitting += 1
@@ -151,7 +158,7 @@ def test_an_over_long_function_is_cut_at_its_statements() -> None:
     text = (
         f"import os\n\n\ndef huge(value):\n    '''Many steps.'''\n{body}    return total_0\n\n\ndef tail():\n    pass\n"
     )
-    chunks = chunk_document(text, max_tokens=64, tokenizer=tok, language="python")
+    chunks = cut(text, max_tokens=64, tokenizer=tok, language="python")
     check(text, chunks, tok, 64, "python")
     assert len(chunks) > 10
     assert chunks[-1].text.startswith("def tail") or "def tail" in chunks[-1].text
@@ -161,7 +168,7 @@ def test_an_over_long_function_is_cut_at_its_statements() -> None:
 def test_a_line_with_no_structure_falls_to_the_smart_chunker() -> None:
     tok = CharEstimateTokenizer(3.0)
     text = "def f():\n    return '" + "x" * 5000 + "'\n\n\ndef g():\n    return 1\n"
-    chunks = chunk_document(text, max_tokens=64, tokenizer=tok, language="python")
+    chunks = cut(text, max_tokens=64, tokenizer=tok, language="python")
     check(text, chunks, tok, 64, "python")
     assert all(c.tokens <= 64 for c in chunks) and chunks[-1].text.startswith("def g")
 
@@ -340,12 +347,12 @@ def test_each_language_is_cut_at_its_definitions(language: str) -> None:
     attribute above a definition leads its chunk, and no chunk starts elsewhere."""
     text, opens = SAMPLES[language]
     tok = CharEstimateTokenizer(3.0)
-    chunks = chunk_document(text, max_tokens=40, tokenizer=tok, language=language)
+    chunks = cut(text, max_tokens=40, tokenizer=tok, language=language)
     check(text, chunks, tok, 40, language)
     firsts = [c.text.split("\n", 1)[0] for c in chunks]
     for line in opens:
         assert any(f.startswith(line) for f in firsts), (line, firsts)
-    assert len(chunks) < len(chunk_document(text, max_tokens=8, tokenizer=tok, language=language))
+    assert len(chunks) < len(cut(text, max_tokens=8, tokenizer=tok, language=language))
 
 
 @pytest.mark.parametrize("language", list(SAMPLES))
@@ -353,7 +360,7 @@ def test_small_neighbours_share_a_chunk(language: str) -> None:
     text, _ = SAMPLES[language]
     tok = CharEstimateTokenizer(3.0)
     whole_file = tok.count(text)
-    chunks = chunk_document(text, max_tokens=whole_file // 2 + 20, tokenizer=tok, language=language)
+    chunks = cut(text, max_tokens=whole_file // 2 + 20, tokenizer=tok, language=language)
     check(text, chunks, tok, whole_file // 2 + 20, language)
     assert 2 <= len(chunks) <= 3
 
@@ -377,7 +384,7 @@ def test_small_neighbours_share_a_chunk(language: str) -> None:
 )
 def test_syntax_errors_still_chunk(language: str, text: str) -> None:
     tok = CharEstimateTokenizer(3.0)
-    chunks = chunk_document(text, max_tokens=48, tokenizer=tok, language=language)
+    chunks = cut(text, max_tokens=48, tokenizer=tok, language=language)
     check(text, chunks, tok, 48, language)
     assert len(chunks) > 2
 
@@ -388,7 +395,7 @@ def test_mixed_line_endings() -> None:
     parts = [f"def f{i}(x):{nl}    return x + {i}{nl}{nl}" for i, nl in zip(range(60), ["\r\n", "\n"] * 30)]
     text = "import os\r\n\r\n" + "".join(parts)
     tok = CharEstimateTokenizer(3.0)
-    chunks = chunk_document(text, max_tokens=40, tokenizer=tok, language="python")
+    chunks = cut(text, max_tokens=40, tokenizer=tok, language="python")
     check(text, chunks, tok, 40, "python")
     assert len(chunks) > 5
     for c in chunks[1:]:
@@ -404,13 +411,13 @@ def test_non_ascii_identifiers_and_text() -> None:
     defs = "".join(f'def grüße_{i}(naïve: str) -> str:\n    return naïve + "世界 {i} 😀"\n\n\n' for i in range(40))
     text = head + defs + "class Ünïcode:\n    ñ = 1\n"
     tok = CharEstimateTokenizer(3.0)
-    chunks = chunk_document(text, max_tokens=40, tokenizer=tok, language="python")
+    chunks = cut(text, max_tokens=40, tokenizer=tok, language="python")
     check(text, chunks, tok, 40, "python")
     assert all(c.text.startswith(("def grüße_", "class Ünïcode")) for c in chunks[1:])
     for start, end, _ in definitions(text, "python", {"function_definition", "class_definition"}):
         assert whole(chunks, start, end)
     lone = "def a():\n    s = '\ud800'\n    return s\n\n\n" + "def b():\n    return 2\n\n\n" * 30
-    check(lone, chunk_document(lone, max_tokens=30, tokenizer=tok, language="python"), tok, 30, "python")
+    check(lone, cut(lone, max_tokens=30, tokenizer=tok, language="python"), tok, 30, "python")
 
 
 def twenty_thousand_lines(shape: str) -> str:
@@ -434,10 +441,10 @@ def test_a_20k_line_file_in_bounded_time(minilm: LlamaTokenizer, shape: str) -> 
     text = twenty_thousand_lines(shape)
     assert text.count("\n") == 20_000
     t0 = time.perf_counter()
-    chunks = chunk_document(text, max_tokens=BUDGET, tokenizer=minilm, language="python")
+    chunks = cut(text, max_tokens=BUDGET, tokenizer=minilm, language="python")
     seconds = time.perf_counter() - t0
     t0 = time.perf_counter()
-    regex = chunk_document(text, max_tokens=BUDGET, tokenizer=minilm)
+    regex = cut(text, max_tokens=BUDGET, tokenizer=minilm)
     regex_seconds = time.perf_counter() - t0
     print(f"20k lines ({shape}): {len(chunks)} chunks in {seconds:.2f}s (regex: {len(regex)} in {regex_seconds:.2f}s)")
     check(text, chunks, minilm, BUDGET, "python")
@@ -458,9 +465,7 @@ def test_a_missing_grammar_falls_back_to_the_smart_chunker(monkeypatch: pytest.M
         "_load",
         lambda language: "tree-sitter-rust: ModuleNotFoundError: no module" if language == "rust" else real(language),
     )
-    assert chunk_document(text, max_tokens=40, tokenizer=tok, language="rust") == chunk_document(
-        text, max_tokens=40, tokenizer=tok
-    )
+    assert cut(text, max_tokens=40, tokenizer=tok, language="rust") == cut(text, max_tokens=40, tokenizer=tok)
     rust = next(s for s in grammar_status() if s.language == "rust")
     assert not rust.available and "ModuleNotFoundError" in (rust.error or "")
 
@@ -473,9 +478,7 @@ def test_a_grammar_that_fails_on_a_file_falls_back(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(code_chunks, "_parser", lambda language: Broken())
     text, _ = SAMPLES["go"]
     tok = CharEstimateTokenizer(3.0)
-    assert chunk_document(text, max_tokens=40, tokenizer=tok, language="go") == chunk_document(
-        text, max_tokens=40, tokenizer=tok
-    )
+    assert cut(text, max_tokens=40, tokenizer=tok, language="go") == cut(text, max_tokens=40, tokenizer=tok)
 
 
 def test_a_remote_embedder_chunks_code_in_the_daemon() -> None:
@@ -494,10 +497,8 @@ def test_a_remote_embedder_chunks_code_in_the_daemon() -> None:
 def test_markdown_and_small_files_are_unchanged() -> None:
     tok = CharEstimateTokenizer(3.0)
     short = "def f():\n    return 1\n"
-    assert chunk_document(short, max_tokens=40, tokenizer=tok, language="python") == chunk_document(
-        short, max_tokens=40, tokenizer=tok
-    )
-    assert chunk_document("  \n", max_tokens=40, tokenizer=tok, language="python") == []
+    assert cut(short, max_tokens=40, tokenizer=tok, language="python") == cut(short, max_tokens=40, tokenizer=tok)
+    assert cut("  \n", max_tokens=40, tokenizer=tok, language="python") == []
 
 
 # -- strategy identity, config, query-time passages ------------------------------------

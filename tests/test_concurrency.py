@@ -12,7 +12,7 @@ from conftest import NOTES, write
 
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
-from qmd.server.index import catalog
+from qmd.server.store import catalog
 
 
 @pytest.mark.slow

@@ -27,12 +27,13 @@ import httpx
 import pytest
 from conftest import MODELS_DIR, Daemon, Env, require
 
-from qmd.server.index import vectors
-from qmd.server.index.chunking import Chunk, chunk_document
-from qmd.server.index.db import sqlite3
-from qmd.server.index.embed_job import EMBED_SUB_BATCH, embed_pending
+from qmd.server.ingest.embed_job import EMBED_SUB_BATCH, embed_pending
 from qmd.server.models.embedders import Embedder
 from qmd.server.models.worker import Embeddings
+from qmd.server.store import vectors
+from qmd.server.store.db import sqlite3
+from qmd.server.text.chunking import Chunk
+from qmd.server.text.split import split
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 VOCAB = "river stone cloud market engine garden ledger signal harbor forest lantern meadow copper".split()
@@ -460,7 +461,7 @@ class Dying:
         self.die_at, self.requests = die_at, 0
 
     def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
-        return chunk_document(text, max_tokens=max_tokens, tokenizer=self, language=language)
+        return list(split(text, max_tokens=max_tokens, tokenizer=self, language=language))
 
     def count(self, text: str) -> int:
         return len(text) // 4 + 1

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import NOTES, Daemon, Env, write
 
-from qmd.server.index.config import Config
+from qmd.server.config import Config
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

@@ -17,9 +17,6 @@ from typing import Any, cast
 import pytest
 
 from qmd.server.errors import InvalidInput
-from qmd.server.index import metadata
-from qmd.server.index.db import Connection, IndexStore, sqlite3
-from qmd.server.index.metadata import Entry, Scalar, value_type
 from qmd.server.search import discovery
 from qmd.server.search.discovery import (
     KeyReport,
@@ -37,6 +34,10 @@ from qmd.server.search.discovery import (
     warnings,
 )
 from qmd.server.search.filters import entry_matches, matches, parse_filter, parse_match
+from qmd.server.store import metadata
+from qmd.server.store.db import Connection, IndexStore, sqlite3
+from qmd.server.text import frontmatter
+from qmd.server.text.frontmatter import Entry, Scalar, value_type
 
 Meta = dict[str, Scalar | list[Scalar]]
 
@@ -76,7 +77,7 @@ def add(store: IndexStore, docs: Sequence[Doc]) -> list[int]:
                     for key, raw in d.meta.items()
                     for v in (dict.fromkeys(raw) if isinstance(raw, list) else [raw])
                 )
-                metadata.store(conn, doc_id, metadata.Extracted(metadata.OK, entries))
+                metadata.store(conn, doc_id, frontmatter.Extracted(frontmatter.OK, entries))
                 conn.execute(
                     "UPDATE documents SET meta_state = ?, meta_error = ? WHERE id = ?", (state, d.error, doc_id)
                 )

@@ -10,12 +10,13 @@ import pytest
 from conftest import MODELS_DIR, NOTES, require, write
 
 import qmd
-from qmd.server.index.chunking import Chunk, chunk_document
-from qmd.server.index.embed_job import EMBED_SUB_BATCH, embed_pending
+from qmd.server.ingest.embed_job import EMBED_SUB_BATCH, embed_pending
 from qmd.server.models.embedders import Embedder
 from qmd.server.models.protocol import DisposeRequest
 from qmd.server.models.worker import Embeddings, ModelSpec, WorkerClient, embed_parallelism, gpu_choice
 from qmd.server.models.worker_child import Device, auto_parallelism, plan_gpu
+from qmd.server.text.chunking import Chunk
+from qmd.server.text.split import split
 
 CPU = Device("CPU", "AMD EPYC", "cpu", "CPU", 24 << 30, 1)
 CUDA = Device("CUDA0", "NVIDIA RTX 4090", "gpu", "CUDA", 20 << 30, 2)
@@ -128,7 +129,7 @@ class Recording:
         self.requests: list[tuple[list[str], list[str | None]]] = []
 
     def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
-        return chunk_document(text, max_tokens=max_tokens, tokenizer=self, language=language)
+        return list(split(text, max_tokens=max_tokens, tokenizer=self, language=language))
 
     def count(self, text: str) -> int:
         return len(text) // 4 + 1

@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from qmd.server.errors import QmdError
-from qmd.server.index import llm_cache
-from qmd.server.index.store import Store
 from qmd.server.models.worker import InferenceError, ModelSpec, WorkerClient
 from qmd.server.search.expansion import (
     EXAMPLE_LINES,
@@ -29,6 +27,8 @@ from qmd.server.search.expansion import (
     strong_signal,
     worker_generate,
 )
+from qmd.server.store import llm_cache
+from qmd.server.store.sqlite import Store
 
 # --- recorded model output ---
 

@@ -15,10 +15,6 @@ from conftest import new_database, write
 
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
-from qmd.server.index import vectors
-from qmd.server.index.db import IndexStore
-from qmd.server.index.metadata import Metadata
-from qmd.server.index.pg_store import PgStore
 from qmd.server.search import lexical
 from qmd.server.search.filters import Filter, matches, parse_filter
 from qmd.server.search.hybrid import CostModel, HybridQuery, Legs, QueryOptions
@@ -29,6 +25,10 @@ from qmd.server.search.querydoc import typed_query
 from qmd.server.search.rerank import CosineScorer
 from qmd.server.search.scope import Scope, scope_of
 from qmd.server.search.vector import nearest_chunks, vector_hits
+from qmd.server.store import vectors
+from qmd.server.store.db import IndexStore
+from qmd.server.store.pg_store import PgStore
+from qmd.server.text.frontmatter import Metadata
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 STATUS = ["draft", "published", "archived", "Published"]

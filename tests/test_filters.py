@@ -13,9 +13,6 @@ from typing import Any
 import pytest
 
 from qmd.server.errors import InvalidInput
-from qmd.server.index.db import sqlite3
-from qmd.server.index.metadata import Scalar, value_type
-from qmd.server.index.store import Store
 from qmd.server.search.filters import (
     MAX_DEPTH,
     MAX_NODES,
@@ -36,6 +33,9 @@ from qmd.server.search.filters import (
     parse_filter,
     parse_match,
 )
+from qmd.server.store.db import sqlite3
+from qmd.server.store.sqlite import Store
+from qmd.server.text.frontmatter import Scalar, value_type
 
 Meta = dict[str, Any]
 

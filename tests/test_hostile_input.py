@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import NOTES, Daemon, Env, write
 
+from qmd.server.config import Collection, Config, ConfigFile, validate_collection_name
 from qmd.server.errors import InvalidInput
-from qmd.server.index.config import Collection, Config, ConfigFile, validate_collection_name
 
 
 @pytest.mark.parametrize("name", ["notes\n", "notes\r", "no\ntes", " notes", "a/b", ""])
@@ -106,7 +106,7 @@ def test_the_index_and_its_folders_are_private_whatever_the_umask(tmp_path: Path
 
 
 def test_an_existing_index_is_made_private_on_open(tmp_path: Path) -> None:
-    from qmd.server.index.store import Store
+    from qmd.server.store.sqlite import Store
 
     db = tmp_path / "i.sqlite"
     Store(db).close()

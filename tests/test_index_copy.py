@@ -1,4 +1,4 @@
-"""`qmd index copy` (server/index/copy.py): SQLite → Postgres → SQLite gives the same
+"""`qmd index copy` (server/store/copy.py): SQLite → Postgres → SQLite gives the same
 answers, vectors included; a copy is all or nothing; bad destinations are refused."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from conftest import MODELS_DIR, NOTES, Daemon, Env, require, write
 
 import qmd
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
-from qmd.server.index import copy as index_copy
-from qmd.server.index.pg_store import PgStore
-from qmd.server.index.store import Store
+from qmd.server.store import copy as index_copy
+from qmd.server.store.pg_store import PgStore
+from qmd.server.store.sqlite import Store
 
 EMBED = "all-MiniLM-L6-v2-Q8_0.gguf"
 

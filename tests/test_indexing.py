@@ -25,11 +25,11 @@ import pytest
 import yaml
 from conftest import Daemon, Env, write
 
+from qmd.server.config import Collection
 from qmd.server.errors import HookFailed
-from qmd.server.index.config import Collection
-from qmd.server.index.indexer import discover, index_collection, run_hook, split_mask
-from qmd.server.index.loaders import extract_title
-from qmd.server.index.store import Store
+from qmd.server.ingest.indexer import discover, index_collection, run_hook, split_mask
+from qmd.server.ingest.loaders import extract_title
+from qmd.server.store.sqlite import Store
 
 SUMMARY_RE = re.compile(r"Indexed: (\d+) new, (\d+) updated, (\d+) unchanged, (\d+) removed")
 Counts = tuple[int, int, int, int]

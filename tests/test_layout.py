@@ -18,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"qmd": "qmd", "server": "qmd.server", "client": "qmd.client", "mcp_bridge": "qmd.mcp_bridge"}
-"""Top-level source folders and the package each one is (pyproject's package-dir)."""
+"""Top-level source folders and the package each one is (through the links in `qmd/`)."""
+LINKED = ("server", "client", "mcp_bridge")
+"""The folders `qmd/` links in as its subpackages."""
 THIN = ("client", "mcp_bridge")
 """Folders whose code runs in the CLI or the stdio bridge: stdlib (and click) only."""
 HEAVY = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx", "llama_cpp", "sqlite_vec", "pysqlite3", "mcp", "yaml")
@@ -72,16 +74,114 @@ def test_readme_layout_names_every_module_and_only_those() -> None:
     assert not readme - tree, f"in the README's layout but not in the tree: {sorted(readme - tree)}"
 
 
-def test_pyproject_lists_every_package() -> None:
+def test_pyproject_lists_every_package_and_the_links_make_one_tree() -> None:
+    """`qmd/server`, `qmd/client` and `qmd/mcp_bridge` are links to the top-level folders,
+    so every static reader (mypy, pyright, an IDE) sees the package pip installs."""
+    for folder in LINKED:
+        link = ROOT / "qmd" / folder
+        assert link.is_symlink() and link.readlink() == Path("..") / folder, f"qmd/{folder} must link to ../{folder}"
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert cfg["package-dir"] == {pkg: folder for folder, pkg in FOLDERS.items()}
+    assert "package-dir" not in cfg
     found = {
         FOLDERS[d.relative_to(ROOT).parts[0]] + "".join("." + p for p in d.relative_to(ROOT).parts[1:])
         for folder in FOLDERS
         for d in [ROOT / folder, *(ROOT / folder).rglob("*")]
-        if d.is_dir() and (d / "__init__.py").exists()
+        if d.is_dir() and not d.is_symlink() and (d / "__init__.py").exists()
     }
     assert set(cfg["packages"]) == found
+
+
+# -- floors ---------------------------------------------------------------------------
+
+FLOORS: tuple[tuple[str, int], ...] = (
+    ("qmd.server.errors", 0),
+    ("qmd.server.text", 1),
+    ("qmd.server.config", 2),
+    ("qmd.server.store", 3),
+    ("qmd.server.models", 4),
+    ("qmd.server.ingest", 5),
+    ("qmd.server.search", 5),
+    ("qmd.server.engine", 6),
+    ("qmd.server.status", 6),
+    ("qmd.server.trust", 6),
+    ("qmd.server.quality", 6),
+    ("qmd.server.library", 7),
+    ("qmd.server.indexes", 7),
+    ("qmd.server.http", 7),
+    ("qmd.server.daemon", 8),
+    ("qmd.client", 9),
+    ("qmd.mcp_bridge", 9),
+)
+"""Each room's floor: a module imports only from its own floor or below (`qmd.paths`, the
+other shared stdlib pieces and the package docstrings are the ground, 0; `import qmd`, the
+library surface, is the roof). Ingest and search share a floor and never import each other."""
+SIBLINGS = {"qmd.server.ingest", "qmd.server.search"}
+
+
+def _floor(module: str) -> int:
+    if module == "qmd":
+        return 10
+    for prefix, floor in FLOORS:
+        if module == prefix or module.startswith(prefix + "."):
+            return floor
+    return 0
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["qmd", "server"] and len(parts) > 2 else module
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the qmd modules it imports, lazy and TYPE_CHECKING imports included: a
+    static reader follows those too."""
+    modules: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
+            modules[".".join([package, *parts])] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, imported in _imports(path):
+            module = imported.rsplit(".", 1)[0]
+            targets |= {m for m in (imported, module) if m in modules and m != name}
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_runs_up_a_floor_or_across_to_a_sibling() -> None:
+    bad = []
+    for module, targets in import_graph().items():
+        for target in targets:
+            if _floor(target) > _floor(module):
+                bad.append(f"{module} (floor {_floor(module)}) imports {target} (floor {_floor(target)})")
+            elif {_room(module), _room(target)} == SIBLINGS:
+                bad.append(f"{module} imports its sibling {target}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_circle() -> None:
+    graph = import_graph()
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in sorted(graph[module]):
+            if circle := visit(target):
+                return circle
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        circle = visit(module)
+        assert circle is None, " -> ".join(circle or [])
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -13,18 +13,12 @@ from types import ModuleType
 
 import pytest
 
-from qmd.server.index.db import sqlite3 as sqlite_index
-from qmd.server.index.schema import FTS_TABLE
-from qmd.server.index.store import FtsDoc, Store, fts_delete, fts_put, repair_fts_totals
-from qmd.server.search.lexical import (
-    STOP_WORDS,
-    LexQuery,
-    indexed_rows,
-    norm_cjk,
-    parse_lex,
-    resolve_prefixes,
-    search_fts,
-)
+from qmd.server.search.lexical import STOP_WORDS, LexQuery, indexed_rows, parse_lex, resolve_prefixes, search_fts
+from qmd.server.store.db import sqlite3 as sqlite_index
+from qmd.server.store.fts import FtsDoc, fts_delete, fts_put, repair_fts_totals
+from qmd.server.store.schema import FTS_TABLE
+from qmd.server.store.sqlite import Store
+from qmd.server.text.cjk import norm_cjk
 
 SCHEMA = """
 CREATE TABLE documents (id INTEGER PRIMARY KEY AUTOINCREMENT, collection TEXT NOT NULL,
@@ -51,7 +45,7 @@ FILLER = [
 ]
 
 
-# The stdlib SQLite, plus the bundled one the daemon prefers when installed (server/index/db.py):
+# The stdlib SQLite, plus the bundled one the daemon prefers when installed (server/store/db.py):
 # planners and FTS5 differ between versions, and both must behave.
 DRIVERS: list[ModuleType] = [sqlite3]
 try:

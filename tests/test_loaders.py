@@ -21,10 +21,11 @@ from test_mcp import resources_of, text_of, tool
 
 import qmd
 from qmd.server.errors import InvalidInput
-from qmd.server.index import loaders
-from qmd.server.index.chunking import CharEstimateTokenizer, chunk_document
-from qmd.server.index.indexer import Found, Skip, load_file
-from qmd.server.index.loaders import PAGE_BREAK, LoadError, Pages, PageSpan, describe_pages, load, split_page
+from qmd.server.ingest import loaders
+from qmd.server.ingest.indexer import Found, Skip, load_file
+from qmd.server.ingest.loaders import LoadError, load
+from qmd.server.text.chunking import CharEstimateTokenizer, chunk_document
+from qmd.server.text.pages import PAGE_BREAK, Pages, PageSpan, describe_pages, split_page
 
 # -- making files ------------------------------------------------------------------
 
@@ -386,7 +387,7 @@ def test_get_page_errors(library: qmd.Index, name: str, message: str) -> None:
 # from a pytest that grew to 700 MB over the whole suite would report that instead.
 _PEAK = """
 import re, sys
-from qmd.server.index import loaders
+from qmd.server.ingest import loaders
 path = sys.argv[1]
 data = open(path, "rb").read()
 text = loaders.load(path, data).text

@@ -22,8 +22,8 @@ import pytest
 from conftest import NOTES, Daemon, Env, write
 from mcp import Client, MCPError, types
 
-from qmd import __version__
 from qmd.server.http.mcp import TOOLS
+from qmd.version import __version__
 
 T = TypeVar("T")
 

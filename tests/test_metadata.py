@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from conftest import write
 
-from qmd.server.index import metadata
-from qmd.server.index.config import Collection
-from qmd.server.index.indexer import index_collection
-from qmd.server.index.store import Store
+from qmd.server.config import Collection
+from qmd.server.ingest.indexer import index_collection
 from qmd.server.search import discovery
 from qmd.server.search.lexical import parse_lex, search_fts
+from qmd.server.store import metadata
+from qmd.server.store.sqlite import Store
+from qmd.server.text import frontmatter
 
 
 def block(body: str) -> str:
@@ -22,8 +23,8 @@ def block(body: str) -> str:
 
 
 def entries(text: str, path: str = "a.md") -> set[tuple[str, str, object, bool]]:
-    ex = metadata.extract(path, text)
-    assert ex.state == metadata.OK, ex.error
+    ex = frontmatter.extract(path, text)
+    assert ex.state == frontmatter.OK, ex.error
     return {(e.key, e.type, e.value, e.multi) for e in ex.entries}
 
 
@@ -83,16 +84,16 @@ def test_arrays_are_sets() -> None:
     ],
 )
 def test_a_bad_block_is_rejected_whole_with_the_reason(body: str, reason: str) -> None:
-    ex = metadata.extract("a.md", block("ok: 1\n" + body))
-    assert ex.state == metadata.REJECTED
+    ex = frontmatter.extract("a.md", block("ok: 1\n" + body))
+    assert ex.state == frontmatter.REJECTED
     assert ex.entries == ()
     assert ex.error is not None and reason in ex.error
 
 
 def test_frontmatter_that_is_not_yaml_is_rejected_only_when_it_names_qmd() -> None:
-    bad = metadata.extract("a.md", "---\nqmd: [\n---\nbody\n")
-    assert bad.state == metadata.REJECTED and bad.error and "not valid YAML at line" in bad.error
-    assert metadata.extract("a.md", "---\ntitle: [\n---\nbody\n").state == metadata.NONE
+    bad = frontmatter.extract("a.md", "---\nqmd: [\n---\nbody\n")
+    assert bad.state == frontmatter.REJECTED and bad.error and "not valid YAML at line" in bad.error
+    assert frontmatter.extract("a.md", "---\ntitle: [\n---\nbody\n").state == frontmatter.NONE
 
 
 @pytest.mark.parametrize(
@@ -106,23 +107,23 @@ def test_frontmatter_that_is_not_yaml_is_rejected_only_when_it_names_qmd() -> No
     ],
 )
 def test_documents_without_a_block_have_none(text: str) -> None:
-    assert metadata.extract("a.md", text).state == metadata.NONE
+    assert frontmatter.extract("a.md", text).state == frontmatter.NONE
 
 
 def test_only_markdown_files_carry_metadata() -> None:
-    assert metadata.extract("a.txt", block("a: 1")).state == metadata.NONE
-    assert metadata.extract("notes/a.MD", block("a: 1")).state == metadata.OK
+    assert frontmatter.extract("a.txt", block("a: 1")).state == frontmatter.NONE
+    assert frontmatter.extract("notes/a.MD", block("a: 1")).state == frontmatter.OK
 
 
 def test_qmd_not_a_mapping_is_rejected() -> None:
-    ex = metadata.extract("a.md", "---\nqmd: 3\n---\n")
-    assert ex.state == metadata.REJECTED and ex.error == "qmd: expected a mapping holding 'metadata'"
-    ex = metadata.extract("a.md", "---\nqmd:\n  metadata: [a]\n---\n")
-    assert ex.state == metadata.REJECTED and ex.error == "qmd.metadata: expected a mapping of keys to values"
+    ex = frontmatter.extract("a.md", "---\nqmd: 3\n---\n")
+    assert ex.state == frontmatter.REJECTED and ex.error == "qmd: expected a mapping holding 'metadata'"
+    ex = frontmatter.extract("a.md", "---\nqmd:\n  metadata: [a]\n---\n")
+    assert ex.state == frontmatter.REJECTED and ex.error == "qmd.metadata: expected a mapping of keys to values"
 
 
 def test_fold_is_ascii_only() -> None:
-    assert metadata.fold("ÄbC-É") == "Äbc-É"
+    assert frontmatter.fold("ÄbC-É") == "Äbc-É"
 
 
 def stored(store: Store) -> dict[str, dict[str, object]]:
@@ -149,7 +150,7 @@ def test_update_stores_rows_and_an_edit_replaces_them(tmp_path: Path) -> None:
         with store.read() as conn:
             counts = metadata.extraction_counts(conn)
             states = dict(conn.execute("SELECT path, meta_state FROM documents").fetchall())
-        assert states == {"a.md": metadata.OK, "b.md": metadata.NONE, "c.md": metadata.REJECTED}
+        assert states == {"a.md": frontmatter.OK, "b.md": frontmatter.NONE, "c.md": frontmatter.REJECTED}
         assert (counts.with_metadata, counts.pending, counts.rejected) == (1, 0, 1)
         assert counts.examples[0].path == "c.md" and "null" in counts.examples[0].reason
 
@@ -249,10 +250,10 @@ def test_an_arrays_first_row_is_written_before_its_others() -> None:
     """Were SQLite to hold two of an array's values equal, the one it ignores is the
     later, never the first: the key keeps exactly one row with `multi` < 2."""
     entries = (
-        metadata.Entry("k", "number", 5, True),
-        metadata.Entry("s", "string", "b", False),
-        metadata.Entry("k", "number", 2, True),
-        metadata.Entry("k", "number", 9, True),
+        frontmatter.Entry("k", "number", 5, True),
+        frontmatter.Entry("s", "string", "b", False),
+        frontmatter.Entry("k", "number", 2, True),
+        frontmatter.Entry("k", "number", 9, True),
     )
     assert [(r[1], r[3], r[5]) for r in metadata._rows(7, entries)] == [
         ("s", "b", metadata.SCALAR),
@@ -284,7 +285,7 @@ def test_a_document_that_leaves_the_index_leaves_its_metadata_and_extracts_again
             census, _ = discovery._census(conn, '["n"]', None)
             assert discovery._plan(census) == "all"
             assert metadata.extraction_counts(conn).pending == 0
-        assert states == {"a.md": (0, None, None), "b.md": (1, metadata.OK, None), "c.md": (0, None, None)}
+        assert states == {"a.md": (0, None, None), "b.md": (1, frontmatter.OK, None), "c.md": (0, None, None)}
         assert set(rows(store)) == {"b.md"}
 
         (root / "a.md").write_text(text)

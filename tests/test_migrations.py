@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 from conftest import NOTES, Env, write
 
+from qmd.server.config import Collection
 from qmd.server.errors import IndexTooNew, MigrationFailed
-from qmd.server.index import catalog, loaders, metadata, schema, vectors
-from qmd.server.index.config import Collection
-from qmd.server.index.db import sqlite3
-from qmd.server.index.indexer import index_collection
-from qmd.server.index.store import Store
+from qmd.server.ingest import loaders
+from qmd.server.ingest.indexer import index_collection
 from qmd.server.search.lexical import parse_lex, search_fts
+from qmd.server.store import catalog, metadata, schema, vectors
+from qmd.server.store.db import sqlite3
+from qmd.server.store.sqlite import Store
 
 LATEST = len(schema.MIGRATIONS)
 

@@ -1,4 +1,4 @@
-"""The vector leg on pgvector (server/index/pg_vectors.py) on a real Postgres (conftest's
+"""The vector leg on pgvector (server/store/pg_vectors.py) on a real Postgres (conftest's
 embedded server), against numpy brute force over the same float32 vectors: the rows found,
 the cosine distances (those of sqlite-vec's `vec_distance_cosine`, up to half-float rounding),
 collection scoping, deletes, drops, the eligible-set path and the errors."""
@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from qmd.server.errors import Conflict, InvalidInput, NotFound, Unavailable
-from qmd.server.index import pg_vectors as pv
-from qmd.server.index.vectors import pack
+from qmd.server.store import pg_vectors as pv
+from qmd.server.store.vectors import pack
 
 DIMS = 32
 HALF_TOLERANCE = 1e-3

@@ -16,12 +16,12 @@ import pytest
 from conftest import NOTES, Daemon, Env, new_database, write
 
 import qmd
+from qmd.server.config import Config, describe_url
 from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, Unavailable
-from qmd.server.index import vectors
-from qmd.server.index.config import Config, describe_url
-from qmd.server.index.pg_store import PgStore, translate
 from qmd.server.search.discovery import NumberRange
+from qmd.server.store import vectors
+from qmd.server.store.pg_store import PgStore, translate
 
 
 def test_translate_speaks_psycopg_and_leaves_literals_alone() -> None:
@@ -198,7 +198,7 @@ def test_a_lock_is_released_when_its_holder_is_killed(pg_index: str, monkeypatch
         [
             sys.executable,
             "-c",
-            "import sys, time; from qmd.server.index.pg_store import PgStore\n"
+            "import sys, time; from qmd.server.store.pg_store import PgStore\n"
             "s = PgStore(sys.argv[1])\n"
             "with s.exclusive('embed'):\n    print('held', flush=True); time.sleep(600)",
             pg_index,
@@ -252,7 +252,7 @@ def test_doctor_checks_the_server_its_extension_and_the_hnsw_indexes(
 def test_reads_share_a_bounded_pool_and_say_when_it_is_exhausted(
     pg_index: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from qmd.server.index import pg_store
+    from qmd.server.store import pg_store
 
     monkeypatch.setenv("QMD_PG_POOL_SIZE", "1")
     monkeypatch.setattr(pg_store, "POOL_WAIT_S", 0.5)

@@ -1,4 +1,4 @@
-"""The Postgres keyword leg (server/index/pg_lexical.py, server/search/lexical_pg.py) against
+"""The Postgres keyword leg (server/store/pg_lexical.py, server/search/lexical_pg.py) against
 the SQLite one, on a real Postgres (conftest's embedded server) and a real SQLite index made
 by the real indexer: the same documents, the same queries, the same hits and scores."""
 
@@ -16,12 +16,12 @@ from conftest import EVAL_DIR, NOTES, require, write
 
 import qmd
 from qmd.server.errors import IndexTooNew, Unavailable
-from qmd.server.index import pg
-from qmd.server.index.db import sqlite3
-from qmd.server.index.pg_lexical import LexDoc, Totals, delete_documents, put_documents, sqlite_documents, totals
 from qmd.server.quality import BenchQuery, score
 from qmd.server.search.lexical import LexHit, indexed_rows, parse_lex, search_fts
 from qmd.server.search.lexical_pg import search_pg
+from qmd.server.store import pg
+from qmd.server.store.db import sqlite3
+from qmd.server.store.pg_lexical import LexDoc, Totals, delete_documents, put_documents, sqlite_documents, totals
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from conftest import (
 )
 from harness import LlamaServer, Reply, llama_cpp_server, scripted_endpoint
 
-from qmd.server.index.config import Config
+from qmd.server.config import Config
 from qmd.server.models.embedders import Embedders, EmbedderUnavailable
 from qmd.server.models.remote import RemoteBackend, RemoteEmbedError
 from qmd.server.models.worker import WorkerClient

@@ -29,7 +29,6 @@ from conftest import (
 )
 from harness import LlamaServer, Reply, llama_cpp_server
 
-from qmd.server.index.store import Store
 from qmd.server.models.refs import RemoteRef, resolve_model
 from qmd.server.models.remote import RemoteGenerateError, RemoteGenerator
 from qmd.server.models.worker import wait_at_most
@@ -41,6 +40,7 @@ from qmd.server.search.expansion import (
     remote_expander,
     remote_generate,
 )
+from qmd.server.store.sqlite import Store
 
 SECRET = "qmd-gen-secret-5d1e0b"
 QUERY = "how do founders raise money"

@@ -1,4 +1,4 @@
-"""The trust gate of project-local configs (`server/index/trust.py`): a cloned `.qmd`
+"""The trust gate of project-local configs (`server/trust.py`): a cloned `.qmd`
 runs nothing, reaches no folder outside the project and loads no model of its own
 until its user approves exactly that set."""
 
@@ -19,10 +19,10 @@ from conftest import Daemon, Env, write
 from test_mcp import INITIALIZE
 
 from qmd.paths import IndexPaths, config_root
+from qmd.server import trust
+from qmd.server.config import Config, init_project
 from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, InvalidInput
-from qmd.server.index import trust
-from qmd.server.index.config import Config, init_project
 from qmd.server.models.refs import DEFAULT_MODELS
 
 CUSTOM_EMBED = "hf:someone/evil-GGUF/evil.gguf"

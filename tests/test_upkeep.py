@@ -21,9 +21,10 @@ from harness import BACKEND
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, InvalidInput
-from qmd.server.index import llm_cache, upkeep
-from qmd.server.index.db import sqlite3
-from qmd.server.index.store import Store, index_bytes
+from qmd.server.ingest import upkeep
+from qmd.server.store import llm_cache
+from qmd.server.store.db import sqlite3
+from qmd.server.store.sqlite import Store, index_bytes
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 NO_WATCH = {"QMD_WATCH": "0"}

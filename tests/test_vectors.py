@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
 
-from qmd.server.index import vector_index, vectors
-from qmd.server.index.db import sqlite3
-from qmd.server.index.store import Store, utcnow
+from qmd.server.store import vector_index, vectors
+from qmd.server.store.db import sqlite3
+from qmd.server.store.sqlite import Store, utcnow
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
 
@@ -592,7 +592,7 @@ def test_a_failed_build_leaves_vec0_answering(
 def test_filtered_search_is_exact_with_the_index(corpus: Corpus) -> None:
     """A metadata filter never goes through the approximate pass: dense or sparse, its answer
     is the exact top k of the eligible documents."""
-    from qmd.server.index.metadata import DocFilter
+    from qmd.server.store.metadata import DocFilter
 
     corpus.warm()
     with corpus.store.read() as conn:

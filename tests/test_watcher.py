@@ -1,4 +1,4 @@
-"""The watcher (server/index/watcher.py): real watchfiles on real temp folders, through the
+"""The watcher (server/ingest/watcher.py): real watchfiles on real temp folders, through the
 real daemon. A saved note must become searchable with no command; what the indexer would
 not take stays out; a vanished folder never prunes; bursts are coalesced; hooks never run.
 
@@ -24,9 +24,9 @@ import yaml
 from conftest import MODELS_DIR, require, unavailable, write
 from harness import Daemon, Env
 
-from qmd.server.index.config import Collection
-from qmd.server.index.indexer import Scope, index_collection
-from qmd.server.index.store import Store
+from qmd.server.config import Collection
+from qmd.server.ingest.indexer import Scope, index_collection
+from qmd.server.store.sqlite import Store
 
 FAST = {"QMD_WATCH": "1", "QMD_WATCH_QUIET_MS": "200", "QMD_WATCH_MAX_WAIT_MS": "1000"}
 

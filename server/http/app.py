@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from qmd import __version__
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
@@ -24,6 +23,7 @@ from qmd.server.http.peer import SameUser
 from qmd.server.http.routes import model_threads, router
 from qmd.server.http.wire import http_status
 from qmd.server.indexes import INDEX_HEADER, PROJECT_HEADER, Indexes, requested
+from qmd.version import __version__
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("qmd.server")

@@ -42,7 +42,6 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from qmd import __version__
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.http.routes import on_model_thread
@@ -66,11 +65,12 @@ from qmd.server.http.wire import (
     query_plan,
     query_response,
 )
-from qmd.server.index.documents import split_range
-from qmd.server.index.loaders import describe_pages
-from qmd.server.index.store import utcnow
 from qmd.server.search.discovery import TypeReport
 from qmd.server.search.hybrid import primary_text
+from qmd.server.store.documents import split_range
+from qmd.server.store.sqlite import utcnow
+from qmd.server.text.pages import describe_pages
+from qmd.version import __version__
 
 log = logging.getLogger("qmd.mcp")
 

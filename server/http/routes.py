@@ -30,7 +30,8 @@ from anyio.lowlevel import RunVar
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from qmd import __version__
+from qmd.server import trust
+from qmd.server.config import init_project
 from qmd.server.engine import Engine, summary_dict
 from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.http.wire import (
@@ -80,14 +81,13 @@ from qmd.server.http.wire import (
     search_response,
     trust_out,
 )
-from qmd.server.index import trust
-from qmd.server.index.config import init_project
 from qmd.server.indexes import linked_index
 from qmd.server.quality import parse_fixture
 from qmd.server.quality import render as render_bench
 from qmd.server.search.discovery import render_key_names, render_overview
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
 from qmd.server.search.querydoc import QueryDoc
+from qmd.version import __version__
 
 router = APIRouter()
 T = TypeVar("T")

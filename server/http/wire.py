@@ -22,12 +22,9 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from qmd.server.config import unstorable
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
-from qmd.server.index.chunking import ChunkStrategy
-from qmd.server.index.config import unstorable
-from qmd.server.index.loaders import PageSpan
-from qmd.server.index.trust import Approval, ApprovalState, Gate, Kind, Reviewed
-from qmd.server.index.upkeep import CACHE_MAX_AGE_DAYS, CleanupReport, Coverage
+from qmd.server.ingest.upkeep import CACHE_MAX_AGE_DAYS, CleanupReport, Coverage
 from qmd.server.quality import BACKENDS, BenchSpec
 from qmd.server.search import discovery
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
@@ -37,6 +34,9 @@ from qmd.server.search.pointers import DocumentText, Pointer, Retrieved, SearchO
 from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
 from qmd.server.search.scope import FilterReport
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
+from qmd.server.text.chunking import ChunkStrategy
+from qmd.server.text.pages import PageSpan
+from qmd.server.trust import Approval, ApprovalState, Gate, Kind, Reviewed
 
 MAX_QUERY_CHARS = 20_000
 SCORE_DECIMALS = 2

@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from qmd.server.config import Config
 from qmd.server.errors import QmdError, Unavailable
-from qmd.server.index.chunking import CHUNKER_VERSION, Chunk, ChunkStrategy
-from qmd.server.index.code_chunks import strategy_identity
-from qmd.server.index.config import Config
 from qmd.server.models.refs import HfRef, RemoteRef, cache_path, ensure_local, resolve_model
 from qmd.server.models.remote import CHUNK_TOKENS as REMOTE_CHUNK_TOKENS
 from qmd.server.models.remote import Kind, RemoteBackend, RemoteEmbedError
@@ -35,6 +33,8 @@ from qmd.server.models.worker import (
     WorkerClient,
     fingerprint,
 )
+from qmd.server.text.chunking import CHUNKER_VERSION, Chunk, ChunkStrategy
+from qmd.server.text.code_chunks import strategy_identity
 
 Progress = Callable[[dict], None]
 BERT_CHUNK_TOKENS = 256

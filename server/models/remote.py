@@ -44,10 +44,11 @@ from typing import Any, ClassVar, Literal
 import httpx
 
 from qmd.server.errors import Unavailable
-from qmd.server.index.chunking import CharEstimateTokenizer, Chunk, chunk_document
 from qmd.server.models.protocol import GenerationParams
 from qmd.server.models.refs import OPENAI_ENDPOINT
 from qmd.server.models.worker import Embeddings, _wait_until
+from qmd.server.text.chunking import CharEstimateTokenizer, Chunk
+from qmd.server.text.split import split
 
 log = logging.getLogger("qmd.remote")
 
@@ -322,8 +323,8 @@ class RemoteBackend(_Endpoint):
         return self.dims
 
     def chunk(self, text: str, max_tokens: int, language: str | None = None) -> list[Chunk]:
-        """`qmd.server.index.chunking` chunks measured by the character estimate (no tokenizer is reachable)."""
-        return chunk_document(text, max_tokens=max_tokens, tokenizer=self._tokenizer, language=language)
+        """`qmd.server.text.chunking` chunks measured by the character estimate (no tokenizer is reachable)."""
+        return list(split(text, max_tokens=max_tokens, tokenizer=self._tokenizer, language=language))
 
     def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
         """Unit vectors for `texts`, in order, `BATCH` per request.

@@ -79,7 +79,6 @@ from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import unquote, urlparse
 
 from qmd.server.errors import InvalidSetting, Unavailable
-from qmd.server.index.chunking import Chunk
 from qmd.server.models.protocol import (
     HEADER,
     MODELS_MISSING,
@@ -105,6 +104,7 @@ from qmd.server.models.protocol import (
     YieldFlag,
     encode_frame,
 )
+from qmd.server.text.chunking import Chunk
 
 log = logging.getLogger("qmd.inference")
 

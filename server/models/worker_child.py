@@ -240,24 +240,37 @@ def auto_parallelism(*, cores: int, gpu_free_bytes: int | None, file_bytes: int,
     return max(1, min(int(0.25 * (gpu_free_bytes / 2**20 - 1000) / per_context_mb), MAX_PARALLELISM))
 
 
+def _cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has AMX tiles: llama.cpp's AMX repacking of Q8_0/Q4_1 weights has
+    crashed such CPUs (SIGSEGV on the first embed) where the plain CPU kernels work."""
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("flags") and "amx_tile" in line.split() for line in f)
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
-def _offload_to(devices: tuple[Device, ...] | None) -> Iterator[None]:
+def _model_params(devices: tuple[Device, ...] | None, *, repack: bool) -> Iterator[None]:
     """While a `Llama` is built, give its model params these devices (NULL-terminated), as llama.cpp's
-    `--device` does; `Llama()` takes no such argument, so its defaults are patched for the load."""
-    if devices is None:
+    `--device` does, and turn weight repacking (llama.cpp's extra buffer types) off when `repack`
+    is false; `Llama()` takes neither argument, so its defaults are patched for the load."""
+    if devices is None and repack:
         yield
         return
     import llama_cpp.llama_cpp as lib
 
-    handles = (ctypes.c_void_p * (len(devices) + 1))(*(d.handle for d in devices), None)
+    handles = None if devices is None else (ctypes.c_void_p * (len(devices) + 1))(*(d.handle for d in devices), None)
     default = lib.llama_model_default_params
 
-    def with_devices() -> Any:
+    def patched() -> Any:
         params = default()
-        params.devices = ctypes.addressof(handles)
+        if handles is not None:
+            params.devices = ctypes.addressof(handles)
+        params.use_extra_bufts = repack
         return params
 
-    lib.llama_model_default_params = with_devices
+    lib.llama_model_default_params = patched
     try:
         yield
     finally:
@@ -302,7 +315,7 @@ class LoadedModel:
         # so the native log (filtered to warnings and errors by `WorkerProcess`) says why a load
         # failed; its own Python-level prints (system info, the metadata dict) are dropped.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            with _offload_to(gpu.devices):
+            with _model_params(gpu.devices, repack=not _cpu_has_amx()):
                 self.llm = Llama(
                     model_path=params.path,
                     embedding=params.embedding,
@@ -926,10 +939,10 @@ class WorkerProcess:
 def _chunk(process: WorkerProcess, request: ChunkRequest) -> list[ChunkSpan]:
     """Chunking runs here, not in the daemon: the chunker measures with the model's tokenizer, which
     lives in llama.cpp. Offsets only travel back; the parent slices its own copy of the text."""
-    from qmd.server.index.chunking import iter_chunks
+    from qmd.server.text.split import split
 
     tokenizer = process.model(request.model)
-    chunks = iter_chunks(request.text, max_tokens=request.max_tokens, tokenizer=tokenizer, language=request.language)
+    chunks = split(request.text, max_tokens=request.max_tokens, tokenizer=tokenizer, language=request.language)
     return [ChunkSpan(c.start, c.end, c.start_line, c.end_line, c.tokens, c.clipped) for c in chunks]
 
 

@@ -67,9 +67,10 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
 from qmd.server.errors import InvalidInput
-from qmd.server.index.db import Connection, is_postgres, snapshot
-from qmd.server.index.metadata import Rejection, Scalar, ValueType, read_value
 from qmd.server.search.filters import Bound, Condition, Filter, Not, check_binding_budget, filter_sql, match_sql
+from qmd.server.store.db import Connection, is_postgres, snapshot
+from qmd.server.store.metadata import Rejection, read_value
+from qmd.server.text.frontmatter import Scalar, ValueType
 
 Sort: TypeAlias = Literal["count", "value"]
 Number: TypeAlias = int | float

@@ -32,13 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qmd.server.index import llm_cache
-from qmd.server.index.db import IndexStore
 from qmd.server.models.protocol import GenerationParams
 from qmd.server.models.refs import RemoteRef
 from qmd.server.models.remote import RemoteGenerator
 from qmd.server.search.lexical import STOP_WORDS
 from qmd.server.search.querydoc import SUBQUERY_TYPES, SubQueryType
+from qmd.server.store import llm_cache
+from qmd.server.store.db import IndexStore
 
 if TYPE_CHECKING:
     from qmd.server.models.worker import ModelSpec, WorkerClient

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, NoReturn, TypeAlias, TypeVar, cast
 
 from qmd.server.errors import InvalidInput
-from qmd.server.index.metadata import Scalar, ValueType, fold, value_type
+from qmd.server.text.frontmatter import Scalar, ValueType, fold, value_type
 
 ConditionOperator: TypeAlias = Literal[
     "eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "all", "contains", "prefix", "suffix", "type", "exists"
@@ -398,7 +398,7 @@ def filter_sql(
     primary key): the cheap form when few are, such as the hits of a rare word.
 
     `postgres`: for a Postgres index, whose column has one type, so a number or boolean is
-    compared as its ``num`` column (server/index/pg.py) and a suffix by characters."""
+    compared as its ``num`` column (server/store/pg.py) and a suffix by characters."""
 
     def has(c: Condition, pred: _Sql) -> _Sql:
         if pred == _FALSE:

@@ -27,14 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from qmd.server.config import Config
 from qmd.server.errors import QmdError
-from qmd.server.index import llm_cache
-from qmd.server.index.chunking import DEFAULT_CHUNK_STRATEGY, ChunkStrategy
-from qmd.server.index.code_chunks import code_unit
-from qmd.server.index.config import Config
-from qmd.server.index.db import IndexStore
-from qmd.server.index.documents import DocRow, fetch_ids
-from qmd.server.index.vectors import VecHit
 from qmd.server.models.worker import wait_at_most
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
 from qmd.server.search.filters import Filter
@@ -46,6 +40,12 @@ from qmd.server.search.querydoc import QueryDoc, SubQueryType
 from qmd.server.search.rerank import NOT_BY_DEFAULT, SCORING, CosineScorer, Reranker, reranks
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
+from qmd.server.store import llm_cache
+from qmd.server.store.db import IndexStore
+from qmd.server.store.documents import DocRow, fetch_ids
+from qmd.server.store.vectors import VecHit
+from qmd.server.text.chunking import DEFAULT_CHUNK_STRATEGY, ChunkStrategy
+from qmd.server.text.split import code_unit
 
 LIST_FETCH = 20
 """Results per ranked list (the original's 20): RRF barely counts rank 20 anyway."""

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qmd.server.config import Config
 from qmd.server.errors import InvalidInput
-from qmd.server.index.config import Config
-from qmd.server.index.db import Connection, IndexStore, sqlite3
-from qmd.server.index.documents import DocRow, fetch_ids
-from qmd.server.index.metadata import ids_sql
 from qmd.server.search.lexical import LexHit, LexQuery, parse_lex, search_fts
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
+from qmd.server.store.db import Connection, IndexStore, sqlite3
+from qmd.server.store.documents import DocRow, fetch_ids
+from qmd.server.store.metadata import ids_sql
 
 MAX_QUERY_CHARS = 20_000
 ALL_LIMIT = 100_000
@@ -38,8 +38,8 @@ def _search(conn: Connection, query: LexQuery, collection: str, fetch: int, scop
     """One collection's best `fetch` by bm25, from FTS5 or from the Postgres postings."""
     if isinstance(conn, sqlite3.Connection):
         return search_fts(conn, query, collection, fetch, scope.doc_filter)
-    from qmd.server.index.pg_store import raw
     from qmd.server.search.lexical_pg import search_pg
+    from qmd.server.store.pg_store import raw
 
     eligible = None
     if scope.doc_filter is not None:

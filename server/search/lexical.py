@@ -1,4 +1,4 @@
-"""Lexical search: the lex query language, CJK normalisation and disjunctive BM25 ranking.
+"""Lexical search: the lex query language and disjunctive BM25 ranking.
 
 This is qmd's keyword engine (spec §10.1/§10.2) with these deliberate changes.
 
@@ -9,7 +9,7 @@ Every query item becomes exactly one double-quoted FTS5 string.
     unicode61 indexed them as adjacent tokens, so the phrase matches exactly the
     text the user typed (the spec ANDs dotted parts and glues ``hello!world``
     into ``helloworld``, a token the index never holds). CJK text is a phrase of
-    single characters, mirroring :func:`norm_cjk` on the index side. String
+    single characters, mirroring ``norm_cjk`` (server/text/cjk.py) on the index side. String
     content is sanitised to letters, marks, numbers, ``'`` and ``_`` (so it
     never holds a ``"``) and lowercased, and the operators are written by this
     module alone, so no user input can produce an FTS5 syntax error.
@@ -60,7 +60,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 
-from qmd.server.index.metadata import DocFilter, hit_check_sql, ids_sql
+from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
+from qmd.server.text.cjk import CJK_RUN, norm_cjk
 
 __all__ = [
     "B",
@@ -75,51 +76,11 @@ __all__ = [
     "item_idfs",
     "intent_terms",
     "indexed_rows",
-    "norm_cjk",
     "parse_lex",
     "resolve_prefixes",
     "resolve_prefixes_by",
     "search_fts",
 ]
-
-# Han, Hiragana, Katakana and Hangul blocks (the scripts of spec §10.1), as code-point ranges.
-# Listed by block rather than by exact script property so the regex stays a plain character
-# class; the few symbols this over-covers (e.g. the katakana middle dot) are separators to
-# both the tokenizer and the query sanitiser, so spacing them out changes nothing.
-_CJK_RANGES: tuple[tuple[int, int], ...] = (
-    (0x1100, 0x11FF),  # Hangul Jamo
-    (0x2E80, 0x2FDF),  # CJK Radicals Supplement, Kangxi Radicals
-    (0x3005, 0x3005),  # ideographic iteration mark
-    (0x3007, 0x3007),  # ideographic number zero
-    (0x3021, 0x3029),  # Hangzhou numerals
-    (0x3038, 0x303B),  # more Hangzhou numerals, vertical iteration mark
-    (0x3041, 0x30FF),  # Hiragana, Katakana
-    (0x3131, 0x318F),  # Hangul Compatibility Jamo
-    (0x31F0, 0x31FF),  # Katakana Phonetic Extensions
-    (0x32D0, 0x32FE),  # circled Katakana
-    (0x3300, 0x3357),  # squared Katakana words
-    (0x3400, 0x4DBF),  # CJK Extension A
-    (0x4E00, 0x9FFF),  # CJK Unified Ideographs
-    (0xA960, 0xA97F),  # Hangul Jamo Extended-A
-    (0xAC00, 0xD7FF),  # Hangul Syllables, Hangul Jamo Extended-B
-    (0xF900, 0xFAFF),  # CJK Compatibility Ideographs
-    (0xFF66, 0xFF9F),  # halfwidth Katakana
-    (0xFFA0, 0xFFDC),  # halfwidth Hangul
-    (0x1AFF0, 0x1B16F),  # Kana Extended-B, Kana Supplement, Kana Extended-A, Small Kana Extension
-    (0x20000, 0x323AF),  # CJK Extensions B-H, Compatibility Ideographs Supplement
-)
-
-
-def _regex_range(lo: int, hi: int) -> str:
-    """Render a code-point range for a regex character class, escaped so no end is special."""
-
-    def esc(cp: int) -> str:
-        return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
-
-    return esc(lo) if lo == hi else f"{esc(lo)}-{esc(hi)}"
-
-
-_CJK_RUN = re.compile("[" + "".join(_regex_range(lo, hi) for lo, hi in _CJK_RANGES) + "]+")
 
 # The intent stop list of spec §15.1 plus the one-letter words it filters by length, less the
 # content words a notes search needs ("notes", "search", "find", "show", "need", "want", "tell", "looking").
@@ -138,26 +99,6 @@ STOP_WORDS: frozenset[str] = frozenset(
 # (same set on 3.40.1 and 3.51.1). A word made only of these would tokenize to nothing, and an
 # empty phrase silently empties any AND it takes part in.
 _SQLITE_SEPARATOR_LETTERS = frozenset(chr(cp) for cp in (*range(0x19B0, 0x19C1), 0x19C8, 0x19C9, 0x1CF2, 0x1CF3))
-
-
-def _space_cjk_run(match: re.Match[str]) -> str:
-    """Surround a CJK run with spaces and space its characters, so each one is its own token."""
-    return " " + " ".join(match.group()) + " "
-
-
-def norm_cjk(text: str) -> str:
-    """Make every CJK character its own token (spec's normCJK), for index and query text alike.
-
-    unicode61 would index an unbroken CJK sentence as one giant token that no query can hit;
-    single-character tokens plus phrase queries give exact substring search instead. Returns
-    ``text`` itself when it holds no CJK. ASCII text is answered without scanning
-    (``str.isascii`` reads a flag CPython keeps on every string); other text costs one regex
-    pass, about 14 ms per MB.
-    """
-    if text.isascii():
-        return text
-    spaced, count = _CJK_RUN.subn(_space_cjk_run, text)
-    return spaced if count else text
 
 
 def _is_word_char(ch: str) -> bool:
@@ -217,7 +158,7 @@ def _parse_items(query: str) -> list[_Item]:
         words = _words(text)
         if not words:
             continue
-        plain = term is not None and len(words) == 1 and not _CJK_RUN.search(term)
+        plain = term is not None and len(words) == 1 and not CJK_RUN.search(term)
         expr = f'"{words[0]}"*' if plain else '"' + " ".join(words) + '"'
         stop_word = plain and not negated and words[0] in STOP_WORDS
         items.append(_Item(expr, tuple(words), negated, stop_word))

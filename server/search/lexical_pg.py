@@ -1,10 +1,10 @@
 """Keyword search on the Postgres index: FTS5's bm25, computed in SQL from the postings of
-server/index/pg_lexical.py, for the same `LexQuery` and into the same `LexHit`.
+server/store/pg_lexical.py, for the same `LexQuery` and into the same `LexHit`.
 
 The query language is search/lexical.py's, parsed once by `parse_lex`: each item is one
 FTS5 string, ``"w1 w2"`` (a phrase: the tokens at consecutive offsets of one column) or
 ``"word"*`` (its last token a prefix: any term that starts with it, one index range on
-the ``C``-collated term). Their text is cut by FTS5's tokenizer (server/index/fts_tokens.py),
+the ``C``-collated term). Their text is cut by FTS5's tokenizer (server/store/fts_tokens.py),
 so a prefix is stemmed as FTS5 stems it (``running*`` is ``run*``).
 
 The ranking is FTS5's bm25 to the letter (``fts5Bm25Function`` in SQLite's fts5_aux.c),
@@ -30,8 +30,6 @@ from dataclasses import dataclass
 
 import psycopg
 
-from qmd.server.index.fts_tokens import PhraseTokenizer, tokenize_phrases
-from qmd.server.index.pg_lexical import Totals
 from qmd.server.search.lexical import (
     COLUMN_WEIGHTS,
     K1,
@@ -44,6 +42,8 @@ from qmd.server.search.lexical import (
     item_idfs,
     resolve_prefixes_by,
 )
+from qmd.server.store.fts_tokens import PhraseTokenizer, tokenize_phrases
+from qmd.server.store.pg_lexical import Totals
 
 __all__ = ["search_pg"]
 

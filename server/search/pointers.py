@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from qmd.server.index.config import Config
-from qmd.server.index.documents import DocRow
-from qmd.server.index.loaders import Pages, PageSpan
-from qmd.server.index.metadata import Metadata
+from qmd.server.config import Config
 from qmd.server.search.filters import Filter
 from qmd.server.search.scope import FilterReport
 from qmd.server.search.snippets import best_passage, snippet_header
+from qmd.server.store.documents import DocRow
+from qmd.server.text.frontmatter import Metadata
+from qmd.server.text.pages import Pages, PageSpan
 
 
 @dataclass(frozen=True)

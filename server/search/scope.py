@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qmd.server.index import metadata
-from qmd.server.index.config import Config
-from qmd.server.index.db import Connection
-from qmd.server.index.metadata import DocFilter
+from qmd.server.config import Config
 from qmd.server.search.filters import Filter, filter_sql
+from qmd.server.store import metadata
+from qmd.server.store.db import Connection
+from qmd.server.store.metadata import DocFilter
 
 
 @dataclass(frozen=True)

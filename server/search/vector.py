@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from qmd.server.config import Config
 from qmd.server.errors import Unavailable
-from qmd.server.index import vectors
-from qmd.server.index.config import Config
-from qmd.server.index.db import IndexStore
-from qmd.server.index.documents import fetch_ids
-from qmd.server.index.store import Store
 from qmd.server.search.lexical import parse_lex
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
+from qmd.server.store import vectors
+from qmd.server.store.db import IndexStore
+from qmd.server.store.documents import fetch_ids
+from qmd.server.store.sqlite import Store
 
 
 class VectorUnavailable(Unavailable):
@@ -77,7 +77,7 @@ def vector_hits(
     The spaces share the embedder, so their distances compare."""
     # numpy (60 ms) loads with the first vector search, not with the daemon: keyword-only
     # use never pays it
-    from qmd.server.index.vector_index import index_of
+    from qmd.server.store.vector_index import index_of
 
     best: dict[int, vectors.VecHit] = {}
     # Postgres has its own (HNSW): the in-memory pass is SQLite's

@@ -1,0 +1,317 @@
+"""The embed job: the index's documents, chunked, become vectors in the embedder's space.
+
+Which embedder, and where it runs, is `models.embedders`. The job is incremental and
+resumable: only content without a complete set of vectors in the current space is
+embedded, every batch is committed as it completes (a killed daemon resumes where it
+stopped) together with the search-table rows of the documents it completes (what status
+counts as embedded is what vector search reaches, also after a kill), and the report
+counts rows written, not rows planned. Chunks longer than the embedder reads are
+embedded clipped and reported once per run, by count and names (seeds/001).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from qmd.server.models.embedders import Embedder
+from qmd.server.store import vectors
+from qmd.server.store.db import Connection, IndexStore
+from qmd.server.text.chunking import DEFAULT_CHUNK_STRATEGY, Chunk, ChunkStrategy
+from qmd.server.text.code_chunks import language_for
+
+Progress = Callable[[dict], None]
+EMBED_SUB_BATCH = 32
+"""Texts per embed request to the backend: chunks of as many documents as fill it, so an embedder
+with parallel contexts (QMD_EMBED_PARALLELISM) embeds several small documents at once."""
+
+
+@dataclass
+class EmbedReport:
+    """What one run did, in seed 001's names where it names them (`chunks`, `embedded`,
+    `skipped`, `truncated`, `truncated_count`)."""
+
+    documents: int = 0
+    chunks: int = 0
+    """Chunks of the documents this run took up: `embedded` + `skipped`."""
+    embedded: int = 0
+    """Chunks whose vectors this run wrote, counted from the batches committed, not from the plan."""
+    skipped: int = 0
+    """Chunks that had their vector already (a run resumed after a kill or Ctrl-C): not embedded again."""
+    reused: int = 0
+    """Chunks of changed documents whose title and text an earlier version (or a copy) had
+    embedded: their vectors were copied, not computed (counted in `chunks`, not `embedded`)."""
+    pending_before: int = 0
+    pending_after: int = 0
+    truncated: list[dict] = field(default_factory=list)
+    """Chunks longer than the embedder reads, embedded clipped: `{file, chunk, tokens, limit}` each."""
+    seconds: float = 0.0
+    cancelled: bool = False
+    model: str = ""
+    fingerprint: str = ""
+    partitions_added: int = 0
+    partitions_removed: int = 0
+    strategies: dict[str, str] = field(default_factory=dict)
+    """Chunk strategy → the fingerprint of the space its collections were embedded into."""
+    switched: list[str] = field(default_factory=list)
+    """Collections this run moved to another chunk strategy (`--chunk-strategy`)."""
+
+    @property
+    def truncated_count(self) -> int:
+        """The number to assert on (seed 001)."""
+        return len(self.truncated)
+
+    def line(self) -> str:
+        rate = self.embedded / self.seconds if self.seconds else 0.0
+        reused = f", {self.reused} unchanged chunks reused" if self.reused else ""
+        return (
+            f"Embedded {self.embedded} chunks from {self.documents} documents in {self.seconds:.1f}s "
+            f"({rate:.1f} chunks/s{reused}); {self.pending_after} pending"
+        )
+
+
+@dataclass(frozen=True)
+class _Group:
+    """The collections of one chunk strategy: one vector space, its pending contents."""
+
+    strategy: ChunkStrategy
+    collections: list[str] | None
+    space: vectors.Space
+    pending: list[str]
+
+
+def strategy_groups(
+    collections: list[str] | None, strategies: Mapping[str, ChunkStrategy] | None
+) -> dict[ChunkStrategy, list[str] | None]:
+    """The collections in scope by chunk strategy. Without `strategies` everything is cut by
+    the default one; with them, they name the universe when `collections` is None."""
+    if not strategies:
+        return {DEFAULT_CHUNK_STRATEGY: collections}
+    grouped: dict[ChunkStrategy, list[str]] = {}
+    for name in collections if collections is not None else list(strategies):
+        grouped.setdefault(strategies.get(name, DEFAULT_CHUNK_STRATEGY), []).append(name)
+    return {strategy: names for strategy, names in grouped.items()}
+
+
+def embed_pending(
+    store: IndexStore,
+    embedder: Embedder,
+    *,
+    collections: list[str] | None,
+    strategies: Mapping[str, ChunkStrategy] | None = None,
+    force: bool = False,
+    max_docs_per_batch: int = 64,
+    max_batch_bytes: int = 4 * 1024 * 1024,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> EmbedReport:
+    """Embed what the embedder's spaces lack: each collection's documents cut by its chunk
+    strategy (`strategies`, collection → strategy; the default for those not named) into
+    that strategy's space."""
+    t0 = time.monotonic()
+    report = EmbedReport(model=embedder.model_name, fingerprint=embedder.fingerprint)
+
+    def prepare(conn: Connection, strategy: ChunkStrategy, names: list[str] | None) -> vectors.Space:
+        fingerprint = embedder.fingerprint_for(strategy)
+        old = vectors.find_space(conn, fingerprint)
+        if force and old and collections:  # only the named collections' contents start over
+            vectors.forget_hashes(conn, old, vectors.pending_hashes(conn, None, names))
+        elif force and old:
+            vectors.drop_space(conn, old)
+        return vectors.ensure_space(conn, fingerprint, embedder.model_name, embedder.dims)
+
+    groups: list[_Group] = []
+    for strategy, names in strategy_groups(collections, strategies).items():
+        space = store.write(functools.partial(prepare, strategy=strategy, names=names))
+        with store.read() as conn:
+            groups.append(_Group(strategy, names, space, sorted(vectors.pending_hashes(conn, space, names))))
+    report.strategies = {g.strategy: g.space.fingerprint for g in groups}
+    total = sum(len(g.pending) for g in groups)
+    report.pending_before = total
+    done_docs = 0
+
+    def document_done() -> None:
+        nonlocal done_docs
+        done_docs += 1
+        report.documents += 1
+        if progress:
+            elapsed = max(time.monotonic() - t0, 1e-6)
+            rate = report.embedded / elapsed
+            left = total - done_docs
+            eta = left * (elapsed / done_docs)
+            progress(
+                {
+                    "event": "progress",
+                    "done": done_docs,
+                    "total": total,
+                    "chunks": report.embedded,
+                    "chunks_per_s": round(rate, 1),
+                    "eta_s": round(eta, 1),
+                }
+            )
+
+    for group in groups:
+        if report.cancelled or not _embed_group(
+            store, embedder, group, max_docs_per_batch, max_batch_bytes, report, cancel, document_done
+        ):
+            report.cancelled = True
+            break
+    # what moved since its batch was written: documents removed, renamed across collections or copied
+    pending_after: set[str] = set()
+    for group in groups:
+        added, removed = store.write(functools.partial(vectors.sync_partitions, space=group.space))
+        report.partitions_added += added
+        report.partitions_removed += removed
+        with store.read() as conn:
+            pending_after |= vectors.pending_hashes(conn, group.space, group.collections)
+    report.pending_after = len(pending_after)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _embed_group(
+    store: IndexStore,
+    embedder: Embedder,
+    group: _Group,
+    max_docs_per_batch: int,
+    max_batch_bytes: int,
+    report: EmbedReport,
+    cancel: threading.Event | None,
+    document_done: Callable[[], None],
+) -> bool:
+    """The group's pending contents in batches of documents; False if cancelled."""
+    pending = group.pending
+    scope, args = "", []
+    if group.collections is not None:
+        scope, args = f" AND d.collection IN ({','.join('?' * len(group.collections))})", group.collections
+    i = 0
+    while i < len(pending):
+        if cancel is not None and cancel.is_set():
+            return False
+        batch: list[_Doc] = []
+        size = 0
+        with store.read() as conn:
+            while i < len(pending) and len(batch) < max_docs_per_batch and (not batch or size < max_batch_bytes):
+                row = conn.execute(
+                    "SELECT c.doc, d.title, d.collection, d.path FROM content c JOIN documents d ON d.hash = c.hash"
+                    f" WHERE c.hash = ? AND d.active = 1{scope} LIMIT 1",
+                    (pending[i], *args),
+                ).fetchone()
+                if row is not None:
+                    language = language_for(row[3]) if group.strategy == "auto" else None
+                    batch.append(_Doc(pending[i], row[0], row[1], f"{row[2]}/{row[3]}", language))
+                    size += len(row[0])
+                i += 1
+        if not _embed_documents(store, embedder, group.space, batch, report, cancel, document_done):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Doc:
+    content_hash: str
+    body: str
+    title: str
+    name: str
+    """collection/path, for the report"""
+    language: str | None
+    """The grammar its chunks are cut by (`auto` strategy, a code file), else None."""
+
+
+def _embed_documents(
+    store: IndexStore,
+    embedder: Embedder,
+    space: vectors.Space,
+    docs: list[_Doc],
+    report: EmbedReport,
+    cancel: threading.Event | None,
+    document_done: Callable[[], None],
+) -> bool:
+    """Chunk each document, then embed the chunks without a vector
+    `EMBED_SUB_BATCH` at a time across documents; each request's rows are committed together.
+    `document_done` is called as each document's last chunk is written. False if cancelled."""
+    queue: list[tuple[int, int, Chunk]] = []  # (document, seq, chunk)
+    totals: list[int] = []
+    left: list[int] = []
+    copied: dict[int, list[vectors.ChunkVector]] = {}  # document → rows reused from identical chunks
+    for d, doc in enumerate(docs):
+        chunks = embedder.backend.chunk(doc.body, embedder.chunk_tokens, doc.language)
+        keys = [vectors.chunk_key(doc.title, doc.body[c.start : c.end]) for c in chunks]
+        with store.read() as conn:
+            have = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT seq FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, doc.content_hash)
+                )
+            }
+            todo = [(d, seq, c) for seq, c in enumerate(chunks) if seq not in have]
+            known = vectors.reusable(conn, space, [keys[seq] for _, seq, _ in todo])
+        for _, seq, c in todo:
+            if keys[seq] in known:
+                tokens, clipped, blob = known[keys[seq]]
+                row = vectors.ChunkVector(
+                    seq, c.start, c.end, c.start_line, c.end_line, tokens, clipped, blob, keys[seq]
+                )
+                copied.setdefault(d, []).append(row)  # a clipped one was reported when it was embedded
+        fresh = [(d, seq, c) for _, seq, c in todo if keys[seq] not in known]
+        report.chunks += len(chunks)
+        report.skipped += len(chunks) - len(todo)
+        report.reused += len(todo) - len(fresh)
+        queue += [(d, seq, c) for d, seq, c in fresh]
+        totals.append(len(chunks))
+        left.append(len(fresh))
+    if copied:
+
+        def write_copies(conn: Connection) -> int:
+            for d, chunk_rows in copied.items():
+                vectors.write_document(
+                    conn, space=space, content_hash=docs[d].content_hash, chunks=chunk_rows, total=totals[d]
+                )
+            return vectors.add_partitions(conn, space, [docs[d].content_hash for d in copied if left[d] == 0])
+
+        report.partitions_added += store.write(write_copies)
+    for d in range(len(docs)):
+        if left[d] == 0:
+            document_done()
+    for j in range(0, len(queue), EMBED_SUB_BATCH):
+        if cancel is not None and cancel.is_set():
+            return False
+        part = queue[j : j + EMBED_SUB_BATCH]
+        texts = [docs[d].body[c.start : c.end] for d, _, c in part]
+        embs = embedder.backend.embed(texts, "document", [docs[d].title for d, _, _ in part])
+        rows: dict[int, list[vectors.ChunkVector]] = {}
+        for k, (d, seq, c) in enumerate(part):
+            row = vectors.ChunkVector(
+                seq,
+                c.start,
+                c.end,
+                c.start_line,
+                c.end_line,
+                embs.n_tokens[k],
+                c.clipped or k in embs.clipped,
+                embs[k],
+                vectors.chunk_key(docs[d].title, texts[k]),
+            )
+            if row.clipped:
+                report.truncated.append({"file": docs[d].name, "chunk": seq, "tokens": row.tokens, "limit": embs.limit})
+            rows.setdefault(d, []).append(row)
+
+        def write(conn: Connection, rows: dict[int, list[vectors.ChunkVector]] = rows) -> int:
+            for d, chunk_rows in rows.items():
+                vectors.write_document(
+                    conn, space=space, content_hash=docs[d].content_hash, chunks=chunk_rows, total=totals[d]
+                )
+            # the same commit makes the documents this batch completes searchable
+            done = [docs[d].content_hash for d, chunk_rows in rows.items() if left[d] == len(chunk_rows)]
+            return vectors.add_partitions(conn, space, done)
+
+        report.partitions_added += store.write(write)
+        report.embedded += len(part)
+        for d, chunk_rows in rows.items():
+            left[d] -= len(chunk_rows)
+            if left[d] == 0:
+                document_done()
+    return True

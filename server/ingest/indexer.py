@@ -1,0 +1,624 @@
+"""Files → index: discovery, incremental re-indexing, update hooks.
+
+An index must never lie about its corpus (seeds/001): a deleted file leaves the
+index, an emptied or now-binary file stops matching, and an empty walk (a typo'd
+path, an unmounted disk, a mask that matches nothing) never prunes. Work is
+incremental: a file whose size and mtime are unchanged is not even read.
+
+Reading and hashing run on the calling thread while the previous batch is being
+written by the store's writer thread, so disk I/O and FTS indexing overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Set
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import Literal, TypeAlias
+
+from wcmatch import glob as wglob
+
+from qmd.server.config import Collection
+from qmd.server.errors import HookFailed
+from qmd.server.ingest import loaders
+from qmd.server.store import metadata, vectors
+from qmd.server.store.catalog import delete_orphan_content
+from qmd.server.store.db import Connection, IndexStore
+from qmd.server.store.fts import FtsDoc, fts_delete, fts_put
+from qmd.server.store.sqlite import utcnow
+from qmd.server.text import frontmatter
+
+BUILTIN_EXCLUDED_DIRS = frozenset({"node_modules", ".git", ".cache", "vendor", "dist", "build"})
+GLOB_FLAGS = wglob.GLOBSTAR | wglob.BRACE | wglob.EXTGLOB
+DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
+BATCH_FILES = 400
+BATCH_BYTES = 16 * 1024 * 1024
+HOOK_TIMEOUT_S = 600
+
+Progress = Callable[[dict], None]
+
+
+def max_file_bytes() -> int:
+    raw = os.environ.get("QMD_MAX_FILE_BYTES", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_FILE_BYTES
+
+
+def split_mask(mask: str) -> list[str]:
+    """Split on commas outside `{...}` and `[...]` (spec §6.1): `a.md,*.txt` is two globs."""
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for ch in mask:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]" and depth:
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+# -- discovery ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    rel: str
+    abs: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Walk:
+    files: list[Found] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    root_missing: bool = False
+    # Folders (relative) that exist but could not be listed: their indexed documents
+    # are kept, as an unreadable file's are, not pruned as deleted. ("" is the root,
+    # whose failure leaves the walk empty, which never prunes anyway.)
+    unlisted: list[str] = field(default_factory=list)
+
+
+def _inside(real: str, real_root: str) -> bool:
+    """True if the resolved `real` is the root or below it (also for a root of `/`)."""
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+class Rules:
+    """Which paths of a collection are its files: its mask and ignore globs, dot-names
+    and the built-in folders never entered. Discovery and the watcher (`watcher`) ask
+    the same object, so a path the watcher reacts to is one `qmd update` would index."""
+
+    def __init__(self, coll: Collection) -> None:
+        self.include = wglob.compile(split_mask(coll.pattern) or ["**/*.md"], flags=GLOB_FLAGS)
+        self.ignore = wglob.compile(list(coll.ignore), flags=GLOB_FLAGS) if coll.ignore else None
+
+    @staticmethod
+    def enters(dirname: str) -> bool:
+        """A folder discovery walks into (dot-folders and `BUILTIN_EXCLUDED_DIRS` are pruned)."""
+        return not dirname.startswith(".") and dirname not in BUILTIN_EXCLUDED_DIRS
+
+    def wants(self, rel: str) -> bool:
+        """A file (collection-relative, `/`-separated) the mask takes and no ignore glob drops."""
+        if rel.rsplit("/", 1)[-1].startswith("."):
+            return False
+        return bool(self.include.match(rel)) and not (self.ignore is not None and self.ignore.match(rel))
+
+    def reachable(self, rel: str) -> bool:
+        """Whether the walk can get to `rel` at all: no dot-name anywhere on it and no
+        pruned folder above it."""
+        parts = rel.split("/")
+        return all(self.enters(p) for p in parts[:-1]) and not parts[-1].startswith(".")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The paths one pass covers (the watcher's changed files and folders): a path is
+    covered when it is one of them or lies below one."""
+
+    paths: frozenset[str]
+
+    @classmethod
+    def of(cls, rels: Iterable[str]) -> Scope:
+        """`rels` without those below another (a folder's walk finds them)."""
+        kept: set[str] = set()
+        for rel in sorted(set(rels), key=lambda r: r.count("/")):
+            if not _within(rel, kept):
+                kept.add(rel)
+        return cls(frozenset(kept))
+
+    def covers(self, rel: str) -> bool:
+        return _within(rel, self.paths)
+
+
+def _within(rel: str, paths: Set[str]) -> bool:
+    """`rel` is one of `paths` or lies below one."""
+    parts = rel.split("/")
+    return any("/".join(parts[:n]) in paths for n in range(1, len(parts) + 1))
+
+
+def discover(coll: Collection, scope: Scope | None = None) -> Walk:
+    """List the collection's files (those in `scope` only, when given): masks and ignores
+    applied, dot- and built-in folders pruned, symlinked folders not followed, file
+    symlinks kept only when they resolve inside the root."""
+    walk = Walk()
+    root = coll.root
+    if not root.is_dir():
+        walk.root_missing = True
+        return walk
+    real_root = os.path.realpath(root)
+    rules = Rules(coll)
+
+    def unlistable(err: OSError) -> None:
+        rel = os.path.relpath(err.filename or root, root).replace(os.sep, "/")
+        rel = "" if rel == "." else rel
+        walk.unlisted.append(rel)
+        walk.skipped.append(
+            (rel or ".", f"folder could not be listed ({err.strerror or err}); its indexed files are kept")
+        )
+
+    def consider(rel: str, abs_path: str) -> None:
+        if not rules.wants(rel):
+            return
+        try:
+            st = os.lstat(abs_path)
+        except OSError as e:
+            walk.skipped.append((rel, f"unreadable ({e.strerror or e})"))
+            return
+        # Folders are never followed, so only a file symlink can lead outside the root.
+        if stat.S_ISLNK(st.st_mode):
+            if not _inside(os.path.realpath(abs_path), real_root):
+                walk.skipped.append((rel, "outside the collection (symlink)"))
+                return
+            try:
+                st = os.stat(abs_path)
+            except OSError as e:
+                walk.skipped.append((rel, f"dangling symlink ({e.strerror or e})"))
+                return
+        if stat.S_ISREG(st.st_mode):
+            walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
+
+    def tree(top: str) -> None:
+        for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if rules.enters(d))
+            reldir = os.path.relpath(dirpath, root)
+            reldir = "" if reldir == "." else reldir.replace(os.sep, "/") + "/"
+            for fname in sorted(filenames):
+                consider(reldir + fname, os.path.join(dirpath, fname))
+
+    if scope is None:
+        tree(str(root))
+        return walk
+    for rel in sorted(scope.paths):
+        if not rules.reachable(rel):
+            continue
+        abs_path = os.path.join(root, *rel.split("/"))
+        parent = os.path.dirname(abs_path)
+        # Below a symlinked folder (which the walk never follows) the parent resolves elsewhere.
+        if os.path.realpath(parent) != os.path.join(real_root, *rel.split("/")[:-1]):
+            continue
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(abs_path).st_mode)
+        except FileNotFoundError:
+            continue  # gone: its documents leave the index
+        except OSError as e:
+            walk.unlisted.append(rel)
+            walk.skipped.append((rel, f"unreadable ({e.strerror or e}); its indexed files are kept"))
+            continue
+        if is_dir:
+            if rules.enters(rel.rsplit("/", 1)[-1]):
+                tree(abs_path)
+        else:
+            consider(rel, abs_path)
+    return walk
+
+
+# -- reading --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loaded:
+    found: Found
+    text: str
+    hash: str
+    title: str
+    nbytes: int
+    meta: frontmatter.Extracted
+    loader: str
+    """The loader that read it (`loaders.Loader.name`), for the run's report."""
+
+
+# One write `_apply` makes: deactivate a document id; record a new size and mtime for a
+# document whose content is unchanged; add a new file; rewrite a known document.
+_Op: TypeAlias = (
+    tuple[Literal["deactivate"], int]
+    | tuple[Literal["stat"], tuple[int, Found]]
+    | tuple[Literal["insert"], Loaded]
+    | tuple[Literal["update"], tuple[int, Loaded]]
+)
+
+
+class Skip(Exception):
+    """A file that cannot be indexed; `keep` means its previous version stays."""
+
+    def __init__(self, reason: str, *, keep: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.keep = keep
+
+
+def load_file(found: Found, limit: int) -> Loaded:
+    """Read, hash and load one file through its extension's loader. Files that cannot be
+    searched as text (too large, binary, not UTF-8, blank, a PDF without text) raise
+    `Skip` with the loader's reason, so they leave the index instead of matching on
+    stale text; only an unreadable file keeps its previous version."""
+    if found.size > limit:
+        raise Skip(f"too large ({found.size} bytes > {limit}; raise QMD_MAX_FILE_BYTES)")
+    try:
+        with open(found.abs, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise Skip(f"unreadable ({e.strerror or e})", keep=True) from e
+    if len(data) > limit:
+        raise Skip(f"too large (> {limit} bytes; raise QMD_MAX_FILE_BYTES)")
+    loader = loaders.loader_for(found.rel)
+    try:
+        extracted = loader.read(found.rel, data)
+    except loaders.LoadError as e:
+        raise Skip(e.reason) from e
+    return Loaded(
+        found,
+        extracted.text,
+        loader.content_key(data),
+        extracted.title,
+        len(data),
+        frontmatter.extract(found.rel, extracted.text),
+        loader.name,
+    )
+
+
+# -- one collection -------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    collection: str
+    indexed: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    orphans_cleaned: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    files: int = 0
+    bytes_read: int = 0
+    metadata_extracted: int = 0
+    """Unchanged documents whose metadata was extracted for the first time."""
+    loaded: dict[str, int] = field(default_factory=dict)
+    """Files read this run (new or changed), per loader (seed 001: what each loader did;
+    what each could not read is in `skipped`, with its reason)."""
+
+    def line(self) -> str:
+        return (
+            f"Indexed: {self.indexed} new, {self.updated} updated, {self.unchanged} unchanged, {self.removed} removed"
+        )
+
+
+@dataclass(frozen=True)
+class _Existing:
+    id: int
+    hash: str
+    size: int
+    mtime_ns: int
+    title: str
+    active: bool
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="seconds")
+
+
+def _deactivate(conn: Connection, ids: list[int]) -> None:
+    """A document leaves the index: its keyword rows and metadata go, and its metadata
+    turns pending (NULL), so a document holds metadata rows only while active and
+    extracted, and when its file comes back the update that reactivates it extracts
+    them again (`metadata.store`)."""
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        conn.execute(f"DELETE FROM document_metadata WHERE doc_id IN ({marks})", chunk)
+        conn.execute(
+            f"UPDATE documents SET active = 0, meta_state = NULL, meta_error = NULL WHERE id IN ({marks})", chunk
+        )
+    fts_delete(conn, ids)
+
+
+def run_hook(coll: Collection) -> str:
+    """Run the collection's `update` command in its folder; raise HookFailed on non-zero."""
+    assert coll.update
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", coll.update],
+            cwd=coll.root,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=HOOK_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HookFailed(f"Update command for '{coll.name}' could not run: {e}", collection=coll.name) from e
+    output = (proc.stdout or "") + (proc.stderr or "")
+    if proc.returncode != 0:
+        # A signal death is a negative returncode here; report it as a shell does (128+N)
+        # so the CLI's own exit status stays meaningful.
+        code = proc.returncode if proc.returncode > 0 else 128 - proc.returncode
+        how = f"exit code {code}" if proc.returncode > 0 else f"signal {-proc.returncode} (exit code {code})"
+        raise HookFailed(
+            f"Update command for '{coll.name}' failed with {how}: {coll.update}",
+            collection=coll.name,
+            exit_code=code,
+            output=output,
+        )
+    return output
+
+
+def _existing(store: IndexStore, collection: str, scope: Scope | None) -> tuple[dict[str, _Existing], int]:
+    """The collection's document rows (those `scope` covers, when given) by path, and how
+    many of all its documents are active."""
+    select = "SELECT id, path, hash, size, mtime_ns, title, active FROM documents WHERE collection = ?"
+    with store.read() as conn:
+        if scope is None:
+            rows = conn.execute(select, (collection,)).fetchall()
+        else:
+            # Each path's range in the (collection, path) index: the path itself and all below
+            # it ('/' sorts just before '0'), and a few neighbours (`a-b` for `a`) the filter drops.
+            rows = [
+                r
+                for p in sorted(scope.paths)
+                for r in conn.execute(select + " AND path >= ? AND path < ?", (collection, p, p + "0"))
+                if scope.covers(r["path"])
+            ]
+        active = conn.execute(
+            "SELECT COUNT(*) FROM documents WHERE collection = ? AND active = 1", (collection,)
+        ).fetchone()[0]
+    existing = {
+        r["path"]: _Existing(r["id"], r["hash"], r["size"], r["mtime_ns"], r["title"], bool(r["active"])) for r in rows
+    }
+    return existing, active
+
+
+def index_collection(
+    store: IndexStore, coll: Collection, progress: Progress | None = None, scope: Scope | None = None
+) -> Summary:
+    """Bring the index in line with the collection's files on disk: all of them, or only
+    the paths `scope` covers (the watcher's pass over what changed). A scoped pass that
+    would leave the collection without a document walks all of it instead, so the
+    empty-walk rule decides, as for `qmd update`."""
+    t0 = time.monotonic()
+    summary = Summary(coll.name)
+    walk = discover(coll, scope)
+    summary.skipped.extend(walk.skipped)
+    existing, active_count = _existing(store, coll.name, scope)
+    if not walk.files and (scope is None or walk.root_missing):
+        if walk.root_missing:
+            why = f"the folder {coll.root} is missing or not a directory"
+        elif walk.skipped:
+            why = f"nothing under {coll.root} could be indexed ({len(walk.skipped)} skipped)"
+        else:
+            why = f"no file matches '{coll.pattern}' under {coll.root}"
+        if active_count:
+            summary.warnings.append(
+                f"{why}; keeping its {active_count} indexed document(s) — an empty walk never prunes. "
+                f"If the files are really gone, run 'qmd collection remove {coll.name}'."
+            )
+        else:
+            summary.warnings.append(why)
+        _record_run(store, summary, walk_empty=True)
+        summary.seconds = time.monotonic() - t0
+        return summary
+
+    limit = max_file_bytes()
+    seen: set[str] = set()
+    batch: list[_Op] = []
+    batch_bytes = 0
+    pending: list[Future] = []
+    total = len(walk.files)
+    last_tick = 0.0
+
+    def flush() -> None:
+        nonlocal batch, batch_bytes
+        if not batch:
+            return
+        ops, batch, batch_bytes = batch, [], 0
+        pending.append(store.submit(lambda conn: _apply(conn, coll.name, ops)))
+        while len(pending) > 1:
+            pending.pop(0).result()
+
+    for n, found in enumerate(walk.files, 1):
+        seen.add(found.rel)
+        old = existing.get(found.rel)
+        if old and old.active and old.size == found.size and old.mtime_ns == found.mtime_ns:
+            summary.unchanged += 1
+        else:
+            try:
+                loaded = load_file(found, limit)
+            except Skip as s:
+                summary.skipped.append((found.rel, s.reason))
+                if not s.keep and old and old.active:
+                    batch.append(("deactivate", old.id))
+                    summary.removed += 1
+            else:
+                summary.loaded[loaded.loader] = summary.loaded.get(loaded.loader, 0) + 1
+                summary.bytes_read += loaded.nbytes
+                batch_bytes += loaded.nbytes
+                if old is None:
+                    summary.indexed += 1
+                    batch.append(("insert", loaded))
+                elif old.hash == loaded.hash and old.active:
+                    if old.title != loaded.title:
+                        summary.updated += 1
+                        batch.append(("update", (old.id, loaded)))
+                    else:
+                        summary.unchanged += 1
+                        batch.append(("stat", (old.id, found)))
+                else:
+                    if old.active:
+                        summary.updated += 1
+                    else:
+                        summary.indexed += 1
+                    batch.append(("update", (old.id, loaded)))
+        if len(batch) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
+            flush()
+        now = time.monotonic()
+        if progress and (now - last_tick >= 0.1 or n == total):
+            last_tick = now
+            elapsed = max(now - t0, 1e-6)
+            progress(
+                {
+                    "event": "progress",
+                    "collection": coll.name,
+                    "done": n,
+                    "total": total,
+                    "files_per_s": round(n / elapsed, 1),
+                }
+            )
+    flush()
+    for fut in pending:
+        fut.result()
+    summary.metadata_extracted = _extract_pending(store, coll.name)
+
+    gone = [
+        e.id
+        for p, e in existing.items()
+        if e.active and p not in seen and not any(p == d or p.startswith(d + "/") for d in walk.unlisted)
+    ]
+    if scope is not None and not seen and gone and len(gone) >= active_count:
+        return index_collection(store, coll, progress)
+    summary.removed += len(gone)
+    summary.files = total
+    summary.orphans_cleaned = store.write(lambda conn: _finish(conn, gone))
+    summary.seconds = time.monotonic() - t0
+    _record_run(store, summary, walk_empty=False, scope=scope)
+    return summary
+
+
+def _apply(conn: Connection, collection: str, ops: list[_Op]) -> None:
+    now = utcnow()
+    deactivate: list[int] = []
+    written: list[str] = []
+    keyword: list[FtsDoc] = []
+    doc_id: int | None
+    for op in ops:
+        if op[0] == "deactivate":
+            deactivate.append(op[1])
+            continue
+        if op[0] == "stat":
+            doc_id, found = op[1]
+            conn.execute(
+                "UPDATE documents SET size = ?, mtime_ns = ? WHERE id = ?",
+                (found.size, found.mtime_ns, doc_id),
+            )
+            continue
+        if op[0] == "insert":
+            loaded = op[1]
+            doc_id = None
+        else:
+            doc_id, loaded = op[1]
+        f = loaded.found
+        conn.execute(
+            "INSERT INTO content(hash, doc, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            (loaded.hash, loaded.text, now),
+        )
+        mtime = _iso(f.mtime_ns)
+        if doc_id is None:
+            cur = conn.execute(
+                "INSERT INTO documents(collection, path, title, hash, created_at, modified_at, active, size, mtime_ns)"
+                " VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) RETURNING id",
+                (collection, f.rel, loaded.title, loaded.hash, now, mtime, f.size, f.mtime_ns),
+            )
+            doc_id = int(cur.fetchone()[0])
+        else:
+            conn.execute(
+                "UPDATE documents SET title = ?, hash = ?, modified_at = ?, active = 1, size = ?, mtime_ns = ?"
+                " WHERE id = ?",
+                (loaded.title, loaded.hash, mtime, f.size, f.mtime_ns, doc_id),
+            )
+        keyword.append(FtsDoc(doc_id, collection, f.rel, loaded.title, loaded.text))
+        metadata.store(conn, doc_id, loaded.meta)
+        written.append(loaded.hash)
+    fts_put(conn, keyword)
+    # A content embedded already (a copy, a move, a file restored) is searchable by
+    # vectors here at once, not after the next `qmd embed`, which would find nothing pending.
+    for space in vectors.spaces(conn) if written else ():
+        vectors.add_partitions(conn, space, written)
+    if deactivate:
+        _deactivate(conn, deactivate)
+
+
+def _extract_pending(store: IndexStore, collection: str) -> int:
+    """Extract the metadata of documents indexed before it existed (schema migration 3)
+    or whose extraction was cut short: their files are unchanged, so the walk did not
+    read them. Bodies come from the index, a batch at a time."""
+    with store.read() as conn:
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM documents WHERE collection = ? AND active = 1 AND meta_state IS NULL", (collection,)
+            )
+        ]
+    for i in range(0, len(ids), BATCH_FILES):
+        part = ids[i : i + BATCH_FILES]
+        with store.read() as conn:
+            rows = conn.execute(
+                "SELECT d.id, d.path, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
+                f" WHERE d.id IN ({','.join('?' * len(part))})",
+                part,
+            ).fetchall()
+        found = [(doc_id, frontmatter.extract(path, body)) for doc_id, path, body in rows]
+        store.write(partial(metadata.store_many, extracted=found))
+    return len(ids)
+
+
+def _finish(conn: Connection, gone: list[int]) -> int:
+    _deactivate(conn, gone)
+    return delete_orphan_content(conn)
+
+
+def _record_run(store: IndexStore, summary: Summary, *, walk_empty: bool, scope: Scope | None = None) -> None:
+    """Record the run's report; its skipped files replace those recorded for the paths it
+    walked (all of them, or those in `scope`)."""
+
+    def fn(conn: Connection) -> None:
+        now = utcnow()
+        if not walk_empty:
+            recorded = conn.execute("SELECT path FROM skipped_files WHERE collection = ?", (summary.collection,))
+            conn.executemany(
+                "DELETE FROM skipped_files WHERE collection = ? AND path = ?",
+                [(summary.collection, p) for (p,) in recorded.fetchall() if scope is None or scope.covers(p)],
+            )
+        conn.executemany(
+            "INSERT INTO skipped_files(collection, path, reason, seen_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (collection, path) DO UPDATE SET reason = excluded.reason, seen_at = excluded.seen_at",
+            [(summary.collection, p, r, now) for p, r in summary.skipped],
+        )
+        conn.execute(
+            "INSERT INTO collection_runs(collection, updated_at, summary) VALUES (?, ?, ?)"
+            " ON CONFLICT (collection) DO UPDATE SET updated_at = excluded.updated_at, summary = excluded.summary",
+            (summary.collection, now, json.dumps({"line": summary.line(), "warnings": summary.warnings})),
+        )
+
+    store.write(fn)

@@ -1,0 +1,393 @@
+"""Upkeep: what the index holds that nothing needs any more (`qmd cleanup`, `qmd doctor`),
+and what it holds of each collection's folder (`qmd status --files`).
+
+An index never lies about its corpus (seeds/001), and that includes its counts: an
+edited document's old text and vectors, a deleted file's soft-deleted row, the vector
+space of a model no longer configured, a collection removed from index.yml by hand, all
+stay in the file (so a restored file or a model switched back costs nothing) until
+`qmd cleanup` drops them. `survey` counts them without changing anything, so doctor can
+show them and a test can check that cleanup leaves none.
+
+Cleanup is one transaction for what it deletes (the index is never half-cleaned), then
+FTS5's `optimize` (its segments merged into one b-tree), then, outside any transaction
+and on the store's writer thread, so nothing else writes meanwhile, VACUUM when the free
+pages are at least `VACUUM_FREE_SHARE` of the file, and a truncating WAL checkpoint, so
+the bytes reported are the bytes on disk.
+
+Model-cache entries go when their model is no longer configured, or when they are older
+than `CACHE_MAX_AGE_DAYS`: their keys are content hashes, so they are never wrong, but
+one-off queries add entries nobody asks for again, and a hit does not refresh an entry
+(a read would become a write), so an entry in daily use is recomputed once a month, the
+cost of one expansion or one rerank batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Literal
+
+from qmd.server.config import Collection
+from qmd.server.ingest.indexer import discover
+from qmd.server.store import catalog, llm_cache, vectors
+from qmd.server.store.catalog import delete_orphan_content
+from qmd.server.store.db import Connection, IndexStore
+
+VACUUM_FREE_SHARE = 0.10
+"""VACUUM rewrites the whole file: worth it from this share of free pages on (below, SQLite
+reuses them for the next writes anyway)."""
+CACHE_MAX_AGE_DAYS = 30
+
+Step = Callable[[str], None]
+"""Told each step as it starts (`qmd cleanup` shows them)."""
+
+
+@dataclass(frozen=True)
+class Configured:
+    """What the configuration still uses; whatever else the index holds is an orphan."""
+
+    collections: frozenset[str]
+    fingerprints: frozenset[str] | None
+    """The spaces of the configured embedder, one per chunk strategy; None when it cannot be
+    resolved now (not downloaded, endpoint down): every space is kept then."""
+    unresolved: str
+    """Why `fingerprints` is None ("" otherwise)."""
+    cache_models: tuple[str, ...] | None
+    """The URIs of the models whose outputs are cached; None when the models block does not
+    resolve: entries are then judged by age alone."""
+    cache_days: int = CACHE_MAX_AGE_DAYS
+
+    def cache_cutoff(self) -> str:
+        return (datetime.now(UTC) - timedelta(days=self.cache_days)).isoformat()
+
+
+@dataclass(frozen=True)
+class StaleSpace:
+    """A vector space of an embedder (or chunking) no longer configured."""
+
+    fingerprint: str
+    model: str
+    chunks: int
+
+
+@dataclass(frozen=True)
+class Orphans:
+    """What the index holds that nothing needs: all zero after `qmd cleanup`."""
+
+    unconfigured_documents: int
+    """Documents of collections no longer in index.yml."""
+    inactive_documents: int
+    """Rows of files that left the index (soft-deleted, so a restored file reuses its text)."""
+    orphan_contents: int
+    """Bodies no active document holds (an edited document's old version, a deleted file's)."""
+    orphan_chunks: int
+    """Vector chunks, in the configured embedder's spaces, of contents no active document holds."""
+    stale_spaces: list[StaleSpace]
+    stale_cache_entries: int
+    unresolved: str = ""
+    """Why spaces could not be judged (the embedder is unavailable), "" when they were."""
+
+
+def _kept(conn: Connection, keep: Configured) -> tuple[list[vectors.Space], list[vectors.Space]]:
+    """The index's vector spaces: (kept, stale)."""
+    every = vectors.spaces(conn)
+    if keep.fingerprints is None:
+        return every, []
+    return [s for s in every if s.fingerprint in keep.fingerprints], [
+        s for s in every if s.fingerprint not in keep.fingerprints
+    ]
+
+
+def _chunks(conn: Connection, space: vectors.Space) -> int:
+    return int(conn.execute("SELECT count(*) FROM content_vectors WHERE space_id = ?", (space.id,)).fetchone()[0])
+
+
+def _unconfigured(conn: Connection, keep: Configured) -> list[str]:
+    return [
+        name
+        for (name,) in conn.execute("SELECT DISTINCT collection FROM documents ORDER BY collection")
+        if name not in keep.collections
+    ]
+
+
+def survey(conn: Connection, keep: Configured) -> Orphans:
+    """Count what `cleanup` would drop, changing nothing. The bodies and vectors of a
+    collection no longer configured count as held until its documents go (they go with them)."""
+    kept, stale = _kept(conn, keep)
+    names = _unconfigured(conn, keep)
+    return Orphans(
+        unconfigured_documents=conn.execute(
+            f"SELECT count(*) FROM documents WHERE active = 1 AND collection IN ({','.join('?' * len(names))})", names
+        ).fetchone()[0],
+        inactive_documents=conn.execute("SELECT count(*) FROM documents WHERE active = 0").fetchone()[0],
+        orphan_contents=conn.execute(
+            "SELECT count(*) FROM content c WHERE NOT EXISTS"
+            " (SELECT 1 FROM documents d WHERE d.hash = c.hash AND d.active = 1)"
+        ).fetchone()[0],
+        orphan_chunks=vectors.count_spaces(conn, kept).orphan_chunks,
+        stale_spaces=[StaleSpace(s.fingerprint, s.model, _chunks(conn, s)) for s in stale],
+        stale_cache_entries=llm_cache.count_stale(conn, keep.cache_models, keep.cache_cutoff()),
+        unresolved=keep.unresolved,
+    )
+
+
+@dataclass(frozen=True)
+class Vacuum:
+    ran: bool
+    reason: str
+    """Why it ran, or why not."""
+    free_pages: int
+    pages: int
+    seconds: float = 0.0
+
+
+@dataclass
+class CleanupReport:
+    """What `qmd cleanup` found and dropped (or, with `--dry-run`, would drop)."""
+
+    dry_run: bool
+    found: Orphans
+    """The orphans before: what was dropped, unless this is a dry run."""
+    left: Orphans | None = None
+    """The orphans after (none, unless something wrote in between); None on a dry run."""
+    collections_removed: list[str] = field(default_factory=list)
+    search_rows_removed: int = 0
+    """Rows of the vector search tables for a collection that no longer holds their content."""
+    cache_entries_removed: int = 0
+    fts_optimized: bool = False
+    vacuum: Vacuum | None = None
+    bytes_before: int = 0
+    bytes_after: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Dropped:
+    collections: list[str]
+    search_rows: int
+    cache_entries: int
+
+
+def _drop(conn: Connection, keep: Configured) -> _Dropped:
+    """Everything `survey` counts, in one transaction (writer only)."""
+    gone = _unconfigured(conn, keep)
+    for name in gone:
+        catalog.delete_collection(conn, name)
+    conn.execute("DELETE FROM documents WHERE active = 0")
+    delete_orphan_content(conn)
+    kept, stale = _kept(conn, keep)
+    for space in stale:
+        vectors.drop_space(conn, space)
+    rows = 0
+    for space in kept:
+        vectors.forget_hashes(conn, space, vectors.orphan_hashes(conn, space))
+        rows += vectors.sync_partitions(conn, space)[1]
+    cache = llm_cache.prune(conn, keep.cache_models, keep.cache_cutoff())
+    return _Dropped(gone, rows, cache)
+
+
+def _optimize_fts(conn: Connection) -> None:
+    conn.execute("INSERT INTO documents_fts(documents_fts) VALUES ('optimize')")
+
+
+def _vacuum(conn: Connection, db: Path, want: bool | None) -> Vacuum:
+    """VACUUM when asked, or when worth it (`want` None), and there is room on disk for the
+    copy it makes; then truncate the WAL either way. Outside any transaction (writer only)."""
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    share = free / pages if pages else 0.0
+    live = (pages - free) * page_size
+    t0 = time.monotonic()
+    if want is False:
+        outcome = Vacuum(False, "not asked for (--no-vacuum)", free, pages)
+    elif want is None and share < VACUUM_FREE_SHARE:
+        outcome = Vacuum(
+            False, f"{share:.0%} of the file is free pages; VACUUM runs from {VACUUM_FREE_SHARE:.0%}", free, pages
+        )
+    elif shutil.disk_usage(db.parent).free < 2 * live:
+        outcome = Vacuum(False, f"not enough free disk for its copy (it needs about {2 * live} bytes)", free, pages)
+    else:
+        conn.execute("VACUUM")
+        why = "asked for (--vacuum)" if want else f"{share:.0%} of the file was free pages"
+        outcome = Vacuum(True, why, free, pages, time.monotonic() - t0)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return outcome
+
+
+def _vacuum_pg(conn: Connection, want: bool | None) -> Vacuum:
+    """On Postgres, VACUUM (ANALYZE) only when asked: autovacuum keeps the tables otherwise."""
+    if want is False:
+        return Vacuum(False, "not asked for (--no-vacuum)", 0, 0)
+    if want is None:
+        return Vacuum(False, "Postgres' autovacuum reclaims space; --vacuum runs VACUUM (ANALYZE) now", 0, 0)
+    t0 = time.monotonic()
+    conn.execute("VACUUM (ANALYZE)")
+    return Vacuum(True, "asked for (--vacuum)", 0, 0, time.monotonic() - t0)
+
+
+def cleanup(
+    store: IndexStore, keep: Configured, *, dry_run: bool = False, vacuum: bool | None = None, step: Step | None = None
+) -> CleanupReport:
+    """Drop what `survey` counts, optimize FTS, VACUUM when worth it. The caller keeps
+    updates and embeds out meanwhile (`Engine.cleanup`)."""
+    t0 = time.monotonic()
+    say = step or (lambda _: None)
+    with store.read() as conn:
+        found = survey(conn, keep)
+    report = CleanupReport(dry_run=dry_run, found=found, bytes_before=store.size_bytes())
+    if dry_run:
+        report.bytes_after = report.bytes_before
+        report.seconds = time.monotonic() - t0
+        return report
+    say("dropping orphans")
+    dropped = store.write(functools.partial(_drop, keep=keep))
+    report.collections_removed = dropped.collections
+    report.search_rows_removed = dropped.search_rows
+    report.cache_entries_removed = dropped.cache_entries
+    if store.postgres:
+        # the postings need no merging; autovacuum reclaims space unless a VACUUM is asked for
+        say("vacuum")
+        report.vacuum = store.maintain(functools.partial(_vacuum_pg, want=vacuum))
+    else:
+        say("optimizing the keyword index")
+        store.write(_optimize_fts)
+        report.fts_optimized = True
+        say("vacuum")
+        report.vacuum = store.maintain(functools.partial(_vacuum, db=Path(store.location), want=vacuum))
+    with store.read() as conn:
+        report.left = survey(conn, keep)
+    report.bytes_after = store.size_bytes()
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+# -- coverage -----------------------------------------------------------------
+
+FileStateName = Literal["indexed", "changed", "new", "missing", "skipped", "failed"]
+
+FAILURES = ("unreadable", "folder could not be listed", "dangling symlink", "PDF could not be read", "encrypted PDF")
+"""Skip reasons that mean the file could not be read, as opposed to one a rule leaves out
+(too large, binary, empty, outside the collection): `failed` in the coverage report."""
+
+
+@dataclass(frozen=True)
+class FileState:
+    path: str
+    state: FileStateName
+    """indexed (as on disk); changed (on disk since the last update), new (not indexed yet),
+    missing (indexed, gone from disk): the next update fixes these; skipped, failed (why in `reason`)."""
+    reason: str = ""
+    pending_vectors: bool = False
+    clipped_chunks: int = 0
+    """Chunks longer than the embedder reads: their vectors see only the opening."""
+    metadata_error: str = ""
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """One collection: what its folder holds against what the index holds (seed 001's names)."""
+
+    collection: str
+    path: str
+    discovered: int
+    """Files the folder holds that the mask takes (a walk now)."""
+    indexed: int
+    """Active documents."""
+    skipped: int
+    failed: int
+    pending_update: int
+    """Changed, new and missing files: what the next `qmd update` changes."""
+    pending_vectors: int
+    clipped: int
+    """Files with a chunk embedded clipped."""
+    metadata_errors: int
+    root_missing: bool
+    files: list[FileState]
+    vectors_note: str = ""
+    """Why every file counts as pending vectors (no embedder), "" otherwise."""
+
+
+@dataclass(frozen=True)
+class _Doc:
+    path: str
+    hash: str
+    size: int
+    mtime_ns: int
+    meta_error: str
+
+
+def coverage(store: IndexStore, coll: Collection, space: vectors.Space | None, vectors_note: str = "") -> Coverage:
+    """The collection's folder walked now, against its documents, its recorded skips and
+    its vectors in `space` (the configured embedder's space for its chunk strategy; None
+    when there is none yet: everything is pending vectors)."""
+    walk = discover(coll)
+    with store.read() as conn:
+        docs = {
+            r[0]: _Doc(r[0], r[1], r[2], r[3], r[4] or "")
+            for r in conn.execute(
+                "SELECT path, hash, size, mtime_ns, CASE WHEN meta_state = 2 THEN meta_error END FROM documents"
+                " WHERE collection = ? AND active = 1",
+                (coll.name,),
+            )
+        }
+        recorded = dict(
+            conn.execute("SELECT path, reason FROM skipped_files WHERE collection = ?", (coll.name,)).fetchall()
+        )
+        pending = vectors.pending_hashes(conn, space, [coll.name])
+        clipped: dict[str, int] = (
+            dict(
+                conn.execute(
+                    "SELECT hash, count(*) FROM content_vectors WHERE space_id = ? AND clipped = 1 GROUP BY hash",
+                    (space.id,),
+                ).fetchall()
+            )
+            if space
+            else {}
+        )
+    reasons = {**recorded, **dict(walk.skipped)}
+    on_disk = {f.rel: f for f in walk.files}
+    states: list[FileState] = []
+    for path in sorted(on_disk.keys() | docs.keys() | reasons.keys()):
+        doc, found = docs.get(path), on_disk.get(path)
+        if path in reasons:
+            kind: FileStateName = "failed" if reasons[path].startswith(FAILURES) else "skipped"
+            states.append(FileState(path, kind, reasons[path]))
+            continue
+        assert doc is not None or found is not None
+        if doc is None:
+            states.append(FileState(path, "new"))
+            continue
+        if found is None:
+            state: FileStateName = "indexed" if walk.root_missing or not walk.files else "missing"
+        else:
+            state = "indexed" if (found.size, found.mtime_ns) == (doc.size, doc.mtime_ns) else "changed"
+        states.append(
+            FileState(
+                path,
+                state,
+                pending_vectors=doc.hash in pending,
+                clipped_chunks=clipped.get(doc.hash, 0),
+                metadata_error=doc.meta_error,
+            )
+        )
+    return Coverage(
+        collection=coll.name,
+        path=str(coll.root),
+        discovered=len(walk.files),
+        indexed=len(docs),
+        skipped=sum(s.state == "skipped" for s in states),
+        failed=sum(s.state == "failed" for s in states),
+        pending_update=sum(s.state in ("changed", "new", "missing") for s in states),
+        pending_vectors=sum(s.pending_vectors for s in states),
+        clipped=sum(s.clipped_chunks > 0 for s in states),
+        metadata_errors=sum(bool(s.metadata_error) for s in states),
+        root_missing=walk.root_missing,
+        files=states,
+        vectors_note=vectors_note,
+    )

@@ -1,0 +1,215 @@
+"""What the index layer's SQL runs on: the sqlite3 module, and the two protocols both
+backends meet (SQLite's own connection, and server/store/pg_store.py's adapter over a
+Postgres one), so everything above the stores is written once.
+
+Python builds often ship an SQLite without extension loading (so no sqlite-vec) and
+an old FTS5. `pysqlite3-binary` bundles a current SQLite with both; the stdlib
+module is the fallback, and the store announces when vectors are unavailable.
+
+The SQL the modules write is the dialect both speak: `?` placeholders, ``ON CONFLICT``
+upserts, ``RETURNING`` for new ids. What only one backend has (FTS5, vec0, pragmas,
+VACUUM) is behind `is_postgres`, in the module that owns it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    # pysqlite3 ships no type information; its dbapi2 mirrors the stdlib module, so
+    # the checker reads the stdlib stubs whichever one is loaded at run time.
+    import sqlite3
+else:
+    try:
+        import pysqlite3.dbapi2 as sqlite3
+    except ImportError:  # pragma: no cover - platforms without the wheel
+        import sqlite3
+
+__all__ = ["Connection", "Cursor", "IndexCheck", "IndexStore", "Writer", "is_postgres", "snapshot", "sqlite3"]
+
+T = TypeVar("T")
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class IndexCheck:
+    """One line of `qmd doctor` about the index's backend."""
+
+    ok: bool
+    what: str
+
+
+class Cursor(Protocol):
+    """What a statement's result offers: rows by position or by column name."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def fetchmany(self, size: int = ..., /) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """A connection to either backend, as the index modules use it."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
+
+    def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> Cursor: ...
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+
+class IndexStore(Protocol):
+    """One index, on SQLite (server/store/sqlite.py) or Postgres (server/store/pg_store.py):
+    reads on per-thread connections, every write one transaction on one writer thread."""
+
+    postgres: bool
+
+    @property
+    def generation(self) -> int:
+        """Bumped after every committed write (on Postgres, by any daemon): lets callers
+        cache what they derive from the index."""
+        ...
+
+    @property
+    def vec_version(self) -> str | None:
+        """The vector extension's version; None when vectors are unavailable."""
+        ...
+
+    @property
+    def sqlite_version(self) -> str: ...
+
+    @property
+    def location(self) -> str:
+        """Where the index lives, for messages: a file path or a URL without its password."""
+        ...
+
+    def read(self) -> AbstractContextManager[Connection]: ...
+
+    def submit(self, fn: Callable[[Connection], T], *, bump: bool = True) -> Future[T]: ...
+
+    def write(self, fn: Callable[[Connection], T], *, bump: bool = True) -> T: ...
+
+    def maintain(self, fn: Callable[[Connection], T]) -> T: ...
+
+    def size_bytes(self) -> int:
+        """What the index takes on disk (files, or the server's relations)."""
+        ...
+
+    def checks(self) -> list[IndexCheck]:
+        """What `qmd doctor` says about the backend: versions, extensions, indexes."""
+        ...
+
+    def exclusive(self, what: str) -> AbstractContextManager[None]:
+        """Hold `what` (``update:<collection>``, ``embed``) against every other process
+        serving this index, waiting a while for a holder to finish: on Postgres an advisory
+        lock, which the server releases if the holder dies; on SQLite nothing (one daemon
+        owns the file, and its own locks order its work)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@contextmanager
+def snapshot(conn: Connection) -> Iterator[Connection]:
+    """One read transaction, so every statement inside sees the same index; inside a
+    caller's transaction, that one. Ended at once, as an open reader keeps the WAL
+    from being checkpointed."""
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("COMMIT")
+
+
+def is_postgres(conn: Connection) -> bool:
+    """Whether `conn` is a Postgres index's (the adapter says so; sqlite3's does not)."""
+    return bool(getattr(conn, "postgres", False))
+
+
+class Writer(Generic[C]):
+    """Both stores' write side, after datasette: every write is a function handed to one
+    writer thread through a queue and run there, so writes never contend and each runs
+    whole or not at all. A store says how one runs (`_run`) and how the thread ends (`_end`)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Callable[[C], Any], Future[Any], bool, bool] | None] = queue.Queue()
+        self._closed = False
+        self._writer: threading.Thread | None = None
+
+    def _start(self, conn: C, name: str) -> None:
+        self._writer = threading.Thread(target=self._write_loop, args=(conn,), name=name, daemon=True)
+        self._writer.start()
+
+    def _run(self, conn: C, fn: Callable[[C], T], bump: bool, transaction: bool) -> tuple[C, T]:
+        """Run `fn` (in one transaction unless not `transaction`); the connection to use from
+        now on (a store may have replaced a lost one) and the result."""
+        raise NotImplementedError
+
+    def _end(self, conn: C) -> None:
+        raise NotImplementedError
+
+    def _write_loop(self, conn: C) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            fn, fut, bump, transaction = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                conn, result = self._run(conn, fn, bump, transaction)
+            except BaseException as e:  # noqa: BLE001 - the caller gets the exception
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+        self._end(conn)
+
+    def submit(self, fn: Callable[[C], T], *, bump: bool = True) -> Future[T]:
+        """Queue `fn(conn)` to run in one transaction on the writer thread. `bump=False`
+        for writes that change nothing derived from documents (the model cache), so
+        `generation`-keyed caches survive them."""
+        return self._enqueue(fn, bump, transaction=True)
+
+    def _enqueue(self, fn: Callable[[C], T], bump: bool, *, transaction: bool) -> Future[T]:
+        if self._closed:
+            raise RuntimeError("the index is closed")
+        fut: Future[T] = Future()
+        self._queue.put((fn, fut, bump, transaction))
+        return fut
+
+    def write(self, fn: Callable[[C], T], *, bump: bool = True) -> T:
+        """Like `submit`, and wait for the result (re-raising the writer's exception)."""
+        return self.submit(fn, bump=bump).result()
+
+    def maintain(self, fn: Callable[[C], T]) -> T:
+        """Run `fn(conn)` on the writer thread *outside* any transaction, and wait: for what a
+        backend refuses inside one (VACUUM, a truncating WAL checkpoint). Nothing else writes
+        meanwhile, since every write waits its turn on this thread; `fn` must leave no
+        transaction open."""
+        return self._enqueue(fn, False, transaction=False).result()
+
+    def _stop_writer(self) -> bool:
+        """End the writer thread after what is queued; False if it was stopped already."""
+        if self._closed:
+            return False
+        self._closed = True
+        self._queue.put(None)
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+        return True

@@ -1,0 +1,196 @@
+"""The SQLite index: one writer thread, concurrent readers; the schema is migrated on open.
+(Its Postgres twin is server/store/pg_store.py; `open_store` picks one.)
+
+Following datasette: every write is a function handed to a single writer thread
+through a queue and run inside one `BEGIN IMMEDIATE` transaction, so writes never
+contend and a failed write rolls back whole. Reads use per-thread connections in WAL
+mode and never block on the writer, so no request ever sees "database is locked".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+from qmd.paths import private_file
+from qmd.server.config import describe_url
+from qmd.server.errors import Unavailable
+from qmd.server.store.db import IndexCheck, IndexStore, Writer, sqlite3
+from qmd.server.store.fts import repair_fts_totals
+from qmd.server.store.schema import migrate
+
+log = logging.getLogger("qmd.store")
+T = TypeVar("T")
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    if readonly:
+        conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+def _load_vec(conn: sqlite3.Connection) -> str | None:
+    """sqlite-vec is optional for keyword search; return its version or None."""
+    try:
+        import sqlite_vec
+
+        conn.enable_load_extension(True)
+        sqlite_vec.load(conn)
+        conn.enable_load_extension(False)
+        return str(conn.execute("SELECT vec_version()").fetchone()[0])
+    except Exception as e:  # noqa: BLE001 - any failure means "no vectors", announced by status
+        log.warning("sqlite-vec could not be loaded: %s", e)
+        return None
+
+
+def index_bytes(db: Path) -> int:
+    """The index on disk: the database file and its write-ahead log."""
+    total = 0
+    for path in (db, Path(f"{db}-wal")):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def open_store(db: Path, url: str | None) -> IndexStore:
+    """The index at `url` (a Postgres server) when one is given, else the SQLite file `db`."""
+    if url is None:
+        return Store(db)
+    try:
+        from qmd.server.store.pg_store import PgStore
+    except ImportError as e:
+        raise Unavailable(
+            f"the index is on a Postgres server ({describe_url(url)}), and this qmd cannot reach one: {e}."
+            " Install the postgres extra: pip install 'qmd[postgres]'"
+        ) from None
+    return PgStore(url)
+
+
+class Store(Writer[sqlite3.Connection]):
+    """Owns the index file. Use `read()` for queries and `write(fn)` for changes."""
+
+    postgres = False
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        private_file(path)  # SQLite gives the -wal and -shm files the database's own mode
+        for side in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if side.exists():
+                private_file(side)
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self.generation = 0
+        """Bumped after every committed write: lets callers cache what they derive from the index."""
+        wconn = _connect(path, readonly=False)
+        try:
+            self.vec_version = _load_vec(wconn)
+            # before the switch to WAL, so an index refused as too new is not touched at all
+            migrate(wconn, path)
+            repair_fts_totals(wconn)
+            mode = wconn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
+        except BaseException:
+            wconn.close()
+            raise
+        self.sqlite_version: str = sqlite3.sqlite_version
+        """The SQLite library the index runs on (pysqlite3's bundled one, or the system's)."""
+        self.location = str(path)
+        self._start(wconn, "qmd-writer")
+
+    # -- writes -------------------------------------------------------------
+
+    def _run(
+        self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], bump: bool, transaction: bool
+    ) -> tuple[sqlite3.Connection, T]:
+        try:
+            if transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            result = fn(conn)
+            if transaction:
+                conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if bump:
+            self._repair(conn)
+            self.generation += 1
+        return conn, result
+
+    def _end(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("PRAGMA optimize")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _repair(conn: sqlite3.Connection) -> None:
+        """`repair_fts_totals` after a committed write: a failure is logged, never the
+        write's (it is committed), and the next write tries again."""
+        try:
+            repair_fts_totals(conn)
+        except sqlite3.Error:
+            log.exception("could not repair the FTS totals")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    # -- reads --------------------------------------------------------------
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path, readonly=True)
+            if self.vec_version:
+                _load_vec(conn)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        yield conn
+
+    def size_bytes(self) -> int:
+        return index_bytes(self.path)
+
+    def exclusive(self, what: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def checks(self) -> list[IndexCheck]:
+        with self.read() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            fts = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'documents_fts'").fetchone()[0]
+        return [
+            IndexCheck(True, f"index {self.path} (SQLite {self.sqlite_version}, schema version {version})"),
+            IndexCheck(bool(fts), "keyword index (FTS5)" if fts else "the keyword index (FTS5 table) is missing"),
+        ]
+
+    def close(self) -> None:
+        if not self._stop_writer():
+            return
+        with self._readers_lock:
+            for conn in self._readers:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+            self._readers.clear()
