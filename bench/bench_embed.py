@@ -106,19 +106,22 @@ class Bare:
         t0 = time.perf_counter()
         from llama_cpp import Llama
 
+        from qmd.server.models.worker_child import model_params
+
         self.import_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self.llm = Llama(
-            model_path=model,
-            embedding=True,
-            n_ctx=512,
-            n_batch=512,
-            n_ubatch=512,
-            n_threads=threads,
-            n_threads_batch=threads,
-            flash_attn=True,
-            verbose=False,
-        )
+        with model_params():  # as the worker loads it: no AMX weight repacking where that crashes
+            self.llm = Llama(
+                model_path=model,
+                embedding=True,
+                n_ctx=512,
+                n_batch=512,
+                n_ubatch=512,
+                n_threads=threads,
+                n_threads_batch=threads,
+                flash_attn=True,
+                verbose=False,
+            )
         self.load_s = time.perf_counter() - t0
         self.llm.embed("warm up", normalize=True)
 

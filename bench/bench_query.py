@@ -489,6 +489,7 @@ class Bare:
         from llama_cpp import Llama
 
         from qmd.server.models.worker import CONTEXT, gguf_metadata, usable_cores
+        from qmd.server.models.worker_child import model_params
 
         meta = gguf_metadata(path)
         arch = meta.get("general.architecture", "")
@@ -497,17 +498,18 @@ class Bare:
         self.threads = int(os.environ.get("QMD_THREADS") or usable_cores())
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            self.llm = Llama(
-                model_path=path,
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_ubatch=n_batch,
-                n_threads=self.threads,
-                n_threads_batch=self.threads,
-                n_gpu_layers=0,
-                flash_attn=True,
-                verbose=False,
-            )
+            with model_params():  # as the worker loads it: no AMX weight repacking where that crashes
+                self.llm = Llama(
+                    model_path=path,
+                    n_ctx=n_ctx,
+                    n_batch=n_batch,
+                    n_ubatch=n_batch,
+                    n_threads=self.threads,
+                    n_threads_batch=self.threads,
+                    n_gpu_layers=0,
+                    flash_attn=True,
+                    verbose=False,
+                )
         self.load_s = time.perf_counter() - t0
         self.name = meta.get("general.name")
         self.template = meta.get("tokenizer.chat_template")

@@ -217,6 +217,8 @@ def test_likelihood_matches_llama_cpps_own_logits(smol_path: str) -> None:
     import numpy as np
     from llama_cpp import Llama
 
+    from qmd.server.models.worker_child import model_params
+
     prefix = "Notes on fundraising. " + " ".join(f"Item {i}: angel investors back seed rounds." for i in range(60))
     continuation = " " + " ".join(["how do I raise money for my startup from angel investors"] * 4)
     spec = ModelSpec("generate", smol_path, n_ctx=1024)
@@ -226,7 +228,8 @@ def test_likelihood_matches_llama_cpps_own_logits(smol_path: str) -> None:
         (ours,) = w.likelihood(spec, [prefix], continuation)
     finally:
         w.close()
-    ref = Llama(model_path=smol_path, n_ctx=1024, n_batch=512, n_threads=2, logits_all=True, verbose=False)
+    with model_params():  # as the worker loads it: no AMX weight repacking where that crashes
+        ref = Llama(model_path=smol_path, n_ctx=1024, n_batch=512, n_threads=2, logits_all=True, verbose=False)
     head = ref.tokenize(prefix.encode(), add_bos=True, special=True)
     tail = ref.tokenize(continuation.encode(), add_bos=False, special=False)
     assert len(tail) > 32

@@ -669,10 +669,10 @@ def test_child_exits_when_the_daemon_dies(spec: ModelSpec) -> None:
 
 def test_weight_repacking_is_off_only_on_cpus_with_amx(tmp_path: Path) -> None:
     """llama.cpp's AMX repack of Q8_0 weights crashes on the first embed; the plain kernels do not."""
-    from qmd.server.models.worker_child import _cpu_has_amx
+    from qmd.server.models.worker_child import cpu_has_amx
 
     amx, plain = tmp_path / "amx", tmp_path / "plain"
     amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
     plain.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
-    assert _cpu_has_amx(str(amx)) and not _cpu_has_amx(str(plain))
-    assert not _cpu_has_amx(str(tmp_path / "missing"))
+    assert cpu_has_amx(str(amx)) and not cpu_has_amx(str(plain))
+    assert not cpu_has_amx(str(tmp_path / "missing"))

@@ -271,9 +271,12 @@ class CosineRanker:
     def __init__(self, path: Path) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(
-            model_path=str(path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, verbose=False
-        )
+        from qmd.server.models.worker_child import model_params
+
+        with model_params():  # as the worker loads it: no AMX weight repacking where that crashes
+            self.llm = Llama(
+                model_path=str(path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, verbose=False
+            )
         self.lock = threading.Lock()  # one llama context: requests are scored one at a time
 
     def __call__(self, body: dict[str, Any]) -> Reply:

@@ -240,7 +240,7 @@ def auto_parallelism(*, cores: int, gpu_free_bytes: int | None, file_bytes: int,
     return max(1, min(int(0.25 * (gpu_free_bytes / 2**20 - 1000) / per_context_mb), MAX_PARALLELISM))
 
 
-def _cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU has AMX tiles: llama.cpp's AMX repacking of Q8_0/Q4_1 weights has
     crashed such CPUs (SIGSEGV on the first embed) where the plain CPU kernels work."""
     try:
@@ -251,10 +251,13 @@ def _cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 @contextlib.contextmanager
-def _model_params(devices: tuple[Device, ...] | None, *, repack: bool) -> Iterator[None]:
+def model_params(devices: tuple[Device, ...] | None = None, *, repack: bool | None = None) -> Iterator[None]:
     """While a `Llama` is built, give its model params these devices (NULL-terminated), as llama.cpp's
-    `--device` does, and turn weight repacking (llama.cpp's extra buffer types) off when `repack`
-    is false; `Llama()` takes neither argument, so its defaults are patched for the load."""
+    `--device` does, and weight repacking (llama.cpp's extra buffer types) only when `repack`
+    (by default: unless the CPU has AMX); `Llama()` takes neither argument, so its defaults are
+    patched for the load. Tests and benchmarks that build a `Llama` themselves load through it too."""
+    if repack is None:
+        repack = not cpu_has_amx()
     if devices is None and repack:
         yield
         return
@@ -315,7 +318,7 @@ class LoadedModel:
         # so the native log (filtered to warnings and errors by `WorkerProcess`) says why a load
         # failed; its own Python-level prints (system info, the metadata dict) are dropped.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            with _model_params(gpu.devices, repack=not _cpu_has_amx()):
+            with model_params(gpu.devices):
                 self.llm = Llama(
                     model_path=params.path,
                     embedding=params.embedding,
