@@ -1,6 +1,6 @@
 """The docs are a site that builds strictly, and they keep up with the code: the CLI
 reference is the commands' own `--help`, every `QMD_*` variable the code reads is in the
-configuration table, and every section of the original the code cites has its heading."""
+configuration table, and the README's links into docs/ land (on GitHub too)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,27 @@ def test_every_qmd_variable_is_in_the_configuration_table() -> None:
     code = code_variables()
     assert not code - table, f"read by the code but not in docs/configuration.md: {sorted(code - table)}"
     assert not table - code, f"in docs/configuration.md but read nowhere: {sorted(table - code)}"
+
+
+def slug(heading: str) -> str:
+    """The anchor mkdocs (and GitHub, for these headings) gives a heading."""
+    text = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+    return re.sub(r"[\s]+", "-", text)
+
+
+def test_readme_links_into_docs_land() -> None:
+    """Relative links, so they work on GitHub as in a checkout; each names a page that
+    exists and, with `#`, a heading it has."""
+    links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert local, "the README links into docs/"
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert not path.startswith("/") and target.is_file(), f"README.md links to {link}, which is not a file"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), re.M)
+            assert anchor in {slug(h) for h in headings}, f"README.md links to {link}: no such heading"
 
 
 def test_every_section_the_code_cites_has_its_heading() -> None:
