@@ -1,8 +1,8 @@
-"""The tree is the architecture: the README's layout and command list match the code,
+"""The tree is the architecture: the docs' layout and command list match the code,
 pyproject names every package, and the thin clients never import the server.
 
-A newcomer reads the README's layout to find the room for a change; these tests keep
-that map true as modules come and go.
+A newcomer reads the layout (docs/contributing.md) to find the room for a change; these
+tests keep that map true as modules come and go.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ HEAVY = ("fastapi", "uvicorn", "starlette", "pydantic", "httpx", "llama_cpp", "s
 ALLOWED_IN_THIN = {"click"}
 
 
-def readme_block(heading: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def doc_block(page: str, heading: str) -> str:
+    """The first fenced block under `## heading` of docs/`page`."""
+    text = (ROOT / "docs" / page).read_text()
     section = text.split(f"\n## {heading}\n", 1)[1]
     return section.split("```", 2)[1].removeprefix("text").removeprefix("sh")
 
@@ -47,11 +48,11 @@ def tree_modules() -> set[str]:
     return out
 
 
-def readme_layout() -> set[str]:
-    """The modules the README's layout names: an indented outline of folders (`name/`) and modules."""
+def documented_layout() -> set[str]:
+    """The modules the layout names: an indented outline of folders (`name/`) and modules."""
     out: set[str] = set()
     stack: list[tuple[int, str]] = []
-    for line in readme_block("Layout").splitlines():
+    for line in doc_block("contributing.md", "Layout").splitlines():
         m = re.match(r"^( *)([A-Za-z_][\w]*/?)(\s|$)", line)
         if not m:
             continue
@@ -68,10 +69,10 @@ def readme_layout() -> set[str]:
     return out
 
 
-def test_readme_layout_names_every_module_and_only_those() -> None:
-    tree, readme = tree_modules(), readme_layout()
-    assert not tree - readme, f"in the tree but not in the README's layout: {sorted(tree - readme)}"
-    assert not readme - tree, f"in the README's layout but not in the tree: {sorted(readme - tree)}"
+def test_layout_names_every_module_and_only_those() -> None:
+    tree, documented = tree_modules(), documented_layout()
+    assert not tree - documented, f"in the tree but not in docs/contributing.md's layout: {sorted(tree - documented)}"
+    assert not documented - tree, f"in docs/contributing.md's layout but not in the tree: {sorted(documented - tree)}"
 
 
 def test_pyproject_lists_every_package_and_the_links_make_one_tree() -> None:
@@ -220,15 +221,16 @@ def test_importing_qmd_loads_nothing_heavy() -> None:
     assert r.stdout.strip() == "[]"
 
 
-def test_readme_command_list_matches_help() -> None:
-    """Every command `qmd --help` lists is in the README's command list, and the list
-    names no command that does not exist."""
+def test_command_list_matches_help() -> None:
+    """Every command `qmd --help` lists is in the command list of docs/usage/index.md, and
+    the list names no command that does not exist."""
     r = subprocess.run([sys.executable, "-m", "qmd.client.cli", "--help"], capture_output=True, text=True, check=True)
     listed = r.stdout.split("Commands:", 1)[1]
     commands = {m.group(1) for m in re.finditer(r"^  ([a-z][\w-]*)", listed, re.M)}
-    documented = {m.group(1) for m in re.finditer(r"^qmd ([a-z][\w-]*)", readme_block("Using it"), re.M)}
-    assert commands - documented == set(), f"not in the README's command list: {sorted(commands - documented)}"
-    assert documented - commands == set(), f"in the README but not a command: {sorted(documented - commands)}"
+    block = doc_block("usage/index.md", "The commands")
+    documented = {m.group(1) for m in re.finditer(r"^qmd ([a-z][\w-]*)", block, re.M)}
+    assert commands - documented == set(), f"not in the command list: {sorted(commands - documented)}"
+    assert documented - commands == set(), f"in the command list but not a command: {sorted(documented - commands)}"
 
 
 @pytest.mark.slow

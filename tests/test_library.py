@@ -12,10 +12,10 @@ from conftest import NOTES, ROOT, write
 import qmd
 
 
-def test_readme_example_runs(tmp_path: Path, notes: Path) -> None:
-    """The README's library section, as a user would paste it (with its paths filled in)."""
-    text = (ROOT / "README.md").read_text()
-    code = text.split("## Library\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def test_library_page_example_runs(tmp_path: Path, notes: Path) -> None:
+    """The library page's example (docs/library.md), as a user would paste it (with its paths filled in)."""
+    text = (ROOT / "docs" / "library.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
     code = code.replace("~/notes", str(notes)).replace("notes.sqlite", str(tmp_path / "notes.sqlite"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TREES = ["qmd", "server", "client", "mcp_bridge", "tests", "bench"]
+TREES = ["qmd", "server", "client", "mcp_bridge", "tests", "bench", "docs"]
 
 
 def test_ruff_check() -> None:
