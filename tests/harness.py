@@ -316,7 +316,18 @@ def llama_cpp_server(model: Path, log: Path, *args: str, alias: str, api_key: st
     argv = ["--model", str(model), "--model_alias", alias, "--verbose", "false", *args]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--n_threads", "2", "--n_threads_batch", "2"]
     argv += ["--api_key", api_key] if api_key else []
-    return _serve("llama_cpp.server", [sys.executable, "-m", "llama_cpp.server", *argv], port, log, api_key)
+    return _serve("llama_cpp.server", [sys.executable, "-c", _LLAMA_CPP_SERVER, *argv], port, log, api_key)
+
+
+_LLAMA_CPP_SERVER = """
+import runpy, sys
+from qmd.server.models.worker_child import model_params
+sys.argv[0] = "llama_cpp.server"
+with model_params():  # loaded as the worker loads: no AMX weight repacking where it crashes
+    runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+"""`python -m llama_cpp.server`, its model loaded with the worker's `model_params`: the server
+takes no option for llama.cpp's weight repacking, which crashes Q8_0/Q4_1 models on AMX CPUs."""
 
 
 def llama_server(binary: Path, model: Path, log: Path, *args: str, alias: str) -> LlamaServer:
