@@ -20,6 +20,7 @@ import click
 
 from qmd.client import formats
 from qmd.connection import ClientError, Daemon, address
+from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, CLI_STRUCTURED_RESULTS
 from qmd.paths import find_project
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
@@ -250,7 +251,7 @@ def search_options(min_score_default: float) -> Callable[[Callable], Callable]:
                 "limit",
                 type=click.IntRange(min=1),
                 default=None,
-                help="Number of results [5; 20 for --json/--files].",
+                help=f"Number of results [{CLI_RESULTS}; {CLI_STRUCTURED_RESULTS} for --json/--files].",
             ),
             click.option(
                 "-c",
@@ -294,7 +295,7 @@ def run_search(
     **body: Any,
 ) -> dict:
     fmt = pick_format(fmt, flags)
-    limit = limit or (20 if fmt in ("json", "files") else 5)
+    limit = limit or (CLI_STRUCTURED_RESULTS if fmt in ("json", "files") else CLI_RESULTS)
     body.update(collections=list(collections) or None, min_score=min_score, all=all_results, filter=metadata_filter)
     if endpoint != "/v1/keyword":  # the models: a project's own are asked about first
         ask_trust(c)
@@ -439,7 +440,7 @@ def pipeline_options(candidates_help: str, expand_help: str) -> Callable[[Callab
             "-C",
             "--candidate-limit",
             type=click.IntRange(min=1, max=1000),
-            default=40,
+            default=CANDIDATE_LIMIT,
             show_default=True,
             help=candidates_help,
         )(f)

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote
 
+from qmd.defaults import snippet_header
+
 FORMATS = ("cli", "json", "csv", "md", "xml", "files")
 
 DEFAULT_EDITOR_URI = "vscode://file/{path}:{line}:{col}"
@@ -120,12 +122,6 @@ def add_line_numbers(text: str, start: int = 1) -> str:
     if not text:
         return ""
     return "\n".join(f"{start + i}: {line}" for i, line in enumerate(text.split("\n")))
-
-
-def snippet_header(start: int, count: int, total_lines: int) -> str:
-    """The diff-style hunk header that says where a passage sits in its file (§15.2)."""
-    after = total_lines - (start + count - 1)
-    return f"@@ -{start},{count} @@ ({start - 1} before, {after} after)"
 
 
 def editor_link(abs_path: str, line: int, template: str) -> str:

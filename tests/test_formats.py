@@ -25,8 +25,8 @@ from qmd.client.formats import (
     render_multi_get,
     render_search,
     resolve_full_path,
-    snippet_header,
 )
+from qmd.defaults import snippet_header
 
 PLAIN = Style(color=False, links=False)
 COLOR = Style(color=True, links=False)

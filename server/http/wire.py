@@ -22,6 +22,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, MAX_QUERY_CHARS, MCP_RESULTS, RESULTS
 from qmd.server.config import unstorable
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
 from qmd.server.ingest.upkeep import CACHE_MAX_AGE_DAYS, CleanupReport, Coverage
@@ -38,7 +39,6 @@ from qmd.server.text.chunking import ChunkStrategy
 from qmd.server.text.pages import PageSpan
 from qmd.server.trust import Approval, ApprovalState, Gate, Kind, Reviewed
 
-MAX_QUERY_CHARS = 20_000
 SCORE_DECIMALS = 2
 """Public scores are rounded to 2 decimals (spec §20.3, §21.1): enough to threshold on."""
 
@@ -112,10 +112,10 @@ class QueryFields(Request):
         description="Plain-text query, expanded by the local model (or a query document of "
         "lex:/vec:/hyde: lines). Mutually exclusive with `searches`.",
     )
-    limit: int = Field(10, ge=1, le=100_000, description="Maximum number of results.")
+    limit: int = Field(RESULTS, ge=1, le=100_000, description="Maximum number of results.")
     min_score: float = Field(0.0, ge=0.0, le=1.0, description="Drop results scoring below this (0-1).")
     candidate_limit: int = Field(
-        40, ge=1, le=1000, description="Candidates kept after fusion and handed to the reranker."
+        CANDIDATE_LIMIT, ge=1, le=1000, description="Candidates kept after fusion and handed to the reranker."
     )
     collections: list[str] | None = Field(
         None, description="Only search these collections (default: every collection included by default)."
@@ -165,7 +165,7 @@ class McpQueryArgs(QueryFields):
     (dropping expansion, then reranking, then vectors as needed, each drop reported)
     with at most ~8 pointers (seeds/002: a budget that keeps ranking honest)."""
 
-    limit: int = Field(8, ge=1, le=1000, description="Maximum number of results.")
+    limit: int = Field(MCP_RESULTS, ge=1, le=1000, description="Maximum number of results.")
     budget_ms: int | None = Field(
         4000,
         ge=1,
@@ -217,7 +217,7 @@ class SearchRequest(Request):
 
     query: str = Field(max_length=MAX_QUERY_CHARS)
     collections: list[str] | None = None
-    limit: int = Field(5, ge=1, le=100_000)
+    limit: int = Field(CLI_RESULTS, ge=1, le=100_000)
     min_score: float = Field(0.0, ge=0.0, le=1.0)
     all: bool = False
     full: bool = False
@@ -356,7 +356,9 @@ class BenchRequest(Request):
     max_queries: int | None = Field(None, ge=1)
     embed: bool = False
     keep: bool = False
-    candidate_limit: int = Field(40, ge=1, le=1000, description="hybrid and full: candidates kept after fusion.")
+    candidate_limit: int = Field(
+        CANDIDATE_LIMIT, ge=1, le=1000, description="hybrid and full: candidates kept after fusion."
+    )
     expand: bool | None = Field(None, description="hybrid and full: expand each query (default: as a query does).")
 
     def spec(self) -> BenchSpec:

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from qmd.defaults import CLI_RESULTS, snippet_header
 from qmd.server.config import Config
 from qmd.server.search.filters import Filter
 from qmd.server.search.scope import FilterReport
-from qmd.server.search.snippets import best_passage, snippet_header
+from qmd.server.search.snippets import best_passage
 from qmd.server.store.documents import DocRow
 from qmd.server.text.frontmatter import Metadata
 from qmd.server.text.pages import Pages, PageSpan
@@ -89,7 +90,7 @@ class SearchOptions:
 
     collections: list[str] | None = None
     """None: every collection included by default."""
-    limit: int = 5
+    limit: int = CLI_RESULTS
     min_score: float = 0.0
     all_results: bool = False
     """Every result above `min_score`, whatever `limit` says."""

@@ -75,12 +75,6 @@ def best_passage(
     )
 
 
-def snippet_header(start: int, count: int, total_lines: int) -> str:
-    """Unified-diff style `@@ -start,count @@ (B before, A after)` (spec §15.2)."""
-    after = max(0, total_lines - (start + count - 1))
-    return f"@@ -{start},{count} @@ ({start - 1} before, {after} after)"
-
-
 def passage_window(body: str, passage: Passage, max_chars: int, within: tuple[int, int] | None = None) -> str:
     """The passage grown line by line (after it, then before) to about `max_chars`:
     the text a reranker reads for a candidate, cheap to score and about one topic.
