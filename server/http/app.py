@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
+from qmd.server.http import openapi
 from qmd.server.http.auth import BearerAuth
 from qmd.server.http.guard import GuardSettings, OriginHostGuard
 from qmd.server.http.mcp import McpEndpoint
@@ -192,6 +193,7 @@ def create_app(
     app.state.log = log
     model_threads()  # a bad QMD_MODEL_THREADS is an error at start-up, not at the first vector search
     app.include_router(router)
+    openapi.install(app, router)
     # MCP (spec §20) is a route of this app, so every middleware and the guard screen it too.
     # An ASGI app is a valid endpoint (Starlette's Route serves any non-function callable
     # as ASGI), but add_route's annotation only names request handlers.
