@@ -401,119 +401,223 @@ def _existing(store: IndexStore, collection: str, scope: Scope | None) -> tuple[
     return existing, active
 
 
+# -- one pass: the plan ---------------------------------------------------------
+
+# How a walked file stands against its document row: only "unchanged" (the size and mtime
+# of an active row) is settled without reading the file; what a read file's content says
+# decides its write (`_write_for`).
+_Kind: TypeAlias = Literal["new", "returning", "changed", "unchanged"]
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A walked file and its document row, if it has one."""
+
+    found: Found
+    old: _Existing | None
+
+    @property
+    def kind(self) -> _Kind:
+        """New (no row), returning (its row had left the index), unchanged or changed on disk."""
+        if self.old is None:
+            return "new"
+        if not self.old.active:
+            return "returning"
+        if self.old.size == self.found.size and self.old.mtime_ns == self.found.mtime_ns:
+            return "unchanged"
+        return "changed"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one pass must do, decided from the walk and the index's rows before any file is
+    read, so that applying it only reads, writes and counts."""
+
+    files: list[_Planned]
+    """Every walked file, in walk order: progress and batch boundaries follow it."""
+    deleted: list[int]
+    """Active rows whose file is gone (those below a folder that could not be listed stay)."""
+    skipped: list[tuple[str, str]]
+    """What the walk passed over, with why."""
+    empty_walk: str | None
+    """The warning to give instead of pruning, when the walk found nothing."""
+    rewalk: bool
+    """A scoped pass that would deactivate every active document: a full walk decides instead."""
+
+
+def _plan(store: IndexStore, coll: Collection, scope: Scope | None) -> _Plan:
+    """Walk the collection (or the scope) and set what it found against the index's rows."""
+    walk = discover(coll, scope)
+    existing, active = _existing(store, coll.name, scope)
+    seen = {f.rel for f in walk.files}
+    unlisted = frozenset(walk.unlisted)
+    deleted = [e.id for p, e in existing.items() if e.active and p not in seen and not _within(p, unlisted)]
+    return _Plan(
+        files=[_Planned(f, existing.get(f.rel)) for f in walk.files],
+        deleted=deleted,
+        skipped=walk.skipped,
+        empty_walk=_empty_walk_warning(coll, walk, scope, active),
+        rewalk=scope is not None and not walk.files and bool(deleted) and len(deleted) >= active,
+    )
+
+
+def _empty_walk_warning(coll: Collection, walk: Walk, scope: Scope | None, active: int) -> str | None:
+    """Why a walk found nothing, when that must prune nothing: a typo'd path, an unmounted
+    disk or a mask that matches nothing never empties the index. A scoped walk that finds
+    nothing is a deletion, unless the root itself is gone."""
+    if walk.files or (scope is not None and not walk.root_missing):
+        return None
+    if walk.root_missing:
+        why = f"the folder {coll.root} is missing or not a directory"
+    elif walk.skipped:
+        why = f"nothing under {coll.root} could be indexed ({len(walk.skipped)} skipped)"
+    else:
+        why = f"no file matches '{coll.pattern}' under {coll.root}"
+    if not active:
+        return why
+    return (
+        f"{why}; keeping its {active} indexed document(s) — an empty walk never prunes. "
+        f"If the files are really gone, run 'qmd collection remove {coll.name}'."
+    )
+
+
+# -- one pass: applying the plan ---------------------------------------------------
+
+
 def index_collection(
     store: IndexStore, coll: Collection, progress: Progress | None = None, scope: Scope | None = None
 ) -> Summary:
     """Bring the index in line with the collection's files on disk: all of them, or only
     the paths `scope` covers (the watcher's pass over what changed). A scoped pass that
     would leave the collection without a document walks all of it instead, so the
-    empty-walk rule decides, as for `qmd update`."""
+    empty-walk rule decides, as for `qmd update`. Two steps: plan from the walk and the
+    rows, then apply (read, write, prune, record the run)."""
     t0 = time.monotonic()
-    summary = Summary(coll.name)
-    walk = discover(coll, scope)
-    summary.skipped.extend(walk.skipped)
-    existing, active_count = _existing(store, coll.name, scope)
-    if not walk.files and (scope is None or walk.root_missing):
-        if walk.root_missing:
-            why = f"the folder {coll.root} is missing or not a directory"
-        elif walk.skipped:
-            why = f"nothing under {coll.root} could be indexed ({len(walk.skipped)} skipped)"
-        else:
-            why = f"no file matches '{coll.pattern}' under {coll.root}"
-        if active_count:
-            summary.warnings.append(
-                f"{why}; keeping its {active_count} indexed document(s) — an empty walk never prunes. "
-                f"If the files are really gone, run 'qmd collection remove {coll.name}'."
-            )
-        else:
-            summary.warnings.append(why)
-        _record_run(store, summary, walk_empty=True)
-        summary.seconds = time.monotonic() - t0
-        return summary
+    plan = _plan(store, coll, scope)
+    summary = Summary(coll.name, skipped=list(plan.skipped), files=len(plan.files))
+    if plan.empty_walk is not None:
+        summary.warnings.append(plan.empty_walk)
+    else:
+        _write_files(store, coll.name, plan, summary, _ticker(progress, coll.name, len(plan.files), t0))
+        # Before a rewalk too, as the scoped pass always did.
+        summary.metadata_extracted = _extract_pending(store, coll.name)
+        if plan.rewalk:
+            return index_collection(store, coll, progress)
+        summary.removed += len(plan.deleted)
+        summary.orphans_cleaned = store.write(partial(_finish, gone=plan.deleted))
+    summary.seconds = time.monotonic() - t0
+    _record_run(store, summary, walk_empty=plan.empty_walk is not None, scope=scope)
+    return summary
 
+
+def _write_files(
+    store: IndexStore, collection: str, plan: _Plan, summary: Summary, tick: Callable[[int], None]
+) -> None:
+    """Apply the plan to its files: unchanged ones are only counted, the others are read
+    and their writes queued; returns once every write is committed."""
+    batches = _Batches(store, collection)
     limit = max_file_bytes()
-    seen: set[str] = set()
-    batch: list[_Op] = []
-    batch_bytes = 0
-    pending: list[Future] = []
-    total = len(walk.files)
-    last_tick = 0.0
-
-    def flush() -> None:
-        nonlocal batch, batch_bytes
-        if not batch:
-            return
-        ops, batch, batch_bytes = batch, [], 0
-        pending.append(store.submit(lambda conn: _apply(conn, coll.name, ops)))
-        while len(pending) > 1:
-            pending.pop(0).result()
-
-    for n, found in enumerate(walk.files, 1):
-        seen.add(found.rel)
-        old = existing.get(found.rel)
-        if old and old.active and old.size == found.size and old.mtime_ns == found.mtime_ns:
+    for done, item in enumerate(plan.files, 1):
+        if item.kind == "unchanged":
             summary.unchanged += 1
         else:
-            try:
-                loaded = load_file(found, limit)
-            except Skip as s:
-                summary.skipped.append((found.rel, s.reason))
-                if not s.keep and old and old.active:
-                    batch.append(("deactivate", old.id))
-                    summary.removed += 1
-            else:
-                summary.loaded[loaded.loader] = summary.loaded.get(loaded.loader, 0) + 1
-                summary.bytes_read += loaded.nbytes
-                batch_bytes += loaded.nbytes
-                if old is None:
-                    summary.indexed += 1
-                    batch.append(("insert", loaded))
-                elif old.hash == loaded.hash and old.active:
-                    if old.title != loaded.title:
-                        summary.updated += 1
-                        batch.append(("update", (old.id, loaded)))
-                    else:
-                        summary.unchanged += 1
-                        batch.append(("stat", (old.id, found)))
-                else:
-                    if old.active:
-                        summary.updated += 1
-                    else:
-                        summary.indexed += 1
-                    batch.append(("update", (old.id, loaded)))
-        if len(batch) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
-            flush()
-        now = time.monotonic()
-        if progress and (now - last_tick >= 0.1 or n == total):
-            last_tick = now
-            elapsed = max(now - t0, 1e-6)
-            progress(
-                {
-                    "event": "progress",
-                    "collection": coll.name,
-                    "done": n,
-                    "total": total,
-                    "files_per_s": round(n / elapsed, 1),
-                }
-            )
-    flush()
-    for fut in pending:
-        fut.result()
-    summary.metadata_extracted = _extract_pending(store, coll.name)
+            _read(item, limit, batches, summary)
+        tick(done)
+    batches.drain()
 
-    gone = [
-        e.id
-        for p, e in existing.items()
-        if e.active and p not in seen and not any(p == d or p.startswith(d + "/") for d in walk.unlisted)
-    ]
-    if scope is not None and not seen and gone and len(gone) >= active_count:
-        return index_collection(store, coll, progress)
-    summary.removed += len(gone)
-    summary.files = total
-    summary.orphans_cleaned = store.write(lambda conn: _finish(conn, gone))
-    summary.seconds = time.monotonic() - t0
-    _record_run(store, summary, walk_empty=False, scope=scope)
-    return summary
+
+def _read(item: _Planned, limit: int, batches: _Batches, summary: Summary) -> None:
+    """Load a file its stat could not clear and queue the write its content calls for. A
+    file that cannot be indexed is a skip and leaves the index, unless it merely could not
+    be read: then its previous version stays."""
+    try:
+        loaded = load_file(item.found, limit)
+    except Skip as s:
+        summary.skipped.append((item.found.rel, s.reason))
+        if not s.keep and item.old is not None and item.old.active:
+            summary.removed += 1
+            batches.add(("deactivate", item.old.id))
+        return
+    summary.loaded[loaded.loader] = summary.loaded.get(loaded.loader, 0) + 1
+    summary.bytes_read += loaded.nbytes
+    batches.add(_write_for(item, loaded, summary), loaded.nbytes)
+
+
+def _write_for(item: _Planned, loaded: Loaded, summary: Summary) -> _Op:
+    """The write a read file calls for, counted. A file whose content and title are those
+    of its row records only its new size and mtime, keeping its chunks and vectors."""
+    old = item.old
+    if old is None:
+        summary.indexed += 1
+        return ("insert", loaded)
+    if item.kind == "returning":
+        summary.indexed += 1
+    elif old.hash == loaded.hash and old.title == loaded.title:
+        summary.unchanged += 1
+        return ("stat", (old.id, loaded.found))
+    else:
+        summary.updated += 1
+    return ("update", (old.id, loaded))
+
+
+class _Batches:
+    """A pass's writes, one transaction per `BATCH_FILES` files or `BATCH_BYTES` read. Each
+    batch goes to the store's writer thread while the next is read, so disk I/O and FTS
+    indexing overlap; waiting for all but the newest bounds the memory held."""
+
+    def __init__(self, store: IndexStore, collection: str) -> None:
+        self.store = store
+        self.collection = collection
+        self.ops: list[_Op] = []
+        self.nbytes = 0
+        self.pending: list[Future[None]] = []
+
+    def add(self, op: _Op, nbytes: int = 0) -> None:
+        """Queue one write (`nbytes`: what was read for it); submit the batch once full."""
+        self.ops.append(op)
+        self.nbytes += nbytes
+        if len(self.ops) >= BATCH_FILES or self.nbytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Submit the batch, then wait for all but it: at most one batch is in flight."""
+        if not self.ops:
+            return
+        ops, self.ops, self.nbytes = self.ops, [], 0
+        self.pending.append(self.store.submit(partial(_apply, collection=self.collection, ops=ops)))
+        while len(self.pending) > 1:
+            self.pending.pop(0).result()
+
+    def drain(self) -> None:
+        """Submit what is left and wait for every batch, re-raising a failed write."""
+        self.flush()
+        for fut in self.pending:
+            fut.result()
+
+
+def _ticker(progress: Progress | None, collection: str, total: int, t0: float) -> Callable[[int], None]:
+    """A `tick(done)` that reports progress at most every 0.1 s, and always the last file,
+    so a large walk costs no more than ten events a second."""
+    last_tick = 0.0
+
+    def tick(done: int) -> None:
+        nonlocal last_tick
+        now = time.monotonic()
+        if progress is None or (now - last_tick < 0.1 and done != total):
+            return
+        last_tick = now
+        elapsed = max(now - t0, 1e-6)
+        progress(
+            {
+                "event": "progress",
+                "collection": collection,
+                "done": done,
+                "total": total,
+                "files_per_s": round(done / elapsed, 1),
+            }
+        )
+
+    return tick
 
 
 def _apply(conn: Connection, collection: str, ops: list[_Op]) -> None:
