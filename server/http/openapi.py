@@ -51,7 +51,7 @@ def describe(app: FastAPI, router: APIRouter) -> dict[str, Any]:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for route in router.routes:
         if isinstance(route, APIRoute) and route.include_in_schema:
-            for method in route.methods:
+            for method in route.methods or ():
                 _describe_operation(doc["paths"][route.path_format][method.lower()], route, schemas)
     schemas["Error"] = ERROR
     used = _referenced(doc["paths"], schemas)
