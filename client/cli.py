@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
-from qmd.client import formats
+from qmd.client import api, formats
 from qmd.connection import ClientError, Daemon, address
 from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, CLI_STRUCTURED_RESULTS
 from qmd.paths import find_project
@@ -66,7 +66,7 @@ class Ctx:
         already running keeps the settings it started with, shared by every client, so say so."""
         if d.health() is None:
             return
-        status = d.call("GET", "/v1/status")
+        status: api.StatusOut = d.call("GET", "/v1/status")
         inf, pid = status["inference"], status["daemon"]["pid"]
         if inf["force_cpu"]:
             return
@@ -85,7 +85,8 @@ class Ctx:
             return
         self.note_started()
         try:
-            inf = self._daemon.call("GET", "/v1/status")["inference"]
+            st: api.StatusOut = self._daemon.call("GET", "/v1/status")
+            inf = st["inference"]
         except (ClientError, OSError):
             return
         for m in inf["models_loaded"]:
@@ -293,13 +294,15 @@ def run_search(
     all_results: bool,
     metadata_filter: dict[str, Any] | None,
     **body: Any,
-) -> dict:
+) -> api.SearchResponse | api.CliQueryResponse:
     fmt = pick_format(fmt, flags)
     limit = limit or (CLI_STRUCTURED_RESULTS if fmt in ("json", "files") else CLI_RESULTS)
     body.update(collections=list(collections) or None, min_score=min_score, all=all_results, filter=metadata_filter)
     if endpoint != "/v1/keyword":  # the models: a project's own are asked about first
         ask_trust(c)
-    res = c.call("POST", endpoint, {"query": " ".join(query), "limit": limit, "full": full, **body})
+    res: api.SearchResponse | api.CliQueryResponse = c.call(
+        "POST", endpoint, {"query": " ".join(query), "limit": limit, "full": full, **body}
+    )
     _warn(res.get("warnings", []))
     text, warnings = formats.render_search(
         res["results"],
@@ -516,7 +519,7 @@ def query(
         budget_ms=budget_ms,
         chunk_strategy=chunk_strategy,
     )
-    _warn(formats.stage_lines(res, verbose=explain or c.verbose))
+    _warn(formats.stage_lines(cast(api.CliQueryResponse, res), verbose=explain or c.verbose))
 
 
 cli.add_command(query, "deep-search")
@@ -534,7 +537,8 @@ cli.add_command(query, "deep-search")
 @pass_ctx
 def get(c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full_path: bool) -> None:
     """Show a document: a path, qmd://collection/path, #docid, or path:from:count."""
-    doc = c.call("POST", "/v1/get", {"file": name, "from_line": from_line, "max_lines": max_lines, "cwd": os.getcwd()})
+    body = {"file": name, "from_line": from_line, "max_lines": max_lines, "cwd": os.getcwd()}
+    doc: api.DocumentOut = c.call("POST", "/v1/get", body)
     _out(
         formats.render_document(
             doc, from_line=doc["from_line"], line_numbers=line_numbers, full_path=full_path, cwd=os.getcwd()
@@ -563,19 +567,23 @@ def multi_get(
     **flags: bool,
 ) -> None:
     """Show several documents: a glob ("notes/**/*.md"), or a comma list of names and #docids."""
-    res = c.call(
+    res: api.MultiGetOut = c.call(
         "POST",
         "/v1/multi-get",
         {"pattern": pattern, "max_bytes": max_bytes, "max_lines": max_lines, "cwd": os.getcwd()},
     )
-    items = res["items"]
-    errors = [i for i in items if i.get("error")]
-    found = [i for i in items if not i.get("error")]
-    _warn([e["reason"] for e in errors])
+    found: list[api.RetrievedOut] = []
+    errors: list[api.UnmatchedOut] = []
+    for i in res["items"]:
+        if "error" in i:
+            errors.append(cast(api.UnmatchedOut, i))
+        else:
+            found.append(i)
+    _warn([e["reason"] for e in errors if e["reason"]])
     if line_numbers:
-        for i in found:
-            if i.get("body") is not None:
-                i["body"] = formats.add_line_numbers(i["body"])
+        for r in found:
+            if r["body"] is not None:
+                r["body"] = formats.add_line_numbers(r["body"])
     text, warnings = formats.render_multi_get(
         found, pick_format(fmt, flags), _style(res.get("editor_uri")), full_path=full_path, cwd=os.getcwd()
     )
@@ -605,7 +613,7 @@ def _ago(iso: str | None) -> str:
 @pass_ctx
 def ls(c: Ctx, target: str | None) -> None:
     """List collections, or the files of one (`ls notes`, `ls qmd://notes/sub`)."""
-    res = c.call("GET", "/v1/ls", params={"target": target} if target else None)
+    res: api.LsOut = c.call("GET", "/v1/ls", params={"target": target} if target else None)
     if not target:
         if not res["collections"]:
             _out("No collections. Add one with: qmd collection add <folder> --name <name>")
@@ -796,8 +804,9 @@ def pull(c: Ctx, refresh: bool) -> None:
                 how = "downloaded" if ev["downloaded"] else "present"
                 click.echo(f"  ✓ {how}: {ev['path']} ({_fmt_bytes(ev['size'])})")
             else:
-                click.echo(f"  ✓ {ev.get('note', 'nothing to do')}")
-    missing = c.call("GET", "/v1/status")["inference"].get("models_missing")
+                click.echo(f"  ✓ {ev.get('note') or 'nothing to do'}")
+    st: api.StatusOut = c.call("GET", "/v1/status")
+    missing = st["inference"].get("models_missing")
     if missing:
         click.echo(f"⚠ The models are on disk but cannot run yet: {missing}", err=True)
     if failed:
@@ -923,7 +932,7 @@ def cleanup(c: Ctx, dry_run: bool, vacuum: bool | None, cache_days: int, wait_s:
 @pass_ctx
 def doctor(c: Ctx) -> None:
     """Versions, SQLite and sqlite-vec, the llama.cpp build, each model, pending vectors."""
-    d = c.call("GET", "/v1/doctor")
+    d: api.Doctor = c.call("GET", "/v1/doctor")
     inf = d["inference"]
     ok, warn = "✓", "⚠"
     lines = [f"{ok} Python {d['python']}"]
@@ -967,9 +976,9 @@ def doctor(c: Ctx) -> None:
             lines.append(f"{ok} {head} — reranks by the embedder's cosine: no model to load")
         else:
             state = "loaded" if m.get("loaded") else "not loaded"
-            fp = f", fingerprint {m['fingerprint'][:12]}" if m.get("fingerprint") else ""
-            fp += f", reranks by {m['method']}" if m.get("method") else ""
-            lines.append(f"{ok} {head}\n    {m['file']} ({_fmt_bytes(m['size'])}, {m['arch']}, {state}{fp})")
+            fp = f", fingerprint {m['fingerprint'][:12]}" if m["fingerprint"] else ""
+            fp += f", reranks by {m['method']}" if m["method"] else ""
+            lines.append(f"{ok} {head}\n    {m['file']} ({_fmt_bytes(m['size'] or 0)}, {m['arch']}, {state}{fp})")
     v = d["vector"]
     lines.append(f"{ok if not v['pending'] else warn} vectors: {v['message']}")
     if v["stale_contents"]:
@@ -1005,12 +1014,13 @@ def _models_line(inf: dict) -> str:
 def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
     """Index, daemon and collection health; with --files, what the index holds of each folder."""
     if files:
-        got = c.call("GET", "/v1/coverage", params={"collection": name} if name else None)["collections"]
+        coverage: api.CoverageOut = c.call("GET", "/v1/coverage", params={"collection": name} if name else None)
+        got = coverage["collections"]
         _out(json.dumps(got, indent=2) if as_json else formats.render_coverage(got))
         return
     if name:
         raise click.UsageError(f"a collection name ({name}) goes with --files: qmd status --files {name}")
-    s = c.call("GET", "/v1/status")
+    s: api.StatusOut = c.call("GET", "/v1/status")
     if as_json:
         _out(json.dumps(s, indent=2))
         return
@@ -1044,7 +1054,8 @@ def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
             if col["contexts"]:
                 lines.append(f"    Contexts: {len(col['contexts'])}")
             lines += _metadata_lines(col)
-            for w in (col.get("last_run") or {}).get("warnings", []):
+            last_run = col.get("last_run")
+            for w in last_run["warnings"] if last_run else []:
                 lines.append(f"    ⚠ {w}")
             if col["skipped"]:
                 lines.append(f"    Skipped:  {len(col['skipped'])}")
@@ -1056,7 +1067,7 @@ def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
     _out("\n".join(lines))
 
 
-def _watch_lines(watch: dict[str, Any] | None) -> list[str]:
+def _watch_lines(watch: api.WatchInfo | None) -> list[str]:
     """`qmd status`: does the daemon keep the collection fresh, how, and how far behind it is."""
     if not watch:
         return []
@@ -1072,7 +1083,7 @@ def _watch_lines(watch: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _grammar_lines(grammars: list[dict[str, Any]]) -> list[str]:
+def _grammar_lines(grammars: list[api.GrammarStatus]) -> list[str]:
     """`qmd status`: which code grammars `--chunk-strategy auto` can use here (a missing one's
     files are chunked as prose), and why the others cannot load."""
     ok = [g["language"] for g in grammars if g["available"]]
@@ -1082,7 +1093,7 @@ def _grammar_lines(grammars: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _metadata_lines(col: dict[str, Any]) -> list[str]:
+def _metadata_lines(col: api.CollectionOut | api.CollectionShown) -> list[str]:
     """`qmd status`: a collection's top keys, and what a filter cannot see there (and why)."""
     meta, keys = col.get("metadata"), col.get("metadata_keys") or ""
     if not meta or not (meta["with_metadata"] or meta["pending"] or meta["rejected"]):
@@ -1099,7 +1110,7 @@ def _metadata_lines(col: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _orphaned_line(vector: dict[str, Any]) -> list[str]:
+def _orphaned_line(vector: api.VectorState) -> list[str]:
     """`qmd status`: vector chunks no document holds any more (not counted as embedded)."""
     n = vector["orphan_chunks"]
     return [f"  Orphaned: {n} embedding chunks of old or deleted documents (run 'qmd cleanup')"] if n else []
@@ -1123,7 +1134,7 @@ def collection() -> None:
 def collection_add(c: Ctx, path: str, name: str | None, mask: str | None) -> None:
     """Index a folder as a new collection."""
     absolute = os.path.abspath(os.path.expanduser(path))
-    res = c.call("POST", "/v1/collections", {"path": absolute, "name": name, "pattern": mask})
+    res: api.CollectionCreated = c.call("POST", "/v1/collections", {"path": absolute, "name": name, "pattern": mask})
     click.echo(f"Creating collection '{res['name']}'...")
     run_update(c, [res["name"]])
     click.echo(f"✓ Collection '{res['name']}' created successfully")
@@ -1134,7 +1145,8 @@ def collection_add(c: Ctx, path: str, name: str | None, mask: str | None) -> Non
 @pass_ctx
 def collection_list(c: Ctx, as_json: bool) -> None:
     """List collections."""
-    colls = c.call("GET", "/v1/collections")["collections"]
+    listed: api.CollectionsOut = c.call("GET", "/v1/collections")
+    colls = listed["collections"]
     if as_json:
         import json
 
@@ -1162,7 +1174,7 @@ def collection_list(c: Ctx, as_json: bool) -> None:
 @pass_ctx
 def collection_show(c: Ctx, name: str) -> None:
     """Show one collection's settings."""
-    col = c.call("GET", f"/v1/collections/{_seg(name)}")
+    col: api.CollectionShown = c.call("GET", f"/v1/collections/{_seg(name)}")
     lines = [
         f"Collection: {col['name']}",
         f"  Path:     {col['path']}",
@@ -1220,7 +1232,7 @@ def collection_metadata(
       qmd collection metadata notes --match '{"field":"value","operator":"eq","value":"docs-team"}'
       qmd collection metadata notes --filter '{"field":"status","operator":"eq","value":"published"}'
     """
-    res = c.call(
+    res: api.CliMetadataResponse = c.call(
         "POST",
         "/v1/metadata",
         {
@@ -1250,7 +1262,7 @@ def _seg(name: str) -> str:
 @pass_ctx
 def collection_remove(c: Ctx, name: str) -> None:
     """Remove a collection and its documents from the index (files are untouched)."""
-    res = c.call("DELETE", f"/v1/collections/{_seg(name)}")
+    res: api.CollectionDeleted = c.call("DELETE", f"/v1/collections/{_seg(name)}")
     click.echo(f"✓ Removed collection '{name}'\n  Deleted {res['deleted_documents']} documents")
 
 
@@ -1317,7 +1329,7 @@ def context() -> None:
 def context_add(c: Ctx, args: tuple[str, ...]) -> None:
     """context add [PATH] TEXT  (PATH defaults to the current folder)."""
     target, text = (args[0], " ".join(args[1:])) if len(args) > 1 else (".", args[0])
-    res = c.call("POST", "/v1/contexts", {"target": target, "text": text, "cwd": os.getcwd()})
+    res: api.Context = c.call("POST", "/v1/contexts", {"target": target, "text": text, "cwd": os.getcwd()})
     where = "global" if res["collection"] is None else f"qmd://{res['collection']}/{res['path']}"
     click.echo(f"✓ Added context for {where}")
 
@@ -1326,7 +1338,8 @@ def context_add(c: Ctx, args: tuple[str, ...]) -> None:
 @pass_ctx
 def context_list(c: Ctx) -> None:
     """List contexts."""
-    items = c.call("GET", "/v1/contexts")["contexts"]
+    contexts: api.ContextsOut = c.call("GET", "/v1/contexts")
+    items = contexts["contexts"]
     if not items:
         _out('No contexts configured. Add one with: qmd context add <path> "description"')
         return
@@ -1346,7 +1359,7 @@ def context_list(c: Ctx) -> None:
 @pass_ctx
 def context_rm(c: Ctx, target: str) -> None:
     """Remove a context."""
-    res = c.call("POST", "/v1/contexts/remove", {"target": target, "cwd": os.getcwd()})
+    res: api.Context = c.call("POST", "/v1/contexts/remove", {"target": target, "cwd": os.getcwd()})
     where = "global" if res["collection"] is None else f"qmd://{res['collection']}/{res['path']}"
     click.echo(f"✓ Removed context for {where}")
 
@@ -1362,7 +1375,7 @@ def _interactive() -> bool:
     return sys.stdin.isatty() and sys.stderr.isatty()
 
 
-def _gated_lines(t: dict[str, Any]) -> list[str]:
+def _gated_lines(t: api.TrustOut) -> list[str]:
     lines = [f"  - {i['shown']}" for i in t["items"]]
     if t["override"]:
         lines.append(f"  ({t['override']} is set in the daemon's environment: what it covers is trusted)")
@@ -1375,7 +1388,7 @@ def ask_trust(c: Ctx) -> list[str]:
     the daemon skips them. Returns what is skipped (empty outside a project)."""
     if c.daemon.project is None:
         return []
-    t = c.call("GET", "/v1/trust")
+    t: api.TrustOut = c.call("GET", "/v1/trust")
     if not t["skipped"] or not _interactive():
         return list(t["skipped"])
     if not _approve(c, t, err=True):
@@ -1384,7 +1397,7 @@ def ask_trust(c: Ctx) -> list[str]:
     return []
 
 
-def _approve(c: Ctx, t: dict[str, Any], *, err: bool) -> bool:
+def _approve(c: Ctx, t: api.TrustOut, *, err: bool) -> bool:
     """List a project's gated items, ask, and record a yes (on stderr when a command's own
     output follows on stdout)."""
     click.echo(f"This project's config ({t['project']}/.qmd) asks for what qmd does not do unapproved:", err=err)
@@ -1415,7 +1428,7 @@ def _model_notes(c: Ctx) -> None:
 def init(c: Ctx, path: Path | None) -> None:
     """Make a folder (default: here) a project with its own index in .qmd/ (index.yml to check in)."""
     root = os.path.realpath(path or os.getcwd())
-    made = c.call("POST", "/v1/init", {"path": root})
+    made: api.InitOut = c.call("POST", "/v1/init", {"path": root})
     click.echo(f"Initialized a qmd project in {made['root']}")
     click.echo(f"  Config:     {made['config']} (check it in; .qmd/.gitignore keeps the index out)")
     click.echo(f"  Collection: {made['collection']} (the project folder, **/*.md)")
@@ -1436,7 +1449,7 @@ def trust(ctx: click.Context) -> None:
         raise ClientError("--index names one of your own configs, which are never gated: nothing to approve")
     if c.daemon.project is None:
         raise ClientError("not inside a qmd project (no .qmd/index.yml here or above; 'qmd init' makes one)")
-    t = c.call("GET", "/v1/trust")
+    t: api.TrustOut = c.call("GET", "/v1/trust")
     where = f"{t['project']}/.qmd"
     if not t["items"]:
         click.echo(f"Nothing to approve in {where}: no update commands, no paths outside it, default models.")
@@ -1454,13 +1467,14 @@ def trust(ctx: click.Context) -> None:
 @pass_ctx
 def trust_list(c: Ctx) -> None:
     """Every approved project, and whether its config still has the approved set."""
-    approvals = c.call("GET", "/v1/trust/approvals")["approvals"]
+    listed: api.ApprovalsOut = c.call("GET", "/v1/trust/approvals")
+    approvals = listed["approvals"]
     if not approvals:
         click.echo("No project config is approved.")
         return
     states = {"current": "approved", "changed": "changed since (asks again)", "no project": "no .qmd config there now"}
     for a in approvals:
-        click.echo(f"{a['root']}  {states[a['state']]}  (approved {a['approved_at']})")
+        click.echo(f"{a['root']}  {states[a.get('state') or 'current']}  (approved {a['approved_at']})")
         _out("\n".join(f"  - {item}" for item in a["items"]))
 
 
@@ -1476,7 +1490,7 @@ def trust_revoke(c: Ctx, path: Path | None) -> None:
         root = c.daemon.project
     else:
         raise ClientError("not inside a qmd project: give its folder, 'qmd trust revoke PATH' ('qmd trust list')")
-    gone = c.call("POST", "/v1/trust/revoke", {"root": str(root)})
+    gone: api.ApprovalOut = c.call("POST", "/v1/trust/revoke", {"root": str(root)})
     click.echo(f"Revoked the approval of {gone['root']}: its gated items are skipped until approved again.")
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote
 
+from qmd.client import api
 from qmd.defaults import snippet_header
 
 FORMATS = ("cli", "json", "csv", "md", "xml", "files")
@@ -224,6 +225,10 @@ def _paint(text: str, code: str, style: Style) -> str:
     return f"{code}{text}{_RESET}" if style.color else text
 
 
+def _rounded(score: float | None) -> float | None:
+    return None if score is None else _round_half_up(score, 2)
+
+
 def _round_half_up(value: float, digits: int) -> float:
     """Round like JavaScript's `Math.round(x * 10**d) / 10**d`, which the original used.
 
@@ -234,13 +239,13 @@ def _round_half_up(value: float, digits: int) -> float:
     return math.floor(value * factor + 0.5) / factor
 
 
-def _hunk_header(hit: Mapping[str, Any]) -> str:
+def _hunk_header(hit: api.HitOut) -> str:
     """The `@@` header of a hit's passage, built from its real line range."""
     start, end = hit["start_line"], hit["end_line"]
     return snippet_header(start, end - start + 1, hit["total_lines"])
 
 
-def _on_pages(spans: Sequence[Mapping[str, int]]) -> str:
+def _on_pages(spans: Sequence[api.PageSpan]) -> str:
     """A PDF's lines as a reader with the file open finds them: the page, and the lines
     within it (`qmd get FILE#page=N:FROM:COUNT` reads them)."""
     first, last = spans[0], spans[-1]
@@ -249,7 +254,7 @@ def _on_pages(spans: Sequence[Mapping[str, int]]) -> str:
     return f"pages {first['page']}-{last['page']}"
 
 
-def _content(hit: Mapping[str, Any], full: bool, line_numbers: bool) -> str:
+def _content(hit: api.HitOut, full: bool, line_numbers: bool) -> str:
     """The text a non-CLI format shows for a hit: whole body (--full) or header + passage.
 
     Passage lines are numbered from `start_line` (their real numbers) and the header
@@ -323,7 +328,7 @@ def _highlight(text: str, terms: Sequence[str], style: Style) -> str:
     return pattern.sub(lambda m: f"{_YELLOW}{_BOLD}{m.group(0)}{_RESET}", text)
 
 
-def _has_match(hit: Mapping[str, Any]) -> bool:
+def _has_match(hit: api.HitOut) -> bool:
     """Whether any query term occurs in the passage, i.e. whether `:line` means anything."""
     passage = (hit.get("snippet") or "").lower()
     return any(t and t.lower() in passage for t in hit.get("terms") or ())
@@ -339,7 +344,7 @@ def _score_text(score: float, style: Style) -> str:
     return _paint(pct, _DIM, style)
 
 
-def stage_lines(answer: Mapping[str, Any], *, verbose: bool) -> list[str]:
+def stage_lines(answer: api.CliQueryResponse, *, verbose: bool) -> list[str]:
     """What each stage of a hybrid query did (stderr): skipped and partial stages always,
     every stage with its time when `verbose`."""
     lines = []
@@ -347,8 +352,8 @@ def stage_lines(answer: Mapping[str, Any], *, verbose: bool) -> list[str]:
         if verbose or st["status"] in ("skipped", "partial"):
             timing = f" ({st['ms']:.0f} ms)" if st["status"] not in ("skipped", "off") or st["ms"] else ""
             lines.append(f"{st['stage']}: {st['status']}{timing}" + (f" - {st['detail']}" if st["detail"] else ""))
-    if verbose and answer.get("expansion"):
-        lines += [f"  ├─ {e['type']}: {e['query'][:72]}" for e in answer["expansion"]]
+    if verbose and (expansion := answer.get("expansion")):
+        lines += [f"  ├─ {e['type']}: {e['query'][:72]}" for e in expansion]
     if verbose:
         budget = answer.get("budget_ms")
         lines.append(f"total: {answer.get('elapsed_ms', 0):.0f} ms" + (f" (budget {budget} ms)" if budget else ""))
@@ -411,7 +416,7 @@ def _empty_search(fmt: str, below_min_score: bool) -> str:
     return ""
 
 
-def _search_json(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
+def _search_json(hits: Sequence[api.HitOut], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """Pretty JSON array; `lines` gives agents the passage range to `get` directly."""
     out = []
     for hit, ident in zip(hits, idents):
@@ -419,15 +424,16 @@ def _search_json(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], fu
         if ident.docid:
             item["docid"] = ident.docid
         item["score"] = _round_half_up(hit["score"], 2)
-        for part in ("fusion", "rerank"):  # the hybrid query's score components
-            if part in hit:
-                item[part] = None if hit[part] is None else _round_half_up(hit[part], 2)
+        if "fusion" in hit:  # the hybrid query's score components
+            item["fusion"] = _rounded(hit.get("fusion"))
+        if "rerank" in hit:
+            item["rerank"] = _rounded(hit.get("rerank"))
         item["file"] = ident.name
         item["line"] = hit["line"]
         item["lines"] = f"{hit['start_line']}-{hit['end_line']}"
-        if hit.get("page"):
-            item["page"] = hit["page"]["page"]
-            item["pageLines"] = f"{hit['page']['start_line']}-{hit['page']['end_line']}"
+        if page := hit.get("page"):
+            item["page"] = page["page"]
+            item["pageLines"] = f"{page['start_line']}-{page['end_line']}"
         item["title"] = hit.get("title")
         if hit.get("context"):
             item["context"] = hit["context"]
@@ -440,7 +446,7 @@ def _search_json(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], fu
     return json.dumps(out, indent=2, ensure_ascii=False) + "\n"
 
 
-def _search_csv(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
+def _search_csv(hits: Sequence[api.HitOut], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """CSV with a constant column set; a --full-path row leaves its docid cell empty."""
     rows = [
         (
@@ -457,7 +463,7 @@ def _search_csv(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], ful
     return _csv_text(SEARCH_CSV_HEADER, rows)
 
 
-def _search_files(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> str:
+def _search_files(hits: Sequence[api.HitOut], idents: Sequence[_Ident]) -> str:
     """Headerless `#docid,score,file[,"context"]`; the docid field is dropped under --full-path."""
     lines = []
     for hit, ident in zip(hits, idents):
@@ -466,7 +472,7 @@ def _search_files(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -
     return "".join(f"{line}\n" for line in lines)
 
 
-def _search_md(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
+def _search_md(hits: Sequence[api.HitOut], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """One `---`-separated section per hit, headed by the title (or the file)."""
     blocks = []
     for hit, ident in zip(hits, idents):
@@ -480,7 +486,7 @@ def _search_md(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full
     return "".join(blocks)
 
 
-def _search_xml(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
+def _search_xml(hits: Sequence[api.HitOut], idents: Sequence[_Ident], full: bool, line_numbers: bool) -> str:
     """Sibling `<file>` elements separated by blank lines, as the original prints them."""
     blocks = []
     for hit, ident in zip(hits, idents):
@@ -490,15 +496,15 @@ def _search_xml(hits: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], ful
         attrs += f' name="{_xml_attr(ident.name)}"'
         if hit.get("title"):
             attrs += f' title="{_xml_attr(hit["title"])}"'
-        if hit.get("context"):
-            attrs += f' context="{_xml_attr(hit["context"])}"'
+        if context := hit.get("context"):
+            attrs += f' context="{_xml_attr(context)}"'
         content = _xml_text(_content(hit, full, line_numbers))
         blocks.append(f"<file{attrs}>\n{content}\n</file>\n")
     return "\n".join(blocks)
 
 
 def _search_cli(
-    hits: Sequence[Mapping[str, Any]],
+    hits: Sequence[api.HitOut],
     idents: Sequence[_Ident],
     style: Style,
     full: bool,
@@ -516,8 +522,8 @@ def _search_cli(
         first = _paint(location, _CYAN, style)
         if ident.docid:
             first += " " + _paint(ident.docid, _DIM, style)
-        if hit.get("page"):
-            first += f" ({_on_pages([hit['page']])})"
+        if page := hit.get("page"):
+            first += f" ({_on_pages([page])})"
 
         lines = [first]
         if hit.get("title"):
@@ -525,8 +531,8 @@ def _search_cli(
         if hit.get("context"):
             lines.append(_paint(f"Context: {hit['context']}", _DIM, style))
         lines.append(f"Score: {_paint(_score_text(hit['score'], style), _BOLD, style)}")
-        if hit.get("explain") is not None:
-            lines += [_paint(line, _DIM, style) for line in _explain_lines(hit["explain"])]
+        if (explain := hit.get("explain")) is not None:
+            lines += [_paint(line, _DIM, style) for line in _explain_lines(explain)]
         lines.append("")
 
         terms = hit.get("terms") or []
@@ -544,7 +550,7 @@ def _search_cli(
 
 
 def render_search(
-    hits: list[dict[str, Any]],
+    hits: Sequence[api.HitOut],
     fmt: str,
     style: Style,
     *,
@@ -595,7 +601,7 @@ def _skip_reason(item: Mapping[str, Any]) -> str:
     return f"{reason}. Use 'qmd get {item['file']}' to retrieve."
 
 
-def _multi_json(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> str:
+def _multi_json(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
     """JSON array; skipped items carry `skipped: true` and `reason` instead of `body`."""
     out = []
     for item, ident in zip(items, idents):
@@ -614,7 +620,7 @@ def _multi_json(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) ->
     return json.dumps(out, indent=2, ensure_ascii=False) + "\n"
 
 
-def _multi_csv(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> str:
+def _multi_csv(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
     """CSV with the skip reason in the `body` column of skipped rows."""
     rows = [
         (
@@ -630,7 +636,7 @@ def _multi_csv(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> 
     return _csv_text(MULTI_GET_CSV_HEADER, rows)
 
 
-def _multi_files(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> str:
+def _multi_files(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
     """Headerless `#docid,file[,"context"][,[SKIPPED]]`."""
     lines = []
     for item, ident in zip(items, idents):
@@ -640,7 +646,7 @@ def _multi_files(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -
     return "".join(f"{line}\n" for line in lines)
 
 
-def _multi_md(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> str:
+def _multi_md(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
     """A `##` section per document; the body fenced, a skip as a blockquote."""
     blocks = []
     for item, ident in zip(items, idents):
@@ -660,7 +666,7 @@ def _multi_md(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> s
     return "".join(blocks)
 
 
-def _multi_xml(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> str:
+def _multi_xml(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
     """A `<documents>` XML document with one escaped `<document>` per item."""
     lines = ['<?xml version="1.0" encoding="UTF-8"?>', "<documents>"]
     for item, ident in zip(items, idents):
@@ -668,8 +674,8 @@ def _multi_xml(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> 
         lines.append(f"  <document{docid}>")
         lines.append(f"    <file>{_xml_text(ident.name)}</file>")
         lines.append(f"    <title>{_xml_text(item.get('title') or '')}</title>")
-        if item.get("context"):
-            lines.append(f"    <context>{_xml_text(item['context'])}</context>")
+        if context := item.get("context"):
+            lines.append(f"    <context>{_xml_text(context)}</context>")
         if item.get("skipped"):
             lines.append("    <skipped>true</skipped>")
             lines.append(f"    <reason>{_xml_text(_skip_reason(item))}</reason>")
@@ -680,13 +686,13 @@ def _multi_xml(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident]) -> 
     return "\n".join(lines) + "\n"
 
 
-def _multi_cli(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], style: Style) -> str:
+def _multi_cli(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], style: Style) -> str:
     """`=`-ruled blocks per document, the file line styled like search results."""
     out = []
     for item, ident in zip(items, idents):
         name = ident.name
-        if style.links and item.get("abs_path"):
-            name = osc8(editor_link(item["abs_path"], 1, style.editor_uri), name)
+        if style.links and (abs_path := item.get("abs_path")):
+            name = osc8(editor_link(abs_path, 1, style.editor_uri), name)
         label = _paint(name, _CYAN, style)
         if ident.docid:
             label += "  " + _paint(ident.docid, _DIM, style)
@@ -701,7 +707,7 @@ def _multi_cli(items: Sequence[Mapping[str, Any]], idents: Sequence[_Ident], sty
 
 
 def render_multi_get(
-    items: list[dict[str, Any]],
+    items: Sequence[api.RetrievedOut],
     fmt: str,
     style: Style,
     *,
@@ -738,7 +744,7 @@ def render_multi_get(
 
 
 def render_document(
-    doc: dict[str, Any],
+    doc: api.DocumentOut,
     *,
     from_line: int,
     line_numbers: bool,
@@ -782,7 +788,7 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def orphan_items(orphans: Mapping[str, Any]) -> list[str]:
+def orphan_items(orphans: api.Orphans) -> list[str]:
     """What the index holds that nothing needs, one phrase per kind present (none: empty)."""
     spaces = orphans["stale_spaces"]
     models = ", ".join(f"{s['model']}: {s['chunks']} chunks" for s in spaces)
@@ -797,7 +803,7 @@ def orphan_items(orphans: Mapping[str, Any]) -> list[str]:
     return [_plural(n, one, many) + tail for n, one, many, tail in kinds if n]
 
 
-def orphan_lines(orphans: Mapping[str, Any]) -> list[str]:
+def orphan_lines(orphans: api.Orphans) -> list[str]:
     """`qmd doctor`: the orphans, or that there are none."""
     items = orphan_items(orphans)
     lines = [f"⚠ orphans: {item} (run 'qmd cleanup')" for item in items] or ["✓ orphans: none"]
@@ -849,7 +855,7 @@ def render_cleanup(report: Mapping[str, Any]) -> str:
 _UPDATE_TAGS = {"changed": "changed since the last update", "new": "not indexed yet", "missing": "gone from disk"}
 
 
-def render_coverage(collections: Sequence[Mapping[str, Any]]) -> str:
+def render_coverage(collections: Sequence[api.Coverage]) -> str:
     """`qmd status --files`: per collection, the counts in seed 001's words, then the files by state."""
     lines: list[str] = []
     for c in collections:
@@ -859,16 +865,16 @@ def render_coverage(collections: Sequence[Mapping[str, Any]]) -> str:
             f"  Folder: {c['path']}" + ("  ⚠ missing or not a directory" if c["root_missing"] else ""),
             "  "
             + " · ".join(
-                f"{label} {c[key]}"
-                for label, key in (
-                    ("discovered", "discovered"),
-                    ("indexed", "indexed"),
-                    ("skipped", "skipped"),
-                    ("failed", "failed"),
-                    ("pending update", "pending_update"),
-                    ("pending vectors", "pending_vectors"),
-                    ("clipped", "clipped"),
-                    ("metadata errors", "metadata_errors"),
+                f"{label} {count}"
+                for label, count in (
+                    ("discovered", c["discovered"]),
+                    ("indexed", c["indexed"]),
+                    ("skipped", c["skipped"]),
+                    ("failed", c["failed"]),
+                    ("pending update", c["pending_update"]),
+                    ("pending vectors", c["pending_vectors"]),
+                    ("clipped", c["clipped"]),
+                    ("metadata errors", c["metadata_errors"]),
                 )
             ),
         ]

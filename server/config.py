@@ -19,8 +19,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import yaml
 
-from qmd.paths import DEFAULT_INDEX, PROJECT_CONFIGS, PROJECT_DIR, config_root, home, project_config
-from qmd.server.errors import Conflict, InvalidInput, NotFound
+from qmd.paths import DEFAULT_INDEX, PROJECT_CONFIGS, PROJECT_DIR, IndexPaths, config_root, home, project_config
+from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from qmd.server.text.chunking import CHUNK_STRATEGIES, DEFAULT_CHUNK_STRATEGY, ChunkStrategy
 
 DEFAULT_PATTERN = "**/*.md"
@@ -64,6 +64,30 @@ def expand_path(raw: str, base: Path | None = None) -> Path:
     if not p.is_absolute():
         p = (base or home()) / p
     return Path(os.path.normpath(p))
+
+
+def check_chunk_strategy(strategy: str | None) -> None:
+    """A chunk strategy from a caller that pydantic did not check (the library)."""
+    if strategy is not None and strategy not in CHUNK_STRATEGIES:
+        raise InvalidInput(f'--chunk-strategy must be "auto" or "regex" (got "{strategy}")')
+
+
+def collection_folder(path: str) -> Path:
+    """The folder a new collection indexes, links resolved: it must exist and be a folder."""
+    root = expand_path(path)
+    if not root.exists():
+        raise InvalidInput(f"Folder not found: {root}")
+    if not root.is_dir():
+        raise InvalidInput(f"Not a folder: {root}")
+    return Path(os.path.realpath(root))
+
+
+def stored_path(root: Path, project: Path | None) -> str:
+    """A folder as index.yml records it: relative to a project's folder when inside it
+    (the checked-in config then works wherever the project is cloned), else absolute."""
+    if project is not None and (root == project or project in root.parents):
+        return root.relative_to(project).as_posix() or "."
+    return str(root)
 
 
 def write_whole(path: Path, data: bytes, *, mode: int = 0o600, clobber: bool = True) -> None:
@@ -162,6 +186,16 @@ class Collection:
 
 
 @dataclass(frozen=True)
+class Context:
+    """A description that search results carry for every document under `path` of
+    `collection` (None: the global context, which every result carries)."""
+
+    collection: str | None
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Config:
     collections: dict[str, Collection] = field(default_factory=dict)
     global_context: str | None = None
@@ -189,6 +223,74 @@ class Config:
 
     def without_collection(self, name: str) -> Config:
         return replace(self, collections={k: v for k, v in self.collections.items() if k != name})
+
+    def check_new(self, name: str, root: Path, pattern: str) -> None:
+        """Refuse a new collection whose name is taken, or whose folder and mask another
+        collection already indexes (its documents would be indexed twice)."""
+        if name in self.collections:
+            raise Conflict(f"Collection '{name}' already exists. Pick another --name, or remove it first.")
+        for other in self.collections.values():
+            if os.path.realpath(other.root) == str(root) and other.pattern == pattern:
+                raise Conflict(f"Folder {root} is already collection '{other.name}' with mask '{pattern}'.")
+
+    def chunk_strategies(self, collections: list[str] | None = None) -> dict[str, ChunkStrategy]:
+        """Each collection named (all when None; an unknown name is left out) → how its
+        documents are cut for vectors, which names the vector space they live in."""
+        names = collections if collections is not None else list(self.collections)
+        return {n: self.collections[n].chunk_strategy for n in names if n in self.collections}
+
+    def with_chunk_strategy(self, collections: list[str] | None, strategy: ChunkStrategy) -> tuple[Config, list[str]]:
+        """`strategy` as the chunk strategy of these collections (all when None), and the
+        names of those it changed."""
+        changed = [
+            c.name
+            for c in self.collections.values()
+            if (collections is None or c.name in collections) and c.chunk_strategy != strategy
+        ]
+        cfg = self
+        for name in changed:
+            cfg = cfg.with_collection(replace(cfg.collections[name], chunk_strategy=strategy))
+        return cfg, changed
+
+    def collection_at(self, path: Path) -> tuple[str, str] | None:
+        """(collection, path relative to its folder) of the innermost collection holding
+        `path` on disk, links resolved; None when no collection does."""
+        real = os.path.realpath(path)
+        best: tuple[int, str, str] | None = None
+        for c in self.collections.values():
+            root = os.path.realpath(c.root)
+            if real == root or real.startswith(root + os.sep):
+                rel = os.path.relpath(real, root).replace(os.sep, "/")
+                cand = (len(root), c.name, "" if rel == "." else rel)
+                best = max(best, cand) if best else cand
+        return (best[1], best[2]) if best else None
+
+    def with_context(self, collection: str | None, key: str, text: str) -> Config:
+        """`text` as the context of `key` in `collection` (the global context when None)."""
+        if collection is None:
+            return replace(self, global_context=text)
+        coll = self.get(collection)
+        return self.with_collection(replace(coll, context={**coll.context, key: text}))
+
+    def without_context(self, collection: str | None, key: str, target: str) -> tuple[Config, Context]:
+        """The context of `key` in `collection` (the global one when None) removed, and what
+        was removed; `target` is what the user named, for the error when there is none."""
+        if collection is None:
+            if not self.global_context:
+                raise NotFound(f"No context found for: {target}")
+            return replace(self, global_context=None), Context(None, "", self.global_context)
+        coll = self.get(collection)
+        if key not in coll.context:
+            raise NotFound(f"No context found for: {target}")
+        kept = {k: v for k, v in coll.context.items() if k != key}
+        return self.with_collection(replace(coll, context=kept)), Context(collection, key, coll.context[key])
+
+    def contexts(self) -> list[Context]:
+        """Every context: the global one first, then each collection's by key."""
+        out = [Context(None, "", self.global_context)] if self.global_context else []
+        for c in self.collections.values():
+            out.extend(Context(c.name, k, v) for k, v in sorted(c.context.items()))
+        return out
 
     def context_for(self, collection: str, path: str) -> str | None:
         """Global context plus every context whose key is a path-segment prefix of `path`.
@@ -281,6 +383,28 @@ def schema_url(url: str, index: str) -> str:
     options = " ".join([*(v for k, v in query if k == "options"), f'-c search_path="qmd_{index}",public'])
     kept = [(k, v) for k, v in query if k != "options"]
     return urlunsplit(parts._replace(query=urlencode([*kept, ("options", options)], quote_via=quote)))
+
+
+def server_of(index: str, configured: str | None) -> str | None:
+    """The Postgres URL of the named index (not a project's): `QMD_INDEX_URL`, else its
+    config's `index_url`, in the index's own schema of that database (`schema_url`)."""
+    url = os.environ.get("QMD_INDEX_URL")
+    url = check_index_url(url, "QMD_INDEX_URL") if url else configured
+    return schema_url(url, index) if url else None
+
+
+def index_server(paths: IndexPaths, cfg: Config) -> str | None:
+    """The Postgres server of the index at `paths`, if it has one: `QMD_INDEX_URL`, else
+    the config's `index_url`. A project's index (`qmd init`) stays in its `.qmd/` folder:
+    QMD_INDEX_URL is not for it, and its own config may not name a server, so a cloned
+    repository never makes the daemon connect to a server its user did not choose."""
+    project = paths.project_root is not None
+    if cfg.index_url is not None and project:
+        raise Forbidden(
+            f"{paths.config} names a Postgres server (index_url), and a project's config may not:"
+            " set index_url in your own config (~/.config/qmd/<index>.yml) or QMD_INDEX_URL"
+        )
+    return None if project else server_of(paths.name, cfg.index_url)
 
 
 def describe_url(url: str) -> str:

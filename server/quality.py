@@ -33,15 +33,26 @@ import hashlib
 import json
 import math
 import re
+import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from qmd.server.errors import InvalidInput
-from qmd.server.search.hybrid import DEFAULT_CANDIDATES
+from qmd.paths import IndexPaths
+from qmd.server.config import Collection, Config, validate_collection_name
+from qmd.server.errors import Conflict, InvalidInput, NotFound
+from qmd.server.ingest.embed_job import EmbedReport
+from qmd.server.ingest.indexer import Summary as IndexSummary
+from qmd.server.search.hybrid import DEFAULT_CANDIDATES, HybridOutcome, QueryOptions
+from qmd.server.search.pointers import Pointer, SearchOptions, SearchOutcome
+from qmd.server.search.querydoc import QueryDoc, parse_query
+from qmd.server.status import VectorState
+from qmd.server.store import catalog
+from qmd.server.store.db import IndexStore
 
 BACKENDS = ("bm25", "vector", "hybrid", "full")
 Backend = Literal["bm25", "vector", "hybrid", "full"]
@@ -514,6 +525,158 @@ def missing_expected(fixture: Fixture, indexed: Iterable[str]) -> list[str]:
 def stage_note(stage: str, reason: str) -> str:
     """A pipeline stage's skip, with its figures blanked so that one reason counts once."""
     return f"{stage} skipped: " + re.sub(r"\d+(?:\.\d+)?", "N", reason)
+
+
+# -- driving the engine -----------------------------------------------------------------
+
+
+class BenchEngine(Protocol):
+    """What `qmd bench` drives: the engine's own operations, so each figure is what a
+    user's search or query gets (quality sits beside the engine, never under it)."""
+
+    paths: IndexPaths
+    store: IndexStore
+
+    @property
+    def config(self) -> Config: ...
+
+    def create_collection(self, path: str, name: str | None = None, pattern: str | None = None) -> Collection: ...
+
+    def remove_collection(self, name: str) -> int: ...
+
+    def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> list[IndexSummary]: ...
+
+    def embed(
+        self,
+        *,
+        collections: list[str] | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> EmbedReport: ...
+
+    def scope(self, collections: list[str] | None) -> list[str]: ...
+
+    def search(self, query: str, opts: SearchOptions = ...) -> SearchOutcome: ...
+
+    def vsearch(self, query: str, opts: SearchOptions = ...) -> SearchOutcome: ...
+
+    def query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome: ...
+
+    def vector_state(self, collections: list[str] | None = None) -> VectorState: ...
+
+    def reranker(self, cfg: Config) -> tuple[object | None, str]: ...
+
+
+def bench(
+    engine: BenchEngine, spec: BenchSpec, progress: Progress | None = None, cancel: threading.Event | None = None
+) -> BenchReport:
+    """`qmd bench`: a fixture against an indexed collection, or a BEIR folder indexed into
+    a collection of its own (`bench-<folder>`, removed afterwards unless `keep`)."""
+    cancelled = cancel.is_set if cancel else (lambda: False)
+    if spec.beir is None:
+        fixture = parse_fixture(spec.fixture, spec.source)
+        name = spec.collection or fixture.collection
+        return _measure(engine, fixture, name, "fixture", [], spec, progress, cancelled)
+    folder = Path(spec.beir)
+    docs, fixture, warnings = load_beir(folder, spec.split, spec.max_queries)
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "-", folder.resolve().name).strip("-") or "beir"
+    name = spec.collection or validate_collection_name(f"bench-{slug}")
+    root = engine.paths.cache_dir / "bench" / name
+    existing = engine.config.collections.get(name)
+    if existing is not None and Path(existing.root) != root:
+        raise Conflict(f"Collection '{name}' exists and is not a bench collection: pass -c with another name")
+    materialize(docs, root)
+    if existing is None:
+        engine.create_collection(str(root), name, "**/*.md")
+    try:
+        engine.update([name], progress=progress)
+        if spec.embed:
+            engine.embed(collections=[name], progress=progress, cancel=cancel)
+        return _measure(engine, fixture, name, "beir", warnings, spec, progress, cancelled)
+    finally:
+        if not spec.keep:
+            engine.remove_collection(name)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(
+    engine: BenchEngine,
+    fixture: Fixture,
+    name: str | None,
+    kind: Literal["fixture", "beir"],
+    warnings: list[str],
+    spec: BenchSpec,
+    progress: Progress | None,
+    cancelled: Callable[[], bool],
+) -> BenchReport:
+    """The fixture's queries on each backend asked for, over the collection `name` (every
+    default one when None), once its documents are known to hold the expected files."""
+    cfg = engine.config
+    if name is not None and name not in cfg.collections:
+        available = ", ".join(sorted(cfg.collections)) or "none"
+        raise NotFound(f"Collection not found: {name}\nAvailable: {available}. Run 'qmd ls' to inspect.")
+    names = [name] if name else engine.scope(None)
+    with engine.store.read() as conn:
+        paths = [f"{n}/{f.path}" for n in names for f in catalog.list_files(conn, n, "")]
+    if not paths:
+        raise InvalidInput(
+            f"Collection '{name}' has no indexed documents.\nRun 'qmd update', then 'qmd ls {name}'."
+            if name
+            else "No indexed documents found.\nAdd one with 'qmd collection add <folder>', then 'qmd update'."
+        )
+    if missing := missing_expected(fixture, paths):
+        shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more" if len(missing) > 10 else "")
+        raise InvalidInput(
+            f"{len(missing)} expected file(s) are not in {'collection ' + repr(name) if name else 'the index'}: "
+            f"{shown}. Fix the fixture's expected_files (collection-relative paths, as 'qmd ls' shows them), "
+            "or run 'qmd update'."
+        )
+    colls = [name] if name else None
+
+    def files(hits: list[Pointer]) -> list[str]:
+        return [h.doc.display_path for h in hits]
+
+    def keyword(q: str, depth: int) -> Answer:
+        return Answer(files(engine.search(q, SearchOptions(collections=colls, limit=depth)).hits))
+
+    def vector(q: str, depth: int) -> Answer:
+        return Answer(files(engine.vsearch(q, SearchOptions(collections=colls, limit=depth)).hits))
+
+    def pipeline(rerank: bool) -> Runner:
+        def answer(q: str, depth: int) -> Answer:
+            opts = QueryOptions(
+                collections=colls,
+                limit=depth,
+                rerank=rerank,
+                expand=spec.expand,
+                candidate_limit=spec.candidate_limit,
+            )
+            out = engine.query(parse_query(q), opts)
+            return Answer(files(out.hits), [stage_note(s.stage, s.reason) for s in out.skipped])
+
+        return answer
+
+    state = engine.vector_state(colls)
+    no_vectors = "" if state.available else state.message
+    reranker, no_reranker = engine.reranker(cfg)
+    plans = [
+        BackendPlan("bm25", keyword),
+        BackendPlan("vector", None if no_vectors else vector, no_vectors),
+        BackendPlan("hybrid", None if no_vectors else pipeline(False), no_vectors),
+        BackendPlan("full", pipeline(True) if reranker and not no_vectors else None, no_vectors or no_reranker),
+    ]
+    return run(
+        fixture,
+        [p for p in plans if p.name in spec.backends],
+        collection=name or "all",
+        documents=len(paths),
+        kind=kind,
+        warnings=warnings,
+        candidate_limit=spec.candidate_limit,
+        expand=spec.expand,
+        progress=progress,
+        cancelled=cancelled,
+    )
 
 
 # -- the report as text -----------------------------------------------------------------

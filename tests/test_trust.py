@@ -158,10 +158,10 @@ def test_a_project_model_falls_back_to_the_default_and_is_never_fetched(home: Pa
         assert f"skipped: embed model {CUSTOM_EMBED} (untrusted project config: the default is used" in " ".join(
             e.status().warnings
         )
-        resolved = e._models()
+        resolved = e.models.resolved(e.usable_config())
         assert resolved["embed"].ref.uri == DEFAULT_MODELS["embed"] and resolved["embed"].source == "default"
         approve(e)
-        assert e._models()["embed"].ref.uri == CUSTOM_EMBED
+        assert e.models.resolved(e.usable_config())["embed"].ref.uri == CUSTOM_EMBED
     finally:
         e.close()
 

@@ -153,7 +153,7 @@ def _cache(store: Store, rows: dict[str, tuple[str | None, str]]) -> None:
 
 
 def test_cache_entries_of_unconfigured_models_and_old_ones_are_pruned(engine: Engine) -> None:
-    models = engine._models()
+    models = engine.models.resolved(engine.usable_config())
     expander, reranker = models["generate"].ref.uri, models["rerank"].ref.uri
     now = datetime.now(UTC)
     fresh, old = now.isoformat(), (now - timedelta(days=45)).isoformat()

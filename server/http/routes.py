@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -31,12 +31,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from qmd.server import trust
-from qmd.server.config import init_project
-from qmd.server.engine import Engine, summary_dict
+from qmd.server.config import Context, init_project
+from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.http.wire import (
     CLI_SNIPPET_CHARS,
     ApprovalOut,
+    ApprovalsOut,
     BenchRequest,
     CleanupRequest,
     CliGetRequest,
@@ -45,17 +46,30 @@ from qmd.server.http.wire import (
     CliQueryRequest,
     CliQueryResponse,
     CollectionCreate,
+    CollectionCreated,
+    CollectionDeleted,
+    CollectionOut,
     CollectionPatch,
+    CollectionPatched,
+    CollectionRenamed,
+    CollectionShown,
+    CollectionsOut,
     ContextAdd,
     ContextRemove,
+    ContextsOut,
     CopyRequest,
+    CoverageOut,
+    DaemonOut,
+    DocumentOut,
     EmbedRequest,
     Health,
     HitOut,
     InitOut,
     InitRequest,
+    LsOut,
     MetadataRequest,
     MetadataResponse,
+    MultiGetOut,
     PullRequest,
     QueryRequest,
     QueryResponse,
@@ -63,30 +77,34 @@ from qmd.server.http.wire import (
     ResultOut,
     SearchRequest,
     SearchResponse,
+    StatusOut,
     TrustApprove,
     TrustOut,
     TrustRevoke,
     UpdateRequest,
     approval_out,
-    document_out,
+    document_answer,
+    extended,
     hit_out,
     http_status,
+    ls_answer,
     metadata_response,
     metadata_text,
     public_result,
     query_plan,
     query_response,
-    report_out,
-    retrieved_out,
+    retrieved_answer,
     search_response,
     trust_out,
 )
 from qmd.server.indexes import linked_index
+from qmd.server.ingest.update import summary_dict
 from qmd.server.quality import parse_fixture
 from qmd.server.quality import render as render_bench
 from qmd.server.search.discovery import render_key_names, render_overview
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
 from qmd.server.search.querydoc import QueryDoc
+from qmd.server.status import CollectionInfo, Doctor
 from qmd.version import __version__
 
 router = APIRouter()
@@ -207,6 +225,17 @@ def metadata(body: MetadataRequest, request: Request) -> MetadataResponse:
 # The CLI's routes answer in snake_case and leave out what a result does not have
 # (a keyword hit has no fusion score): `qmd --json` prints them as they come.
 CLI_ANSWER: dict = {"response_model_by_alias": False, "response_model_exclude_unset": True, "tags": ["cli"]}
+STREAM: dict = {
+    "tags": ["cli"],
+    "response_class": StreamingResponse,
+    "responses": {
+        200: {
+            "description": "NDJSON: an event a line, the last one `done` (with the job's result) or `error`.",
+            "content": {"application/x-ndjson": {}},
+        }
+    },
+}
+"""A long job's answer (`stream_job`): its events as they happen, for the CLI's progress."""
 
 
 @router.post("/v1/query", response_model=CliQueryResponse, **CLI_ANSWER)
@@ -231,65 +260,61 @@ def cli_metadata(body: MetadataRequest, request: Request) -> MetadataResponse:
     return metadata_response(report, CliMetadataResponse, text=metadata_text(report, body))
 
 
-@router.get("/v1/status", tags=["cli"])
-def status(request: Request) -> dict:
+@router.get("/v1/status", response_model=StatusOut, **CLI_ANSWER)
+def status(request: Request) -> StatusOut:
     e = engine_of(request)
-    daemon = {"pid": os.getpid(), "uptime": int(time.time() - e.started), "url": str(request.base_url).rstrip("/")}
-    st = report_out(e.status())
-    _with_key_names(e, st["collections"])
-    return {**st, "daemon": daemon}
+    daemon = DaemonOut(pid=os.getpid(), uptime=int(time.time() - e.started), url=str(request.base_url).rstrip("/"))
+    st = e.status()
+    return extended(StatusOut, st, collections=_with_key_names(e, st.collections), daemon=daemon)
 
 
-def _with_key_names(e: Engine, collections: list[dict]) -> None:
+def _with_key_names(e: Engine, collections: Sequence[CollectionInfo]) -> list[CollectionOut]:
     """Each collection's top keys as one line (`  Metadata: status, topics, +3 more`)."""
-    keys = e.collection_keys([c["name"] for c in collections])
-    for c in collections:
-        c["metadata_keys"] = render_key_names(keys[c["name"]])
+    keys = e.collection_keys([c.name for c in collections])
+    return [extended(CollectionOut, c, metadata_keys=render_key_names(keys[c.name])) for c in collections]
 
 
-@router.get("/v1/collections", tags=["cli"])
-def list_collections(request: Request) -> dict:
+@router.get("/v1/collections", response_model=CollectionsOut, **CLI_ANSWER)
+def list_collections(request: Request) -> CollectionsOut:
     e = engine_of(request)
-    collections = [report_out(c) for c in e.describe_collections()]
-    _with_key_names(e, collections)
-    return {"collections": collections}
+    return CollectionsOut(collections=_with_key_names(e, e.describe_collections()))
 
 
-@router.post("/v1/collections", status_code=201, tags=["cli"])
-def create_collection(body: CollectionCreate, request: Request) -> dict:
+@router.post("/v1/collections", response_model=CollectionCreated, status_code=201, **CLI_ANSWER)
+def create_collection(body: CollectionCreate, request: Request) -> CollectionCreated:
     c = engine_of(request).create_collection(body.path, body.name, body.pattern)
-    return {"name": c.name, "path": str(c.root), "pattern": c.pattern}
+    return CollectionCreated(name=c.name, path=str(c.root), pattern=c.pattern)
 
 
-@router.get("/v1/collections/{name}", tags=["cli"])
-def show_collection(name: str, request: Request) -> dict:
+@router.get("/v1/collections/{name}", response_model=CollectionShown, **CLI_ANSWER)
+def show_collection(name: str, request: Request) -> CollectionShown:
     e = engine_of(request)
     e.config.get(name)
-    shown = next(report_out(c) for c in e.describe_collections() if c.name == name)
-    shown["metadata_overview"] = render_overview(e.collection_keys([name], values=3)[name])
-    return shown
+    (shown,) = _with_key_names(e, [c for c in e.describe_collections() if c.name == name])
+    overview = render_overview(e.collection_keys([name], values=3)[name])
+    return extended(CollectionShown, shown, metadata_overview=overview)
 
 
-@router.patch("/v1/collections/{name}", tags=["cli"])
-def patch_collection(name: str, body: CollectionPatch, request: Request) -> dict:
+@router.patch("/v1/collections/{name}", response_model=CollectionPatched, **CLI_ANSWER)
+def patch_collection(name: str, body: CollectionPatch, request: Request) -> CollectionPatched:
     c = engine_of(request).set_collection(
         name,
         include=body.include_by_default,
         update_cmd=body.update_command,
         clear_update=body.clear_update_command,
     )
-    return {"name": c.name, "include_by_default": c.include_by_default, "update_command": c.update}
+    return CollectionPatched(name=c.name, include_by_default=c.include_by_default, update_command=c.update)
 
 
-@router.delete("/v1/collections/{name}", tags=["cli"])
-def delete_collection(name: str, request: Request) -> dict:
-    return {"name": name, "deleted_documents": engine_of(request).remove_collection(name)}
+@router.delete("/v1/collections/{name}", response_model=CollectionDeleted, **CLI_ANSWER)
+def delete_collection(name: str, request: Request) -> CollectionDeleted:
+    return CollectionDeleted(name=name, deleted_documents=engine_of(request).remove_collection(name))
 
 
-@router.post("/v1/collections/{name}/rename", tags=["cli"])
-def rename_collection(name: str, body: RenameRequest, request: Request) -> dict:
+@router.post("/v1/collections/{name}/rename", response_model=CollectionRenamed, **CLI_ANSWER)
+def rename_collection(name: str, body: RenameRequest, request: Request) -> CollectionRenamed:
     engine_of(request).rename_collection(name, body.new_name)
-    return {"old": name, "new": body.new_name}
+    return CollectionRenamed(old=name, new=body.new_name)
 
 
 def stream_job(
@@ -326,7 +351,7 @@ def stream_job(
     return StreamingResponse(stream(), media_type="application/x-ndjson")
 
 
-@router.post("/v1/update", tags=["cli"])
+@router.post("/v1/update", **STREAM)
 def update(body: UpdateRequest, request: Request) -> StreamingResponse:
     """Streams NDJSON events: `collection`, `hook`, `progress`, `summary`, then `done`
     (or `error`). Names are checked before the stream starts, so a typo is a 404."""
@@ -340,7 +365,7 @@ def update(body: UpdateRequest, request: Request) -> StreamingResponse:
     return stream_job(request, "update", run)
 
 
-@router.post("/v1/embed", tags=["cli"])
+@router.post("/v1/embed", **STREAM)
 def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
     """Streams `download`/`progress` events, then `done` with the report (rows written,
     clipped chunks, what is still pending) or `error`."""
@@ -363,7 +388,7 @@ def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
     return stream_job(request, "embed", run)
 
 
-@router.post("/v1/cleanup", tags=["cli"])
+@router.post("/v1/cleanup", **STREAM)
 def cleanup(body: CleanupRequest, request: Request) -> StreamingResponse:
     """Streams a `step` event as each step starts, then `done` with the report (what was
     found, dropped and left; bytes before and after; whether VACUUM ran and why), or
@@ -374,12 +399,12 @@ def cleanup(body: CleanupRequest, request: Request) -> StreamingResponse:
         report = e.cleanup(
             dry_run=body.dry_run, vacuum=body.vacuum, cache_days=body.cache_days, wait_s=body.wait_s, progress=progress
         )
-        return {"report": report_out(report)}
+        return {"report": asdict(report)}
 
     return stream_job(request, "cleanup", run)
 
 
-@router.post("/v1/index/copy", tags=["cli"])
+@router.post("/v1/index/copy", **STREAM)
 def copy_index(body: CopyRequest, request: Request) -> StreamingResponse:
     """Streams `progress` events (rows per table) and `step` events, then `done` with the
     report (rows per table, checked equal on both sides), or `error`: the destination is
@@ -393,13 +418,13 @@ def copy_index(body: CopyRequest, request: Request) -> StreamingResponse:
     return stream_job(request, "copy", run)
 
 
-@router.get("/v1/coverage", tags=["cli"])
-def coverage(request: Request, collection: str | None = None) -> dict:
+@router.get("/v1/coverage", response_model=CoverageOut, **CLI_ANSWER)
+def coverage(request: Request, collection: str | None = None) -> CoverageOut:
     """Each collection's folder against the index, file by file (`qmd status --files`)."""
-    return {"collections": [report_out(c) for c in engine_of(request).coverage(collection)]}
+    return CoverageOut(collections=engine_of(request).coverage(collection))
 
 
-@router.post("/v1/bench", tags=["cli"])
+@router.post("/v1/bench", **STREAM)
 def bench(body: BenchRequest, request: Request) -> StreamingResponse:
     """Streams `progress` events (per backend and query; indexing ones for a BEIR folder),
     then `done` with the report and its text, or `error`. The request is checked before
@@ -416,7 +441,7 @@ def bench(body: BenchRequest, request: Request) -> StreamingResponse:
     return stream_job(request, "bench", run)
 
 
-@router.post("/v1/pull", tags=["cli"])
+@router.post("/v1/pull", **STREAM)
 def pull(body: PullRequest, request: Request) -> StreamingResponse:
     """Streams `model`, `download` and `pulled` events per role, then `done`."""
     e = engine_of(request)
@@ -441,9 +466,9 @@ def trust_approve(body: TrustApprove, request: Request) -> ApprovalOut:
     return approval_out(e.trust.approve(e.gate(), body.fingerprint))
 
 
-@router.get("/v1/trust/approvals", tags=["cli"])
-def trust_approvals(request: Request) -> dict:
-    return {"approvals": [approval_out(r).model_dump() for r in trust.review(engine_of(request).trust)]}
+@router.get("/v1/trust/approvals", response_model=ApprovalsOut, **CLI_ANSWER)
+def trust_approvals(request: Request) -> ApprovalsOut:
+    return ApprovalsOut(approvals=[approval_out(r) for r in trust.review(engine_of(request).trust)])
 
 
 @router.post("/v1/trust/revoke", response_model=ApprovalOut, **CLI_ANSWER)
@@ -463,8 +488,8 @@ def init(body: InitRequest) -> InitOut:
     return InitOut(root=str(made.root), config=str(made.config), collection=made.collection, models=models)
 
 
-@router.get("/v1/doctor", tags=["cli"])
-def doctor(request: Request) -> dict:
+@router.get("/v1/doctor", response_model=Doctor, **CLI_ANSWER)
+def doctor(request: Request) -> Doctor:
     return engine_of(request).doctor()
 
 
@@ -476,18 +501,19 @@ async def cli_vsearch(body: SearchRequest, request: Request) -> SearchResponse:
     return await on_model_thread(lambda: search_response(e.vsearch(body.query, body.options()), e.config.editor_uri))
 
 
-@router.get("/v1/contexts", tags=["cli"])
-def list_contexts(request: Request) -> dict:
-    return {"contexts": engine_of(request).list_contexts()}
+@router.get("/v1/contexts", response_model=ContextsOut, **CLI_ANSWER)
+def list_contexts(request: Request) -> ContextsOut:
+    return ContextsOut(contexts=engine_of(request).list_contexts())
 
 
-@router.post("/v1/contexts", tags=["cli"])
-def add_context(body: ContextAdd, request: Request) -> dict:
+@router.post("/v1/contexts", response_model=Context, **CLI_ANSWER)
+def add_context(body: ContextAdd, request: Request) -> Context:
     return engine_of(request).add_context(body.target, body.text, body.cwd)
 
 
-@router.post("/v1/contexts/remove", tags=["cli"])
-def remove_context(body: ContextRemove, request: Request) -> dict:
+@router.post("/v1/contexts/remove", response_model=Context, **CLI_ANSWER)
+def remove_context(body: ContextRemove, request: Request) -> Context:
+    """The context removed, its text included."""
     return engine_of(request).remove_context(body.target, body.cwd)
 
 
@@ -503,18 +529,20 @@ def engine_for(request: Request, name: str) -> Iterator[Engine]:
         yield engine
 
 
-@router.post("/v1/get", tags=["cli"])
-def get(body: CliGetRequest, request: Request) -> dict:
+@router.post("/v1/get", response_model=DocumentOut, **CLI_ANSWER)
+def get(body: CliGetRequest, request: Request) -> DocumentOut:
     with engine_for(request, body.file) as e:
-        return document_out(e.get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd))
+        return document_answer(e.get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd))
 
 
-@router.post("/v1/multi-get", tags=["cli"])
-def multi_get(body: CliMultiGetRequest, request: Request) -> dict:
-    items = engine_of(request).multi_get(body.pattern, max_bytes=body.max_bytes, max_lines=body.max_lines, cwd=body.cwd)
-    return {"items": [retrieved_out(r) for r in items], "editor_uri": engine_of(request).config.editor_uri}
+@router.post("/v1/multi-get", response_model=MultiGetOut, **CLI_ANSWER)
+def multi_get(body: CliMultiGetRequest, request: Request) -> MultiGetOut:
+    e = engine_of(request)
+    items = e.multi_get(body.pattern, max_bytes=body.max_bytes, max_lines=body.max_lines, cwd=body.cwd)
+    return MultiGetOut(items=[retrieved_answer(r) for r in items], editor_uri=e.config.editor_uri)
 
 
-@router.get("/v1/ls", tags=["cli"])
-def ls(request: Request, target: str | None = None) -> dict:
-    return engine_of(request).ls(target)
+@router.get("/v1/ls", response_model=LsOut, **CLI_ANSWER)
+def ls(request: Request, target: str | None = None) -> LsOut:
+    e = engine_of(request)
+    return ls_answer(e.ls(target) if target else e.describe_collections())

@@ -16,25 +16,26 @@ its own formats.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, MAX_QUERY_CHARS, MCP_RESULTS, RESULTS
-from qmd.server.config import unstorable
+from qmd.server.config import Context, unstorable
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
-from qmd.server.ingest.upkeep import CACHE_MAX_AGE_DAYS, CleanupReport, Coverage
+from qmd.server.ingest.upkeep import CACHE_MAX_AGE_DAYS, Coverage
 from qmd.server.quality import BACKENDS, BenchSpec
 from qmd.server.search import discovery
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions, Stage
-from qmd.server.search.pointers import DocumentText, Pointer, Retrieved, SearchOptions, SearchOutcome
+from qmd.server.search.pointers import DocumentRef, DocumentText, Pointer, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
+from qmd.server.search.reading import ListedFile, Listing
 from qmd.server.search.scope import FilterReport
-from qmd.server.status import CollectionInfo, IndexStatus, VectorState
+from qmd.server.status import CollectionInfo, IndexStatus
 from qmd.server.text.chunking import ChunkStrategy
 from qmd.server.text.pages import PageSpan
 from qmd.server.trust import Approval, ApprovalState, Gate, Kind, Reviewed
@@ -468,6 +469,7 @@ class Response(BaseModel):
 
 
 R = TypeVar("R", bound=Response)
+D = TypeVar("D")
 
 
 class Health(Response):
@@ -804,30 +806,6 @@ def approval_out(a: Approval | Reviewed) -> ApprovalOut:
     return ApprovalOut(**asdict(approval), state=state)
 
 
-def report_out(report: IndexStatus | CollectionInfo | VectorState | Coverage | CleanupReport) -> dict[str, Any]:
-    """The engine's reports as the CLI reads them: their fields, nested, in snake_case."""
-    return asdict(report)
-
-
-def document_out(d: DocumentText) -> dict[str, Any]:
-    """`/v1/get`: the document's pointer fields, then the range and its text."""
-    return {
-        **asdict(d.doc),
-        "from_line": d.from_line,
-        "to_line": d.to_line,
-        "total_lines": d.total_lines,
-        "body": d.body,
-        **({"pages": [asdict(s) for s in d.pages]} if d.pages else {}),
-    }
-
-
-def retrieved_out(r: Retrieved) -> dict[str, Any]:
-    """A `/v1/multi-get` item: a document's fields and text, or the name and why it was left out."""
-    if r.doc is None:
-        return {"file": r.name, "skipped": True, "reason": r.reason, "error": True}
-    return {**asdict(r.doc), "bytes": r.bytes, "skipped": r.skipped, "reason": r.reason, "body": r.body}
-
-
 def metadata_response(
     report: MetadataReport, cls: type[MetadataResponse] = MetadataResponse, **extra: Any
 ) -> MetadataResponse:
@@ -850,3 +828,153 @@ def search_response(out: SearchOutcome, editor_uri: str | None) -> SearchRespons
         editor_uri=editor_uri,
         filter=filter_out(out.filter),
     )
+
+
+# -- the CLI's other answers (/v1, snake_case) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class CollectionOut(CollectionInfo):
+    """A collection as `qmd collection list` and `qmd status` show it, with its most
+    covered metadata keys as one line (`status, topics, +3 more`)."""
+
+    metadata_keys: str = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class CollectionShown(CollectionOut):
+    """`qmd collection show`: the same, with its metadata overview drawn."""
+
+    metadata_overview: str = field(kw_only=True)
+
+
+class DaemonOut(Response):
+    pid: int
+    uptime: int
+    """Seconds since it started."""
+    url: str
+
+
+@dataclass(frozen=True)
+class StatusOut(IndexStatus):
+    """`GET /v1/status`: the index's status and the daemon that serves it."""
+
+    collections: list[CollectionOut]
+    daemon: DaemonOut = field(kw_only=True)
+
+
+class CollectionsOut(Response):
+    collections: list[CollectionOut]
+
+
+class CollectionCreated(Response):
+    name: str
+    path: str
+    pattern: str
+
+
+class CollectionPatched(Response):
+    name: str
+    include_by_default: bool
+    update_command: str | None
+
+
+class CollectionDeleted(Response):
+    name: str
+    deleted_documents: int
+
+
+class CollectionRenamed(Response):
+    old: str
+    new: str
+
+
+class CoverageOut(Response):
+    collections: list[Coverage]
+
+
+class ApprovalsOut(Response):
+    approvals: list[ApprovalOut]
+
+
+@dataclass(frozen=True)
+class DocumentOut(DocumentRef):
+    """`/v1/get`: the document's pointer fields, then the range and its text."""
+
+    from_line: int = field(kw_only=True)
+    to_line: int = field(kw_only=True)
+    total_lines: int = field(kw_only=True)
+    body: str = field(kw_only=True)
+    pages: list[PageSpan] = field(kw_only=True)
+    """A paged document (PDF): the pages these lines are on; empty for others."""
+
+
+@dataclass(frozen=True)
+class RetrievedOut(DocumentRef):
+    """A `/v1/multi-get` document: its pointer fields and text, or why the text was left out."""
+
+    bytes: int = field(kw_only=True)
+    skipped: bool = field(kw_only=True)
+    reason: str | None = field(kw_only=True)
+    body: str | None = field(kw_only=True)
+
+
+class UnmatchedOut(Response):
+    """A `/v1/multi-get` name that matched no document, and why."""
+
+    file: str
+    skipped: Literal[True]
+    reason: str | None
+    error: Literal[True]
+
+
+class MultiGetOut(Response):
+    items: list[RetrievedOut | UnmatchedOut]
+    editor_uri: str | None
+
+
+def extended(cls: type[D], base: Any, **more: Any) -> D:
+    """`base`'s fields as an instance of `cls`, a dataclass that extends (or narrows) them with `more`."""
+    return cls(**({f.name: getattr(base, f.name) for f in fields(base)} | more))
+
+
+def document_answer(d: DocumentText) -> DocumentOut:
+    return extended(
+        DocumentOut,
+        d.doc,
+        from_line=d.from_line,
+        to_line=d.to_line,
+        total_lines=d.total_lines,
+        body=d.body,
+        pages=list(d.pages),
+    )
+
+
+def retrieved_answer(r: Retrieved) -> RetrievedOut | UnmatchedOut:
+    if r.doc is None:
+        return UnmatchedOut(file=r.name, skipped=True, reason=r.reason, error=True)
+    return extended(RetrievedOut, r.doc, bytes=r.bytes, skipped=r.skipped, reason=r.reason, body=r.body)
+
+
+class ContextsOut(Response):
+    contexts: list[Context]
+
+
+class LsCollection(Response):
+    name: str
+    files: int
+
+
+class LsOut(Response):
+    """`/v1/ls`: every collection with its file count, or (given a target) the files under it."""
+
+    collections: list[LsCollection] | None = None
+    collection: str | None = None
+    prefix: str | None = None
+    files: list[ListedFile] | None = None
+
+
+def ls_answer(listing: Listing | list[CollectionInfo]) -> LsOut:
+    if isinstance(listing, Listing):
+        return LsOut(collection=listing.collection, prefix=listing.prefix, files=listing.files)
+    return LsOut(collections=[LsCollection(name=c.name, files=c.files) for c in listing])

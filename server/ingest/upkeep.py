@@ -1,5 +1,6 @@
 """Upkeep: what the index holds that nothing needs any more (`qmd cleanup`, `qmd doctor`),
-and what it holds of each collection's folder (`qmd status --files`).
+what it holds of each collection's folder (`qmd status --files`), and the index moved
+whole to another place (`qmd index copy`).
 
 An index never lies about its corpus (seeds/001), and that includes its counts: an
 edited document's old text and vectors, a deleted file's soft-deleted row, the vector
@@ -25,18 +26,35 @@ from __future__ import annotations
 
 import functools
 import shutil
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from qmd.server.config import Collection
+from qmd.paths import IndexPaths
+from qmd.server.config import (
+    Collection,
+    Config,
+    ConfigFile,
+    check_index_url,
+    describe_url,
+    is_index_url,
+    server_of,
+)
+from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
 from qmd.server.ingest.indexer import discover
+from qmd.server.models.embedders import EmbedderUnavailable
+from qmd.server.models.registry import Models
 from qmd.server.store import catalog, llm_cache, vectors
+from qmd.server.store import copy as index_copy
 from qmd.server.store.catalog import delete_orphan_content
 from qmd.server.store.db import Connection, IndexStore
+from qmd.server.store.sqlite import open_store
+from qmd.server.text.chunking import CHUNK_STRATEGIES
 
 VACUUM_FREE_SHARE = 0.10
 """VACUUM rewrites the whole file: worth it from this share of free pages on (below, SQLite
@@ -64,6 +82,27 @@ class Configured:
 
     def cache_cutoff(self) -> str:
         return (datetime.now(UTC) - timedelta(days=self.cache_days)).isoformat()
+
+
+def configured(cfg: Config, models: Models, *, embed_trusted: bool, cache_days: int = CACHE_MAX_AGE_DAYS) -> Configured:
+    """What `cfg` (its usable models) uses now. The embedder is resolved without loading or
+    downloading anything, as status does; when it cannot be, or a project's own embed model
+    is not trusted now, its spaces are all kept (a model not downloaded yet, or an approval
+    lapsed, must not cost its vectors)."""
+    try:
+        if not embed_trusted:
+            raise EmbedderUnavailable("the project's embed model is not trusted now (run 'qmd trust')")
+        emb = models.embedder(cfg)
+        fingerprints: frozenset[str] | None = frozenset(emb.fingerprint_for(s) for s in CHUNK_STRATEGIES)
+        unresolved = ""
+    except EmbedderUnavailable as e:
+        fingerprints, unresolved = None, f"vector spaces kept: {e.message}"
+    try:
+        resolved = models.resolved(cfg)
+        cache_models: tuple[str, ...] | None = (resolved["generate"].ref.uri, resolved["rerank"].ref.uri)
+    except QmdError:
+        cache_models = None
+    return Configured(frozenset(cfg.collections), fingerprints, unresolved, cache_models, cache_days)
 
 
 @dataclass(frozen=True)
@@ -231,11 +270,34 @@ def _vacuum_pg(conn: Connection, want: bool | None) -> Vacuum:
     return Vacuum(True, "asked for (--vacuum)", 0, 0, time.monotonic() - t0)
 
 
+@contextmanager
+def quiet(update: threading.Lock, embed: threading.Lock, wait_s: float) -> Iterator[None]:
+    """Updates and embeds kept out while cleanup runs: it waits up to `wait_s` for one
+    running now to finish, then refuses, saying which (a watcher's short pass is waited
+    for; a long embed is not silently raced)."""
+    if wait_s < 0:
+        raise InvalidInput(f"--wait must be 0 or more seconds (got {wait_s:g})")
+    deadline = time.monotonic() + wait_s
+    for lock, job in ((update, "an update"), (embed, "an embed")):
+        if not lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            if job == "an embed":
+                update.release()
+            raise Conflict(
+                f"{job} is running, so cleanup did not start (waited {wait_s:g}s). Run 'qmd cleanup' again"
+                " when it has finished, or give it longer with --wait SECONDS."
+            )
+    try:
+        yield
+    finally:
+        embed.release()
+        update.release()
+
+
 def cleanup(
     store: IndexStore, keep: Configured, *, dry_run: bool = False, vacuum: bool | None = None, step: Step | None = None
 ) -> CleanupReport:
     """Drop what `survey` counts, optimize FTS, VACUUM when worth it. The caller keeps
-    updates and embeds out meanwhile (`Engine.cleanup`)."""
+    updates and embeds out meanwhile (`quiet`)."""
     t0 = time.monotonic()
     say = step or (lambda _: None)
     with store.read() as conn:
@@ -391,3 +453,56 @@ def coverage(store: IndexStore, coll: Collection, space: vectors.Space | None, v
         files=states,
         vectors_note=vectors_note,
     )
+
+
+# -- copy ---------------------------------------------------------------------
+
+
+def index_at(spec: str) -> str:
+    """Where `spec` (an index name, a SQLite file, a ``postgresql://`` URL) keeps its index:
+    the URL, or the file's absolute path. A name's config may give its server."""
+    if "://" in spec:  # a Postgres URL, or a clear error (never a file named "mysql:")
+        return check_index_url(spec, f"{spec!r}: an index given by URL")
+    if "/" in spec or spec.endswith((".sqlite", ".db")):
+        return str(Path(spec).expanduser().resolve())
+    paths = IndexPaths.resolve(spec)
+    url = server_of(paths.name, ConfigFile(paths.config).load().index_url if paths.config.exists() else None)
+    return url or str(paths.db)
+
+
+def copy_ends(here: str, source: str, destination: str) -> tuple[str, str]:
+    """`qmd index copy`'s source and destination as `index_at` finds them, checked before
+    anything waits: two different indexes, the source there, and never `here` (the index
+    this daemon serves) as the destination."""
+    src, dst = index_at(source), index_at(destination)
+    # compared as described (no password), so one server named with and without it is one index
+    if describe_url(src) == describe_url(dst):
+        raise InvalidInput(f"the source and the destination are the same index ({describe_url(src)})")
+    if describe_url(dst) == describe_url(here):
+        raise Conflict(
+            f"{describe_url(dst)} is the index this daemon serves, so it cannot be copied into:"
+            " copy into another, then point the config at it (index_url) and restart the daemon"
+        )
+    if not is_index_url(src) and not Path(src).exists():
+        raise NotFound(f"there is no index at {src}")
+    return src, dst
+
+
+def copy(
+    store: IndexStore,
+    src: str,
+    dst: str,
+    *,
+    replace: bool = False,
+    progress: index_copy.Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> index_copy.CopyReport:
+    """The index at `src` into `dst` (`copy_ends`' answers): `store` itself when it is the
+    source, else that index opened for the copy only."""
+    if describe_url(src) == describe_url(store.location):
+        return index_copy.copy_index(store, dst, replace=replace, progress=progress, cancel=cancel)
+    source = open_store(Path(src), src if is_index_url(src) else None)
+    try:
+        return index_copy.copy_index(source, dst, replace=replace, progress=progress, cancel=cancel)
+    finally:
+        source.close()

@@ -1,2 +1,3 @@
-"""Models: which model each role uses and getting it onto disk, the supervised llama.cpp
-worker (parent side and child process), and the remote embeddings backend."""
+"""Models: which model each role uses and getting it onto disk, each role's ready model in
+one place (`registry`), the supervised llama.cpp worker (parent side and child process),
+and the remote backends."""

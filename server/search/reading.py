@@ -1,0 +1,167 @@
+"""Reading documents back by name: `get` (a document, a line range or a page of it),
+`multi-get` (by glob, names or docids), `ls` (a collection's files).
+
+A pointer is only useful if following it reads exactly the lines it named, so these
+answers are shaped here, beside the pointers, from the same document references a search
+returns; what they read comes from the index, never from a path on disk
+(`store.documents` refuses names outside every collection).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qmd.server.config import Config
+from qmd.server.errors import InvalidInput, NotFound, QmdError
+from qmd.server.search.pointers import DocumentText, Retrieved, answer_bytes, document_ref, file_uri
+from qmd.server.store import catalog
+from qmd.server.store.db import IndexStore
+from qmd.server.store.documents import (
+    find_document,
+    glob_documents,
+    is_comma_list,
+    link_index,
+    parse_virtual,
+    safe_relpath,
+    split_range,
+)
+from qmd.server.text.pages import Pages, split_page
+
+
+def get(
+    store: IndexStore,
+    cfg: Config,
+    name: str,
+    index: str,
+    label: str | None,
+    from_line: int | None = None,
+    max_lines: int | None = None,
+    cwd: str | None = None,
+) -> DocumentText:
+    """A document or a line range of it. `name` may end in `:from[:count]`;
+    explicit `from_line` / `max_lines` win over that suffix. A paged document (PDF)
+    may be addressed by page, `report.pdf#page=3:10:5`: lines counted within that
+    page, read from the same body, so both spellings of a pointer read the same text.
+    `index` is the name of the index read, `label` the one its links carry."""
+    linked = link_index(name)
+    if linked is not None and linked != index:  # never the same path in the wrong index
+        raise InvalidInput(
+            f"{name} is a link into index '{linked}', and this request is served by '{index}': "
+            "ask that index for it (qmd get follows such links itself)"
+        )
+    name, suffix_from, suffix_count = split_range(name)
+    name, page = split_page(name)
+    from_line = from_line if from_line is not None else suffix_from
+    max_lines = max_lines if max_lines is not None else suffix_count
+    if max_lines is not None and max_lines < 1:
+        raise InvalidInput("-l/--lines must be at least 1")
+    with store.read() as conn:
+        doc = find_document(conn, cfg, name, cwd)
+    ref = document_ref(doc, cfg, label)
+    lines = doc.body.split("\n")
+    pages = Pages.of(doc.path, doc.body)
+    first, last, where = 1, len(lines), f"{ref.display_path} has {len(lines)} lines"
+    if page is not None:
+        if pages is None:
+            raise InvalidInput(f"{ref.display_path} has no pages: #page= addresses the pages of a PDF")
+        if not 1 <= page <= pages.count:
+            raise InvalidInput(f"{ref.display_path} has {pages.count} pages; page {page} does not exist")
+        first, last = pages.bounds(page)
+        where = f"page {page} of {ref.display_path} has {last - first + 1} lines"
+    start = first - 1 + max(1, from_line or 1)
+    if start > last:
+        # An empty slice numbered from a line that does not exist would read as a real, blank line.
+        raise InvalidInput(f"{where}; line {start - first + 1} is past the end")
+    end = last if max_lines is None else min(last, start - 1 + max_lines)
+    spans = pages.spans(start, end) if pages is not None else ()
+    return DocumentText(ref, start, end, len(lines), "\n".join(lines[start - 1 : end]), spans)
+
+
+def multi_get(
+    store: IndexStore,
+    cfg: Config,
+    pattern: str,
+    label: str | None,
+    max_bytes: int = 65536,
+    max_lines: int | None = None,
+    cwd: str | None = None,
+) -> list[Retrieved]:
+    """Documents by glob, comma-separated names or docids. A listed name that matches
+    nothing is an entry with `error`; a document over `max_bytes` is `skipped`."""
+    if max_bytes < 1:
+        raise InvalidInput("--max-bytes must be at least 1")
+    items: list[Retrieved] = []
+    with store.read() as conn:
+        if is_comma_list(pattern) or (pattern.strip().startswith("#") and "," not in pattern):
+            names = [n for n in (p.strip() for p in pattern.split(",")) if n]
+            if not names:
+                raise InvalidInput(f"no file names in {pattern!r}: give a glob, names joined by commas, or docids")
+            docs = []
+            for name in names:
+                try:
+                    docs.append(find_document(conn, cfg, name, cwd))
+                except QmdError as e:
+                    items.append(Retrieved(name, None, skipped=True, reason=e.message))
+        else:
+            docs = glob_documents(conn, cfg, pattern)
+            if not docs:
+                raise NotFound(f"No files matched pattern: {pattern}")
+    cap, sent = answer_bytes(), 0
+    for doc in docs:
+        ref = document_ref(doc, cfg, label)
+        size = len(doc.body.encode("utf-8"))
+        if size > max_bytes:
+            reason = f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)"
+            items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason))
+            continue
+        sent += size
+        if sent > cap:
+            reason = (
+                f"answer size cap reached ({cap // (1024 * 1024)} MiB, QMD_MAX_ANSWER_BYTES): "
+                "narrow the pattern, or read this one with get"
+            )
+            items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason))
+            continue
+        body = doc.body
+        if max_lines is not None:
+            lines = body.split("\n")
+            if len(lines) > max_lines:
+                body = "\n".join(lines[:max_lines]) + f"\n\n[... truncated {len(lines) - max_lines} more lines]"
+        items.append(Retrieved(ref.file, ref, size, body))
+    return items
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    file: str
+    """Its `qmd://` URI, as `get` takes it."""
+    path: str
+    bytes: int
+    modified_at: str
+    docid: str
+
+
+@dataclass(frozen=True)
+class Listing:
+    """`qmd ls coll/sub`: the files under a folder of a collection (`prefix`, "" for all)."""
+
+    collection: str
+    prefix: str
+    files: list[ListedFile]
+
+
+def ls(store: IndexStore, cfg: Config, target: str, label: str | None) -> Listing:
+    """The files of a collection, or of a folder in it (`coll/sub`, `qmd://coll/sub`)."""
+    virtual = parse_virtual(target)
+    if virtual:
+        coll_name, prefix = virtual
+    else:
+        coll_name, _, prefix = target.strip().strip("/").partition("/")
+    cfg.get(coll_name)
+    prefix = safe_relpath(prefix) if prefix else ""
+    with store.read() as conn:
+        entries = catalog.list_files(conn, coll_name, prefix)
+    files = [
+        ListedFile(file_uri(coll_name, e.path, label), e.path, e.bytes, e.modified_at, e.hash[:6]) for e in entries
+    ]
+    return Listing(coll_name, prefix, files)
