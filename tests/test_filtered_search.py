@@ -161,7 +161,7 @@ def _corpus(tmp: Path, store: IndexStore | None) -> Iterator[Corpus]:
 
 def scoped(engine: Engine, f: Filter | None = None) -> Scope:
     """Every collection, under `f`, compiled for the engine's backend."""
-    return scope_of(engine.config, None, f, postgres=engine.store.postgres)
+    return scope_of(engine.config, None, f, dialect=engine.store.dialect)
 
 
 def filters(n: int, seed: int) -> list[tuple[dict, Filter]]:

@@ -68,7 +68,8 @@ from typing import Final, Literal, TypeAlias
 
 from qmd.server.errors import InvalidInput
 from qmd.server.search.filters import Bound, Condition, Filter, Not, check_binding_budget, filter_sql, match_sql
-from qmd.server.store.db import Connection, is_postgres, snapshot
+from qmd.server.store.db import Connection, dialect_of, snapshot
+from qmd.server.store.dialect import Dialect
 from qmd.server.store.metadata import Rejection, read_value
 from qmd.server.text.frontmatter import Scalar, ValueType
 
@@ -79,8 +80,6 @@ DEFAULT_KEY_LIMIT: Final = 50
 DEFAULT_VALUE_LIMIT: Final = 10
 REJECTED_EXAMPLES: Final = 5
 TYPE_ORDER: Final[tuple[ValueType, ...]] = ("boolean", "number", "string")
-PG_WORK_MEM: Final = "64MB"
-"""Postgres' work_mem for one discovery's transaction (see `_discover`)."""
 
 
 # -- options --------------------------------------------------------------------------
@@ -243,12 +242,11 @@ def _census(conn: Connection, scope_json: str, flt: Filter | None) -> tuple[_Cen
         return _Census(
             documents, with_metadata, pending, rejected, documents - pending - rejected, with_metadata, rows
         ), []
-    # The subquery's fence (SQLite's `LIMIT -1`, Postgres' `OFFSET 0`) keeps it from being
-    # flattened, which would copy the filter into both counts that read `ok` and so
-    # evaluate it twice a document.
-    postgres = is_postgres(conn)
-    fsql, fparams = filter_sql(flt, "d", postgres=postgres)
-    fence = "OFFSET 0" if postgres else "LIMIT -1"
+    # The subquery's fence keeps it from being flattened, which would copy the filter into
+    # both counts that read `ok` and so evaluate it twice a document.
+    dialect = dialect_of(conn)
+    fsql, fparams = filter_sql(flt, "d", dialect=dialect)
+    fence = dialect.subquery_fence
     row = conn.execute(
         "SELECT count(*), count(*) FILTER (WHERE s = 1), count(*) FILTER (WHERE s IS NULL),"
         " count(*) FILTER (WHERE s = 2), coalesce(sum(ok), 0), count(*) FILTER (WHERE ok = 1 AND s = 1),"
@@ -367,14 +365,16 @@ def _add_value_rows(s: _Statement, options: MetadataOptions) -> None:
     )
 
 
-def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[Bound], plan: Plan) -> _Statement:
+def _report_statement(
+    options: MetadataOptions, dialect: Dialect, scope_json: str, fparams: list[Bound], plan: Plan
+) -> _Statement:
     """The one statement that reads the entries. It returns rows of four kinds, told
     apart by their first column: one `total` (the number of keys), a `pair` per
     (key, type) in the key window, a `middle` per number pair (its median's two
     middle entries), a `value` per value in a value window."""
     s = _Statement()
-    fsql = filter_sql(options.filter, "d")[0] if options.filter is not None else "1"
-    msql, mparams = match_sql(options.match, "m") if options.match is not None else ("true", [])
+    fsql = filter_sql(options.filter, "d", dialect=dialect)[0] if options.filter is not None else "1"
+    msql, mparams = match_sql(options.match, "m", dialect=dialect) if options.match is not None else ("true", [])
 
     s.add("WITH")
     s.add(
@@ -555,7 +555,7 @@ def _report_statement(options: MetadataOptions, scope_json: str, fparams: list[B
     return s
 
 
-def _pg_report_statement(options: MetadataOptions, scope_json: str) -> _Statement:
+def _pg_report_statement(options: MetadataOptions, dialect: Dialect, scope_json: str) -> _Statement:
     """`_report_statement`'s rows, on Postgres. One plan: the eligible documents are
     hashed and their matching entries grouped by their stored text and collection in
     one pass of the table (a hash aggregate, one row per distinct value); values are
@@ -565,8 +565,8 @@ def _pg_report_statement(options: MetadataOptions, scope_json: str) -> _Statemen
     integers past 2**53 stay apart, which ``num`` (a float) would not keep. Which
     collections hold a pair is a bit string, a bit per collection in scope."""
     s = _Statement()
-    fsql, fparams = filter_sql(options.filter, "d", postgres=True) if options.filter is not None else ("true", [])
-    msql, mparams = match_sql(options.match, "m", postgres=True) if options.match is not None else ("true", [])
+    fsql, fparams = filter_sql(options.filter, "d", dialect=dialect) if options.filter is not None else ("true", [])
+    msql, mparams = match_sql(options.match, "m", dialect=dialect) if options.match is not None else ("true", [])
     colls = options.collections
     k = len(colls)
     position = "CASE d.collection " + " ".join(f"WHEN ? THEN {i}" for i in range(k)) + " END" if k > 1 else "0"
@@ -742,19 +742,17 @@ def _read_pairs(conn: Connection, stmt: _Statement) -> tuple[int, list[_Pair]]:
 def _discover(conn: Connection, options: MetadataOptions) -> MetadataReport:
     scope = list(options.collections)
     scope_json = json.dumps(scope)
+    dialect = dialect_of(conn)
     census, fparams = _census(conn, scope_json, options.filter)
     rejected = _rejections(conn, scope_json) if census.rejected else []
 
     total_keys, pairs = 0, list[_Pair]()
     if census.eligible_with_rows:
-        if is_postgres(conn):
-            # Its row estimates for the grouping are the entries' (no reduction), so with
-            # the default 4 MB the planner sorts every entry on disk; the groups, one a
-            # value, fit in a fraction of this (18 MB at 850k entries).
-            conn.execute(f"SET LOCAL work_mem = '{PG_WORK_MEM}'")
-            stmt = _pg_report_statement(options, scope_json)
+        if dialect.values_in_order:
+            stmt = _report_statement(options, dialect, scope_json, fparams, _plan(census))
         else:
-            stmt = _report_statement(options, scope_json, fparams, _plan(census))
+            conn.execute(dialect.grouping_memory)
+            stmt = _pg_report_statement(options, dialect, scope_json)
         total_keys, pairs = _read_pairs(conn, stmt)
 
     by_key: dict[str, tuple[int, list[TypeReport]]] = {}

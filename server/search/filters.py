@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, NoReturn, TypeAlias, TypeVar, cast
 
 from qmd.server.errors import InvalidInput
+from qmd.server.store.dialect import SQLITE, Bound, Dialect, Sql
 from qmd.server.text.frontmatter import Scalar, ValueType, fold, value_type
 
 ConditionOperator: TypeAlias = Literal[
@@ -373,17 +374,15 @@ def _tree(
 
 # -- SQL ------------------------------------------------------------------------------
 
-Bound: TypeAlias = str | int | float | bytes
-_Sql: TypeAlias = tuple[str, list[Bound]]
-_TRUE: Final[_Sql] = ("true", [])
-_FALSE: Final[_Sql] = ("false", [])
+_TRUE: Final[Sql] = ("true", [])
+_FALSE: Final[Sql] = ("false", [])
 """Spelled as both SQLite and Postgres read a boolean (a filter may fold to one)."""
 _TYPE_SQL: Final = {t: f"'{t}'" for t in TYPES}
 """Type names are SQL literals taken only from this table, never from the AST."""
 
 
 def filter_sql(
-    f: Filter, doc: str = "d", *, per_document: bool = False, postgres: bool = False
+    f: Filter, doc: str = "d", *, per_document: bool = False, dialect: Dialect = SQLITE
 ) -> tuple[str, list[Bound]]:
     """A boolean SQL expression true for the documents (alias `doc` of `documents`) the
     filter keeps. It sees only `document_metadata`: the caller adds
@@ -397,10 +396,10 @@ def filter_sql(
     `per_document` makes each an `EXISTS` probe of the document's own rows (the
     primary key): the cheap form when few are, such as the hits of a rare word.
 
-    `postgres`: for a Postgres index, whose column has one type, so a number or boolean is
-    compared as its ``num`` column (server/store/pg.py) and a suffix by characters."""
+    `dialect`: the index's (`IndexStore.dialect`), which says where a number or a boolean
+    is compared and how a suffix is (server/store/dialect.py)."""
 
-    def has(c: Condition, pred: _Sql) -> _Sql:
+    def has(c: Condition, pred: Sql) -> Sql:
         if pred == _FALSE:
             return _FALSE
         where = "key = ?" if pred == _TRUE else f"key = ? AND {pred[0]}"
@@ -408,17 +407,17 @@ def filter_sql(
             return f"EXISTS (SELECT 1 FROM document_metadata WHERE doc_id = {doc}.id AND {where})", [c.field, *pred[1]]
         return f"{doc}.id IN (SELECT doc_id FROM document_metadata WHERE {where})", [c.field, *pred[1]]
 
-    row = _PG_DOC_ROW if postgres else _DOC_ROW
+    row = _Row("type", "value", "folded", dialect.number_column, dialect)
     return _tree(f, lambda c: _condition_sql(c, row, lambda p: has(c, p)), _join, _negate)
 
 
-def match_sql(f: Filter, entry: str = "m", *, postgres: bool = False) -> tuple[str, list[Bound]]:
+def match_sql(f: Filter, entry: str = "m", *, dialect: Dialect = SQLITE) -> tuple[str, list[Bound]]:
     """A boolean SQL expression true for the rows (alias `entry` of
     `document_metadata`) the match selects. Never NULL, so it can be negated or
-    combined with a filter in one statement. `postgres` as for `filter_sql`."""
-    key_row = _Row(None, f"{entry}.key", _sql_fold(f"{entry}.key"), f"{entry}.key", chars=postgres)
-    number = f"{entry}.num" if postgres else f"{entry}.value"
-    value_row = _Row(f"{entry}.type", f"{entry}.value", f"{entry}.folded", number, chars=postgres)
+    combined with a filter in one statement. `dialect` as for `filter_sql`."""
+    key_row = _Row(None, f"{entry}.key", _sql_fold(f"{entry}.key"), f"{entry}.key", dialect)
+    number = f"{entry}.{dialect.number_column}"
+    value_row = _Row(f"{entry}.type", f"{entry}.value", f"{entry}.folded", number, dialect)
     return _tree(
         f, lambda c: _condition_sql(c, key_row if c.field == "key" else value_row, lambda p: p), _join, _negate
     )
@@ -433,19 +432,14 @@ class _Row:
     value: str
     folded: str
     number: str
-    """Where a number or a boolean is compared: the value itself on SQLite (which keeps each
-    value's own storage class), its ``num`` column on Postgres."""
-    chars: bool = False
-    """Text is compared by characters (Postgres, whose text holds no NUL), not UTF-8 bytes."""
+    """Where a number or a boolean is compared (`Dialect.number_column`)."""
+    dialect: Dialect
+    """How a suffix is tested (by UTF-8 bytes or by characters)."""
 
     def column(self, t: ValueType, ci: bool) -> str:
         if ci:
             return self.folded
         return self.number if t in ("number", "boolean") else self.value
-
-
-_DOC_ROW: Final = _Row("type", "value", "folded", "value")
-_PG_DOC_ROW: Final = _Row("type", "value", "folded", "num", chars=True)
 
 
 def _sql_fold(expr: str) -> str:
@@ -456,7 +450,7 @@ def _sql_fold(expr: str) -> str:
     return expr
 
 
-def _join(op: str, parts: Iterable[_Sql]) -> _Sql:
+def _join(op: str, parts: Iterable[Sql]) -> Sql:
     """`op` over `parts`, folding constants, nested as a balanced tree: SQLite parses a
     flat chain of 1,000 ORs as an expression 1,000 deep, past its limit."""
     identity, absorbing = (_TRUE, _FALSE) if op == "AND" else (_FALSE, _TRUE)
@@ -469,7 +463,7 @@ def _join(op: str, parts: Iterable[_Sql]) -> _Sql:
     if not kept:
         return identity
 
-    def balanced(lo: int, hi: int) -> _Sql:
+    def balanced(lo: int, hi: int) -> Sql:
         if hi - lo == 1:
             return kept[lo]
         mid = (lo + hi) // 2
@@ -479,7 +473,7 @@ def _join(op: str, parts: Iterable[_Sql]) -> _Sql:
     return balanced(0, len(kept))
 
 
-def _negate(p: _Sql) -> _Sql:
+def _negate(p: Sql) -> Sql:
     if p == _TRUE:
         return _FALSE
     if p == _FALSE:
@@ -487,7 +481,7 @@ def _negate(p: _Sql) -> _Sql:
     return f"NOT ({p[0]})", p[1]
 
 
-def _is(row: _Row, types: Sequence[ValueType]) -> _Sql:
+def _is(row: _Row, types: Sequence[ValueType]) -> Sql:
     if row.type is None:
         return _TRUE if "string" in types else _FALSE
     names = [_TYPE_SQL[t] for t in dict.fromkeys(types)]
@@ -502,7 +496,7 @@ def _bind(v: Scalar, ci: bool) -> Bound:
     return fold(v) if ci and isinstance(v, str) else v
 
 
-def _members(row: _Row, values: Sequence[Scalar], ci: bool) -> list[_Sql]:
+def _members(row: _Row, values: Sequence[Scalar], ci: bool) -> list[Sql]:
     """One predicate per operand type, each `type = t AND value IN (…)`, so each can
     use the (key, type, value) or (key, folded) index."""
     by_type: dict[ValueType, list[Bound]] = {}
@@ -529,28 +523,24 @@ def _successor(prefix: str) -> str | None:
     return None
 
 
-def _text_sql(row: _Row, op: str, operand: str, ci: bool) -> _Sql:
-    """Byte-exact text tests. `length()` and text `substr()` stop at a NUL, so the
-    suffix is compared as bytes (a UTF-8 suffix is a character suffix); `substr()` of
-    the empty blob is NULL, which `not` would keep NULL, hence the `coalesce`."""
+def _text_sql(row: _Row, op: str, operand: str, ci: bool) -> Sql:
+    """Exact text tests: `instr` and ranges compare the stored text as it is; a suffix is
+    the dialect's test, as SQLite's `length()` and text `substr()` stop at a NUL."""
     col = row.column("string", ci)
     s = fold(operand) if ci else operand
     if not s:
         return _is(row, ["string"])
     if op == "contains":
-        test: _Sql = f"instr({col}, ?) > 0", [s]
+        test: Sql = f"instr({col}, ?) > 0", [s]
     elif op == "prefix":
         upper = _successor(s)
         test = (f"{col} >= ?", [s]) if upper is None else (f"({col} >= ? AND {col} < ?)", [s, upper])
-    elif row.chars:
-        test = f"right({col}, ?) = ?", [len(s), s]
     else:
-        raw = s.encode("utf-8")
-        test = f"coalesce(substr(CAST({col} AS BLOB), ?) = ?, 0)", [-len(raw), raw]
+        test = row.dialect.ends_with(col, s)
     return _join("AND", [_is(row, ["string"]), test])
 
 
-def _condition_sql(c: Condition, row: _Row, has: Callable[[_Sql], _Sql]) -> _Sql:
+def _condition_sql(c: Condition, row: _Row, has: Callable[[Sql], Sql]) -> Sql:
     """`has(pred)`: some value of the condition's field satisfies the row predicate
     `pred` (a subquery for a document, the predicate itself for one entry)."""
     op, ci, values = c.operator, c.case_insensitive, _operands(c)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeAlias
 
 from qmd.server.config import Config
 from qmd.server.errors import QmdError
@@ -195,6 +195,54 @@ class _Sub:
     weight: float
 
 
+RerankScores: TypeAlias = dict[int, tuple[float, float, bool]]
+"""doc id → (normalised rerank score, raw score, cached) for the candidates the rerank stage scored."""
+
+
+@dataclass
+class _Run:
+    """What one query run carries from stage to stage: each stage takes the run and adds
+    its own line to `stages`, so no stage needs the others' pieces passed one by one."""
+
+    opts: QueryOptions
+    clock: _Clock
+    stages: list[Stage]
+    query: str
+    """The primary text (`primary_text`): the one passages are picked for and reranked against."""
+    intent: str | None
+    terms: tuple[str, ...]
+    iterms: tuple[str, ...]
+    vec_hits: dict[int, VecHit] = field(default_factory=dict)
+    """Each document's nearest chunk over every vector list: where a vector-only candidate's passage lies."""
+    candidates: list[Candidate] = field(default_factory=list)
+    """The fused candidates, in fused order, less any whose document is gone since fusion."""
+    docs: dict[int, DocRow] = field(default_factory=dict)
+
+    @property
+    def rerank_query(self) -> str:
+        """The intent goes first: it says what the query is for, which its words alone may not."""
+        return f"{self.intent}\n\n{self.query}" if self.intent else self.query
+
+
+@dataclass
+class _RerankWork:
+    """A rerank stage in progress: what it scores, what it found cached or scored, and
+    what the budget decisions last saw (the stage's report quotes them)."""
+
+    passages: dict[int, str]
+    keys: dict[int, str]
+    """Each candidate's cache key: the query, the model and the passage it is scored on."""
+    raw: dict[int, tuple[float, bool]]
+    """doc id → (raw score, cached)."""
+    per: float
+    """Seconds per candidate, re-estimated after each batch."""
+    new: dict[str, str] = field(default_factory=dict)
+    """Scores to cache: key → score."""
+    scored: int = 0
+    ahead: float = 0.0
+    error: str = ""
+
+
 class HybridQuery:
     """One query run over one index; the engine builds it with the legs it has."""
 
@@ -219,26 +267,30 @@ class HybridQuery:
 
     def run(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         clock = _Clock(opts.budget_ms)
-        stages: list[Stage] = []
-        out = HybridOutcome(hits=[], stages=stages, budget_ms=opts.budget_ms)
-        scope = scope_of(self.config, opts.collections, opts.filter, postgres=self.store.postgres)
         primary = primary_text(doc)
-        lexq = parse_lex(primary)
+        run = _Run(
+            opts=opts,
+            clock=clock,
+            stages=[],
+            query=primary,
+            intent=doc.intent,
+            terms=parse_lex(primary).terms,
+            iterms=intent_terms(doc.intent),
+        )
+        stages = run.stages
+        out = HybridOutcome(hits=[], stages=stages, budget_ms=opts.budget_ms)
+        scope = scope_of(self.config, opts.collections, opts.filter, dialect=self.store.dialect)
         if not scope.collections:
             out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
             return out
         with self.store.read() as conn:
             out.filter = filter_report(conn, scope)
         lists: list[RankedList] = []
-        vec_hits: dict[int, VecHit] = {}
         expansion_lists: list[int] = []
 
-        if doc.mode == "expand":
-            subs = self._expand_mode(doc, opts, scope, clock, stages, lists, out)
-        else:
-            subs = _typed_subs(doc)
+        subs = self._expand_mode(doc, scope, run, lists, out) if doc.mode == "expand" else _typed_subs(doc)
         self._keyword(subs, scope, stages, lists, expansion_lists, typed=doc.mode == "typed")
-        self._vectors(subs, scope, opts, clock, stages, lists, vec_hits, expansion_lists, out)
+        self._vectors(subs, scope, run, lists, expansion_lists, out)
         if (
             out.expansion
             and expansion_lists
@@ -260,11 +312,9 @@ class HybridQuery:
             )
         )
         with self.store.read() as conn:
-            docs = fetch_ids(conn, [c.doc_id for c in candidates])
-        candidates = [c for c in candidates if c.doc_id in docs]
-        iterms = intent_terms(doc.intent)
-        rerank = self._rerank(candidates, docs, vec_hits, primary, doc.intent, lexq.terms, iterms, opts, clock, stages)
-        self._shape(candidates, docs, vec_hits, rerank, lexq.terms, iterms, opts, out)
+            run.docs = fetch_ids(conn, [c.doc_id for c in candidates])
+        run.candidates = [c for c in candidates if c.doc_id in run.docs]
+        self._shape(run, self._rerank(run), out)
         out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit)
         out.warnings = list(dict.fromkeys(out.warnings))
         out.elapsed_ms = clock.elapsed_ms()
@@ -273,16 +323,10 @@ class HybridQuery:
     # -- stages ---------------------------------------------------------------
 
     def _expand_mode(
-        self,
-        doc: QueryDoc,
-        opts: QueryOptions,
-        scope: Scope,
-        clock: _Clock,
-        stages: list[Stage],
-        lists: list[RankedList],
-        out: HybridOutcome,
+        self, doc: QueryDoc, scope: Scope, run: _Run, lists: list[RankedList], out: HybridOutcome
     ) -> list[_Sub]:
         """Probe BM25, then expand unless the probe is conclusive or the budget says no."""
+        opts, clock, stages = run.opts, run.clock, run.stages
         query = doc.query
         idents = identifier_tokens(query)
         t = time.perf_counter()
@@ -425,14 +469,12 @@ class HybridQuery:
         self,
         subs: list[_Sub],
         scope: Scope,
-        opts: QueryOptions,
-        clock: _Clock,
-        stages: list[Stage],
+        run: _Run,
         lists: list[RankedList],
-        vec_hits: dict[int, VecHit],
         expansion_lists: list[int],
         out: HybridOutcome,
     ) -> None:
+        clock, stages, vec_hits = run.clock, run.stages, run.vec_hits
         wanted = [s for s in subs if s.kind in ("original", "vec", "hyde")]
         if not wanted:
             return
@@ -454,20 +496,20 @@ class HybridQuery:
                 )
             )
             return
-        run = wanted[:fit]
+        fitted = wanted[:fit]
         t = time.perf_counter()
         try:
             with wait_at_most(clock.worker_wait()):
-                qvecs = leg.embed([s.text for s in run])
+                qvecs = leg.embed([s.text for s in fitted])
         except QmdError as e:
             stages.append(
                 Stage("vector", "skipped", (time.perf_counter() - t) * 1000, f"{e.message}; not run: {not_run}")
             )
             return
         t_embed = time.perf_counter() - t
-        self.costs.observe("embed", t_embed, len(run), model=leg.model)
+        self.costs.observe("embed", t_embed, len(fitted), model=leg.model)
         t2 = time.perf_counter()
-        for sub, qvec in zip(run, qvecs):
+        for sub, qvec in zip(fitted, qvecs):
             self._qvecs.setdefault(sub.text, qvec)
             hits = leg.search(qvec, LIST_FETCH, scope)
             for h in hits:
@@ -478,144 +520,121 @@ class HybridQuery:
             )
             if sub.kind != "original":
                 expansion_lists.append(len(lists) - 1)
-        self.costs.observe("vsearch", time.perf_counter() - t2, len(run) * len(scope.collections))
-        detail = f"{len(run)} queries embedded in {t_embed * 1000:.0f} ms"
-        if len(run) < len(wanted):
-            detail += f"; budget: {len(wanted) - len(run)} of {len(wanted)} vector queries dropped"
+        self.costs.observe("vsearch", time.perf_counter() - t2, len(fitted) * len(scope.collections))
+        detail = f"{len(fitted)} queries embedded in {t_embed * 1000:.0f} ms"
+        if len(fitted) < len(wanted):
+            detail += f"; budget: {len(wanted) - len(fitted)} of {len(wanted)} vector queries dropped"
         stages.append(
-            Stage("vector", "partial" if len(run) < len(wanted) else "ran", (time.perf_counter() - t) * 1000, detail)
+            Stage("vector", "partial" if len(fitted) < len(wanted) else "ran", (time.perf_counter() - t) * 1000, detail)
         )
         if leg.warning:
             out.warnings.append(leg.warning)
 
-    def _rerank(
-        self,
-        candidates: list[Candidate],
-        docs: dict[int, DocRow],
-        vec_hits: dict[int, VecHit],
-        query: str,
-        intent: str | None,
-        terms: tuple[str, ...],
-        iterms: tuple[str, ...],
-        opts: QueryOptions,
-        clock: _Clock,
-        stages: list[Stage],
-    ) -> dict[int, tuple[float, float, bool]]:
-        """doc id → (normalised score, raw score, cached) for the candidates scored."""
-        rr = self.legs.reranker
-        if opts.rerank is False:
-            stages.append(Stage("rerank", "off", 0, "not requested (--no-rerank / rerank: false)"))
-            return {}
-        if rr is not None and not reranks(rr, opts.rerank):
-            stages.append(Stage("rerank", "off", 0, NOT_BY_DEFAULT[rr.method]))
-            return {}
-        if rr is None:
-            stages.append(Stage("rerank", "skipped", 0, self.legs.reranker_reason))
-            return {}
-        rquery = f"{intent}\n\n{query}" if intent else query
+    def _rerank(self, run: _Run) -> RerankScores:
+        """The rerank stage, or the reason it did not run: scores cached for these very
+        passages are reused, the rest scored in batches while the budget lasts."""
+        rr = self._reranker(run)
         if isinstance(rr, CosineScorer):
-            return self._cosine(rr, candidates, docs, rquery, clock, stages)
-        if not candidates:
+            return self._cosine(rr, run)
+        if rr is None or not run.candidates:
             return {}
         t = time.perf_counter()
+        work = self._cached_scores(rr, run)
+        self._score_within_budget(rr, run, work)
+        llm_cache.put_many(self.store, work.new, model=rr.uri)
+        return _rerank_report(rr, run, work, (time.perf_counter() - t) * 1000)
+
+    def _reranker(self, run: _Run) -> Reranker | CosineScorer | None:
+        """The reranker this run uses; None, with the stage's line saying why, when it runs none."""
+        rr = self.legs.reranker
+        if run.opts.rerank is False:
+            run.stages.append(Stage("rerank", "off", 0, "not requested (--no-rerank / rerank: false)"))
+            return None
+        if rr is not None and not reranks(rr, run.opts.rerank):
+            run.stages.append(Stage("rerank", "off", 0, NOT_BY_DEFAULT[rr.method]))
+            return None
+        if rr is None:
+            run.stages.append(Stage("rerank", "skipped", 0, self.legs.reranker_reason))
+        return rr
+
+    def _cached_scores(self, rr: Reranker, run: _Run) -> _RerankWork:
+        """Each candidate's passage and the scores already cached for it: a score is kept
+        per query, model (its scoring and passage length included) and passage, so a
+        repeated query costs no model call."""
         passages = {
             c.doc_id: _rerank_passage(
-                docs[c.doc_id],
-                vec_hits.get(c.doc_id),
+                run.docs[c.doc_id],
+                run.vec_hits.get(c.doc_id),
                 c,
-                terms,
-                iterms,
-                self._strategy(docs[c.doc_id], opts),
+                run.terms,
+                run.iterms,
+                self._strategy(run.docs[c.doc_id], run.opts),
                 self.passage_chars,
             )
-            for c in candidates
+            for c in run.candidates
         }
         model = f"{rr.uri}|{rr.method}|{rr.passage_tokens}|{SCORING}"
         keys = {
-            c.doc_id: llm_cache.cache_key("rerank", {"query": rquery, "model": model, "chunk": passages[c.doc_id]})
-            for c in candidates
+            d: llm_cache.cache_key("rerank", {"query": run.rerank_query, "model": model, "chunk": passage})
+            for d, passage in passages.items()
         }
         cached = llm_cache.get_many(self.store, list(keys.values()))
-        raw: dict[int, tuple[float, bool]] = {}
-        for c in candidates:
-            if keys[c.doc_id] in cached:
-                raw[c.doc_id] = (float(cached[keys[c.doc_id]]), True)
-        todo = [c.doc_id for c in candidates if c.doc_id not in raw]
-        if not todo and rr.learning:  # the scores' scale comes with an answer: one candidate asks for it
-            todo = [candidates[0].doc_id]
-        per = self.costs.estimate("rerank", rr.uri)
-        new: dict[str, str] = {}
-        error = ""
-        scored_new = 0
-        ahead = 0.0
-        for i in range(0, len(todo), RERANK_BATCH):
-            batch = todo[i : i + RERANK_BATCH]
-            ahead = self.legs.backlog() if clock.deadline is not None else 0.0
-            if clock.deadline is not None and clock.remaining() - SHAPE_RESERVE_S - ahead < per * len(batch):
-                batch = batch[: int(max(clock.remaining() - SHAPE_RESERVE_S - ahead, 0) / per)]
-                if not batch:
-                    break
-            tb = time.perf_counter()
-            try:
-                with wait_at_most(clock.worker_wait()):
-                    scores = rr.score(rquery, [passages[d] for d in batch])
-            except QmdError as e:
-                error = e.message
-                break
-            self.costs.observe("rerank", time.perf_counter() - tb, len(batch), model=rr.uri)
-            per = self.costs.estimate("rerank", rr.uri)
-            for d, s in zip(batch, scores):
-                raw[d] = (s, False)
-                new[keys[d]] = repr(s)
-            scored_new += len(batch)
-        llm_cache.put_many(self.store, new, model=rr.uri)
-        ms = (time.perf_counter() - t) * 1000
-        if not raw:
-            why = error or (
-                f"budget: scoring takes ~{per * 1000:.0f} ms per candidate{_behind(ahead)}; "
-                f"{max(clock.remaining(), 0) * 1000:.0f} ms left"
-            )
-            stages.append(Stage("rerank", "skipped", ms, why))
-            return {}
-        ids = [d for d in (c.doc_id for c in candidates) if d in raw]
-        norm = rr.normalize([raw[d][0] for d in ids])
-        n_cached = sum(1 for d in ids if raw[d][1])
-        detail = f"{rr.method}: {len(ids)} of {len(candidates)} candidates ({n_cached} cached, {scored_new} scored)"
-        if len(ids) < len(candidates):
-            detail += f"; {error or 'budget'}: the other {len(candidates) - len(ids)} count 0 for the rerank term"
-        stages.append(Stage("rerank", "partial" if len(ids) < len(candidates) else "ran", ms, detail))
-        return {d: (n, raw[d][0], raw[d][1]) for d, n in zip(ids, norm)}
+        raw = {d: (float(cached[k]), True) for d, k in keys.items() if k in cached}
+        return _RerankWork(passages, keys, raw, per=self.costs.estimate("rerank", rr.uri))
 
-    def _cosine(
-        self,
-        rr: CosineScorer,
-        candidates: list[Candidate],
-        docs: dict[int, DocRow],
-        rquery: str,
-        clock: _Clock,
-        stages: list[Stage],
-    ) -> dict[int, tuple[float, float, bool]]:
+    def _score_within_budget(self, rr: Reranker, run: _Run, work: _RerankWork) -> None:
+        """Score the uncached candidates a batch at a time, best first, checking the budget
+        before each batch (the worker's backlog counts), so a slow model trims the tail."""
+        todo = [c.doc_id for c in run.candidates if c.doc_id not in work.raw]
+        if not todo and rr.learning:  # the scores' scale comes with an answer: one candidate asks for it
+            todo = [run.candidates[0].doc_id]
+        for i in range(0, len(todo), RERANK_BATCH):
+            work.ahead = self.legs.backlog() if run.clock.deadline is not None else 0.0
+            batch = _within_budget(todo[i : i + RERANK_BATCH], work.per, work.ahead, run.clock)
+            if not batch or not self._score_batch(rr, run, work, batch):
+                break
+
+    def _score_batch(self, rr: Reranker, run: _Run, work: _RerankWork, batch: list[int]) -> bool:
+        """One worker call; False when the model failed (its message becomes the stage's reason)."""
+        t = time.perf_counter()
+        try:
+            with wait_at_most(run.clock.worker_wait()):
+                scores = rr.score(run.rerank_query, [work.passages[d] for d in batch])
+        except QmdError as e:
+            work.error = e.message
+            return False
+        self.costs.observe("rerank", time.perf_counter() - t, len(batch), model=rr.uri)
+        work.per = self.costs.estimate("rerank", rr.uri)
+        for d, s in zip(batch, scores):
+            work.raw[d] = (s, False)
+            work.new[work.keys[d]] = repr(s)
+        work.scored += len(batch)
+        return True
+
+    def _cosine(self, rr: CosineScorer, run: _Run) -> RerankScores:
         """doc id → (clipped cosine, cosine, False): the rerank stage by the embedder's
         similarity to each candidate's nearest chunk, against the reranked text's vector
         (the one the vector stage embedded, else embedded now)."""
         t = time.perf_counter()
         leg = self.legs.vector
+        candidates, stages = run.candidates, run.stages
         if leg is None:
             stages.append(Stage("rerank", "skipped", 0, f"cosine scoring needs vectors: {self.legs.vector_reason}"))
             return {}
         if not candidates:
             return {}
+        rquery = run.rerank_query
         qvec = self._qvecs.get(rquery)
         if qvec is None:
             try:
-                with wait_at_most(clock.worker_wait()):
+                with wait_at_most(run.clock.worker_wait()):
                     qvec = leg.embed([rquery])[0]
             except QmdError as e:
                 stages.append(Stage("rerank", "skipped", (time.perf_counter() - t) * 1000, e.message))
                 return {}
         by_collection: dict[str, list[int]] = {}
         for c in candidates:
-            by_collection.setdefault(docs[c.doc_id].collection, []).append(c.doc_id)
+            by_collection.setdefault(run.docs[c.doc_id].collection, []).append(c.doc_id)
         nearest = leg.nearest(qvec, by_collection)
         ids = [c.doc_id for c in candidates if c.doc_id in nearest]
         raw = [1.0 - nearest[d].distance for d in ids]
@@ -633,20 +652,11 @@ class HybridQuery:
         coll = self.config.collections.get(doc.collection)
         return opts.chunk_strategy or (coll.chunk_strategy if coll else DEFAULT_CHUNK_STRATEGY)
 
-    def _shape(
-        self,
-        candidates: list[Candidate],
-        docs: dict[int, DocRow],
-        vec_hits: dict[int, VecHit],
-        rerank: dict[int, tuple[float, float, bool]],
-        terms: tuple[str, ...],
-        iterms: tuple[str, ...],
-        opts: QueryOptions,
-        out: HybridOutcome,
-    ) -> None:
+    def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:
+        opts = run.opts
         reranked = bool(rerank)
         scored: list[tuple[float, float, Candidate]] = []
-        for c in candidates:
+        for c in run.candidates:
             if reranked:
                 got = rerank.get(c.doc_id)
                 score, w = blend(c, got[0] if got else None)
@@ -662,15 +672,15 @@ class HybridQuery:
         def pointer(score: float, w: float, c: Candidate) -> Pointer:
             got = rerank.get(c.doc_id)
             hit = point_at(
-                docs[c.doc_id],
+                run.docs[c.doc_id],
                 score,
                 self.config,
-                terms,
+                run.terms,
                 full=opts.full,
                 index_name=self.index_name,
                 max_len=opts.max_len,
-                lines_within=_vector_region(c, vec_hits.get(c.doc_id)),
-                intent_terms=iterms,
+                lines_within=_vector_region(c, run.vec_hits.get(c.doc_id)),
+                intent_terms=run.iterms,
                 explain=_explain(c, got, w, score) if opts.explain else None,
             )
             hit.fusion = c.fusion
@@ -684,6 +694,36 @@ class HybridQuery:
 def _behind(ahead: float) -> str:
     """What a budget decision says about the inference worker's other work, when it counted."""
     return f", behind ~{ahead * 1000:.0f} ms of other work in the inference worker" if ahead >= 0.05 else ""
+
+
+def _within_budget(batch: list[int], per: float, ahead: float, clock: _Clock) -> list[int]:
+    """The head of `batch` the budget still has time to score, after the reserve for the
+    answer and the worker's other work: an empty one ends the stage early."""
+    if clock.deadline is None:
+        return batch
+    room = clock.remaining() - SHAPE_RESERVE_S - ahead
+    return batch if room >= per * len(batch) else batch[: int(max(room, 0) / per)]
+
+
+def _rerank_report(rr: Reranker, run: _Run, work: _RerankWork, ms: float) -> RerankScores:
+    """The stage's line and its scores, normalised together: a candidate left unscored (budget
+    or a failed call) counts 0 for the rerank term, and the line says how many and why."""
+    if not work.raw:
+        why = work.error or (
+            f"budget: scoring takes ~{work.per * 1000:.0f} ms per candidate{_behind(work.ahead)}; "
+            f"{max(run.clock.remaining(), 0) * 1000:.0f} ms left"
+        )
+        run.stages.append(Stage("rerank", "skipped", ms, why))
+        return {}
+    candidates = run.candidates
+    ids = [c.doc_id for c in candidates if c.doc_id in work.raw]
+    norm = rr.normalize([work.raw[d][0] for d in ids])
+    n_cached = sum(1 for d in ids if work.raw[d][1])
+    detail = f"{rr.method}: {len(ids)} of {len(candidates)} candidates ({n_cached} cached, {work.scored} scored)"
+    if len(ids) < len(candidates):
+        detail += f"; {work.error or 'budget'}: the other {len(candidates) - len(ids)} count 0 for the rerank term"
+    run.stages.append(Stage("rerank", "partial" if len(ids) < len(candidates) else "ran", ms, detail))
+    return {d: (n, work.raw[d][0], work.raw[d][1]) for d, n in zip(ids, norm)}
 
 
 def primary_text(doc: QueryDoc) -> str:

@@ -65,7 +65,7 @@ def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, i
         raise InvalidInput(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
     if opts.limit < 1:
         raise InvalidInput("limit must be at least 1")
-    scope = scope_of(config, opts.collections, opts.filter, postgres=store.postgres)
+    scope = scope_of(config, opts.collections, opts.filter, dialect=store.dialect)
     lexq = parse_lex(query)
     out = SearchOutcome(hits=[], terms=lexq.terms)
     if lexq.truncated:

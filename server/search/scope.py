@@ -13,6 +13,7 @@ from qmd.server.config import Config
 from qmd.server.search.filters import Filter, filter_sql
 from qmd.server.store import metadata
 from qmd.server.store.db import Connection
+from qmd.server.store.dialect import SQLITE, Dialect
 from qmd.server.store.metadata import DocFilter
 
 
@@ -34,14 +35,14 @@ def resolve_scope(config: Config, collections: list[str] | None) -> list[str]:
 
 
 def scope_of(
-    config: Config, collections: list[str] | None, f: Filter | None = None, *, postgres: bool = False
+    config: Config, collections: list[str] | None, f: Filter | None = None, *, dialect: Dialect = SQLITE
 ) -> Scope:
-    """`postgres`: the filter compiled for a Postgres index (`filters.filter_sql`)."""
+    """`dialect`: the index's (`IndexStore.dialect`), which the filter is compiled for."""
     names = resolve_scope(config, collections)
     if f is None:
         return Scope(names)
-    sql, params = filter_sql(f, "d", postgres=postgres)
-    per_doc, per_doc_params = filter_sql(f, "d", per_document=True, postgres=postgres)
+    sql, params = filter_sql(f, "d", dialect=dialect)
+    per_doc, per_doc_params = filter_sql(f, "d", per_document=True, dialect=dialect)
     return Scope(names, f, DocFilter(sql, tuple(params), per_doc, tuple(per_doc_params)))
 
 

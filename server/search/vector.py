@@ -35,7 +35,7 @@ def vector_search(
 ) -> SearchOutcome:
     """Nearest documents by cosine similarity (score = 1 − cosine distance), each
     pointing at the line range of its nearest chunk; per collection, then merged."""
-    scope = scope_of(config, opts.collections, opts.filter, postgres=store.postgres)
+    scope = scope_of(config, opts.collections, opts.filter, dialect=store.dialect)
     terms = parse_lex(query).terms
     out = SearchOutcome(hits=[], terms=terms)
     fetch = vectors.MAX_K if opts.all_results else max(20, 2 * opts.limit)

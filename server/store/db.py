@@ -8,7 +8,8 @@ module is the fallback, and the store announces when vectors are unavailable.
 
 The SQL the modules write is the dialect both speak: `?` placeholders, ``ON CONFLICT``
 upserts, ``RETURNING`` for new ids. What only one backend has (FTS5, vec0, pragmas,
-VACUUM) is behind `is_postgres`, in the module that owns it.
+VACUUM) is behind `is_postgres`, in the module of the store that owns it; the floors above
+the store get a `Dialect` instead (server/store/dialect.py), which says how, not which.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from qmd.server.store.dialect import POSTGRES, SQLITE, Dialect
+
 if TYPE_CHECKING:
     # pysqlite3 ships no type information; its dbapi2 mirrors the stdlib module, so
     # the checker reads the stdlib stubs whichever one is loaded at run time.
@@ -31,7 +34,17 @@ else:
     except ImportError:  # pragma: no cover - platforms without the wheel
         import sqlite3
 
-__all__ = ["Connection", "Cursor", "IndexCheck", "IndexStore", "Writer", "is_postgres", "snapshot", "sqlite3"]
+__all__ = [
+    "Connection",
+    "Cursor",
+    "IndexCheck",
+    "IndexStore",
+    "Writer",
+    "dialect_of",
+    "is_postgres",
+    "snapshot",
+    "sqlite3",
+]
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -76,6 +89,8 @@ class IndexStore(Protocol):
     reads on per-thread connections, every write one transaction on one writer thread."""
 
     postgres: bool
+    dialect: Dialect
+    """The SQL its connections speak where the backends differ, for the floors above."""
 
     @property
     def generation(self) -> int:
@@ -137,9 +152,16 @@ def snapshot(conn: Connection) -> Iterator[Connection]:
         conn.execute("COMMIT")
 
 
+def dialect_of(conn: Connection) -> Dialect:
+    """The dialect `conn` speaks: the Postgres adapter carries its own (`PgConnection.dialect`);
+    sqlite3's connection, which cannot, is SQLite's."""
+    dialect: Dialect = getattr(conn, "dialect", SQLITE)
+    return dialect
+
+
 def is_postgres(conn: Connection) -> bool:
-    """Whether `conn` is a Postgres index's (the adapter says so; sqlite3's does not)."""
-    return bool(getattr(conn, "postgres", False))
+    """Whether `conn` is a Postgres index's, for the store's own backend-only modules."""
+    return dialect_of(conn) is POSTGRES
 
 
 class Writer(Generic[C]):

@@ -8,7 +8,8 @@ placeholders become ``%s``, the few spellings only SQLite has are rewritten by o
 (`_REWRITES`), rows answer by position and by column name as ``sqlite3.Row`` does, and
 numeric aggregates come back as int or float, never Decimal. What has no common spelling
 (FTS5 and its Postgres postings, vec0 and pgvector, pragmas and VACUUM) is chosen by
-`is_postgres` in the module that owns it.
+`is_postgres` in the module that owns it; what differs in the search floor's SQL, by the
+`POSTGRES` dialect each connection carries (server/store/dialect.py).
 
 Many daemons may serve one server: the generation is a row every write moves, so a
 daemon sees another's writes in its caches; coordination of who indexes what is an
@@ -38,6 +39,7 @@ from qmd.server.config import describe_url
 from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.store import pg
 from qmd.server.store.db import Connection, Cursor, IndexCheck, Writer, sqlite3
+from qmd.server.store.dialect import POSTGRES
 
 log = logging.getLogger("qmd.pg")
 T = TypeVar("T")
@@ -120,7 +122,7 @@ class _NumericLoader(Loader):
 class PgConnection:
     """A psycopg connection speaking the index modules' SQL (see the module docstring)."""
 
-    postgres = True
+    dialect = POSTGRES
 
     def __init__(self, raw: psycopg.Connection[Any]) -> None:
         self.raw = raw
@@ -221,6 +223,7 @@ class PgStore(Writer[PgConnection]):
     """The index on a Postgres server at `url`; the same contract as `Store`."""
 
     postgres = True
+    dialect = POSTGRES
 
     def __init__(self, url: str) -> None:
         super().__init__()

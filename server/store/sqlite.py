@@ -21,6 +21,7 @@ from qmd.paths import private_file
 from qmd.server.config import describe_url
 from qmd.server.errors import Unavailable
 from qmd.server.store.db import IndexCheck, IndexStore, Writer, sqlite3
+from qmd.server.store.dialect import SQLITE
 from qmd.server.store.fts import repair_fts_totals
 from qmd.server.store.schema import migrate
 
@@ -86,6 +87,7 @@ class Store(Writer[sqlite3.Connection]):
     """Owns the index file. Use `read()` for queries and `write(fn)` for changes."""
 
     postgres = False
+    dialect = SQLITE
 
     def __init__(self, path: Path) -> None:
         super().__init__()
