@@ -278,7 +278,7 @@ def doctor(
         packages={p: version(p) for p in PACKAGES},
         sqlite=store.sqlite_version,
         sqlite_vec=store.vec_version,
-        backend="postgres" if store.postgres else "sqlite",
+        backend=store.dialect.name,
         index=store.checks(),
         inference=inference,
         models=models,

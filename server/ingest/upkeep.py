@@ -10,10 +10,9 @@ stay in the file (so a restored file or a model switched back costs nothing) unt
 show them and a test can check that cleanup leaves none.
 
 Cleanup is one transaction for what it deletes (the index is never half-cleaned), then
-FTS5's `optimize` (its segments merged into one b-tree), then, outside any transaction
-and on the store's writer thread, so nothing else writes meanwhile, VACUUM when the free
-pages are at least `VACUUM_FREE_SHARE` of the file, and a truncating WAL checkpoint, so
-the bytes reported are the bytes on disk.
+the store gives the space back as its backend does (`IndexStore.compact`: on SQLite FTS5's
+`optimize`, VACUUM when worth it and a truncating WAL checkpoint, so the bytes reported are
+the bytes on disk; on Postgres VACUUM when asked, autovacuum otherwise).
 
 Model-cache entries go when their model is no longer configured, or when they are older
 than `CACHE_MAX_AGE_DAYS`: their keys are content hashes, so they are never wrong, but
@@ -25,7 +24,6 @@ cost of one expansion or one rerank batch.
 from __future__ import annotations
 
 import functools
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,13 +50,10 @@ from qmd.server.models.registry import Models
 from qmd.server.store import catalog, llm_cache, vectors
 from qmd.server.store import copy as index_copy
 from qmd.server.store.catalog import delete_orphan_content
-from qmd.server.store.db import Connection, IndexStore
+from qmd.server.store.db import Connection, IndexStore, Vacuum
 from qmd.server.store.sqlite import open_store
 from qmd.server.text.chunking import CHUNK_STRATEGIES
 
-VACUUM_FREE_SHARE = 0.10
-"""VACUUM rewrites the whole file: worth it from this share of free pages on (below, SQLite
-reuses them for the next writes anyway)."""
 CACHE_MAX_AGE_DAYS = 30
 
 Step = Callable[[str], None]
@@ -175,16 +170,6 @@ def survey(conn: Connection, keep: Configured) -> Orphans:
     )
 
 
-@dataclass(frozen=True)
-class Vacuum:
-    ran: bool
-    reason: str
-    """Why it ran, or why not."""
-    free_pages: int
-    pages: int
-    seconds: float = 0.0
-
-
 @dataclass
 class CleanupReport:
     """What `qmd cleanup` found and dropped (or, with `--dry-run`, would drop)."""
@@ -230,46 +215,6 @@ def _drop(conn: Connection, keep: Configured) -> _Dropped:
     return _Dropped(gone, rows, cache)
 
 
-def _optimize_fts(conn: Connection) -> None:
-    conn.execute("INSERT INTO documents_fts(documents_fts) VALUES ('optimize')")
-
-
-def _vacuum(conn: Connection, db: Path, want: bool | None) -> Vacuum:
-    """VACUUM when asked, or when worth it (`want` None), and there is room on disk for the
-    copy it makes; then truncate the WAL either way. Outside any transaction (writer only)."""
-    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-    pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-    share = free / pages if pages else 0.0
-    live = (pages - free) * page_size
-    t0 = time.monotonic()
-    if want is False:
-        outcome = Vacuum(False, "not asked for (--no-vacuum)", free, pages)
-    elif want is None and share < VACUUM_FREE_SHARE:
-        outcome = Vacuum(
-            False, f"{share:.0%} of the file is free pages; VACUUM runs from {VACUUM_FREE_SHARE:.0%}", free, pages
-        )
-    elif shutil.disk_usage(db.parent).free < 2 * live:
-        outcome = Vacuum(False, f"not enough free disk for its copy (it needs about {2 * live} bytes)", free, pages)
-    else:
-        conn.execute("VACUUM")
-        why = "asked for (--vacuum)" if want else f"{share:.0%} of the file was free pages"
-        outcome = Vacuum(True, why, free, pages, time.monotonic() - t0)
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return outcome
-
-
-def _vacuum_pg(conn: Connection, want: bool | None) -> Vacuum:
-    """On Postgres, VACUUM (ANALYZE) only when asked: autovacuum keeps the tables otherwise."""
-    if want is False:
-        return Vacuum(False, "not asked for (--no-vacuum)", 0, 0)
-    if want is None:
-        return Vacuum(False, "Postgres' autovacuum reclaims space; --vacuum runs VACUUM (ANALYZE) now", 0, 0)
-    t0 = time.monotonic()
-    conn.execute("VACUUM (ANALYZE)")
-    return Vacuum(True, "asked for (--vacuum)", 0, 0, time.monotonic() - t0)
-
-
 @contextmanager
 def quiet(update: threading.Lock, embed: threading.Lock, wait_s: float) -> Iterator[None]:
     """Updates and embeds kept out while cleanup runs: it waits up to `wait_s` for one
@@ -312,16 +257,7 @@ def cleanup(
     report.collections_removed = dropped.collections
     report.search_rows_removed = dropped.search_rows
     report.cache_entries_removed = dropped.cache_entries
-    if store.postgres:
-        # the postings need no merging; autovacuum reclaims space unless a VACUUM is asked for
-        say("vacuum")
-        report.vacuum = store.maintain(functools.partial(_vacuum_pg, want=vacuum))
-    else:
-        say("optimizing the keyword index")
-        store.write(_optimize_fts)
-        report.fts_optimized = True
-        say("vacuum")
-        report.vacuum = store.maintain(functools.partial(_vacuum, db=Path(store.location), want=vacuum))
+    report.vacuum, report.fts_optimized = store.compact(vacuum, say)
     with store.read() as conn:
         report.left = survey(conn, keep)
     report.bytes_after = store.size_bytes()

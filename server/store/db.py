@@ -51,6 +51,18 @@ C = TypeVar("C")
 
 
 @dataclass(frozen=True)
+class Vacuum:
+    """What `qmd cleanup` did to give the space of dropped rows back, or why it did not."""
+
+    ran: bool
+    reason: str
+    """Why it ran, or why not."""
+    free_pages: int
+    pages: int
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class IndexCheck:
     """One line of `qmd doctor` about the index's backend."""
 
@@ -118,6 +130,12 @@ class IndexStore(Protocol):
     def write(self, fn: Callable[[Connection], T], *, bump: bool = True) -> T: ...
 
     def maintain(self, fn: Callable[[Connection], T]) -> T: ...
+
+    def compact(self, vacuum: bool | None, step: Callable[[str], None]) -> tuple[Vacuum, bool]:
+        """After cleanup dropped rows: what this backend does to give their space back (VACUUM
+        when `vacuum`, or when worth it for None), saying each `step` as it starts; the VACUUM's
+        outcome, and whether the keyword index was merged."""
+        ...
 
     def size_bytes(self) -> int:
         """What the index takes on disk (files, or the server's relations)."""

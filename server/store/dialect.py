@@ -44,6 +44,8 @@ def _suffix_in_chars(column: str, suffix: str) -> Sql:
 class Dialect:
     """What the search floor's SQL builders differ on between backends (module docstring)."""
 
+    name: str
+    """The backend, as `qmd doctor` names it."""
     number_column: str
     """The column of `document_metadata` a number or a boolean is compared in."""
     ends_with: Callable[[str, str], Sql]
@@ -60,6 +62,7 @@ class Dialect:
 
 
 SQLITE: Final = Dialect(
+    name="sqlite",
     number_column="value",
     ends_with=_suffix_in_bytes,
     subquery_fence="LIMIT -1",
@@ -67,6 +70,7 @@ SQLITE: Final = Dialect(
     grouping_memory="",
 )
 POSTGRES: Final = Dialect(
+    name="postgres",
     number_column="num",
     ends_with=_suffix_in_chars,
     subquery_fence="OFFSET 0",

@@ -38,7 +38,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from qmd.server.config import describe_url
 from qmd.server.errors import Conflict, InvalidInput, Unavailable
 from qmd.server.store import pg
-from qmd.server.store.db import Connection, Cursor, IndexCheck, Writer, sqlite3
+from qmd.server.store.db import Connection, Cursor, IndexCheck, Vacuum, Writer, sqlite3
 from qmd.server.store.dialect import POSTGRES
 
 log = logging.getLogger("qmd.pg")
@@ -217,6 +217,17 @@ def _open(url: str, *, timeout_ms: int | None) -> psycopg.Connection[Any]:
     raw = pg.reach(url, **_settings())
     _configure(raw, timeout_ms)
     return raw
+
+
+def _vacuum(conn: PgConnection, want: bool | None) -> Vacuum:
+    """VACUUM (ANALYZE) only when asked: autovacuum keeps the tables otherwise."""
+    if want is False:
+        return Vacuum(False, "not asked for (--no-vacuum)", 0, 0)
+    if want is None:
+        return Vacuum(False, "Postgres' autovacuum reclaims space; --vacuum runs VACUUM (ANALYZE) now", 0, 0)
+    t0 = time.monotonic()
+    conn.execute("VACUUM (ANALYZE)")
+    return Vacuum(True, "asked for (--vacuum)", 0, 0, time.monotonic() - t0)
 
 
 class PgStore(Writer[PgConnection]):
@@ -404,6 +415,11 @@ class PgStore(Writer[PgConnection]):
             )
         )
         return out
+
+    def compact(self, vacuum: bool | None, step: Callable[[str], None]) -> tuple[Vacuum, bool]:
+        """The postings need no merging, and autovacuum reclaims space unless a VACUUM is asked for."""
+        step("vacuum")
+        return self.maintain(functools.partial(_vacuum, want=vacuum)), False
 
     def size_bytes(self) -> int:
         with self.read() as conn:

@@ -9,8 +9,11 @@ mode and never block on the writer, so no request ever sees "database is locked"
 
 from __future__ import annotations
 
+import functools
 import logging
+import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
@@ -20,7 +23,7 @@ from typing import TypeVar
 from qmd.paths import private_file
 from qmd.server.config import describe_url
 from qmd.server.errors import Unavailable
-from qmd.server.store.db import IndexCheck, IndexStore, Writer, sqlite3
+from qmd.server.store.db import IndexCheck, IndexStore, Vacuum, Writer, sqlite3
 from qmd.server.store.dialect import SQLITE
 from qmd.server.store.fts import repair_fts_totals
 from qmd.server.store.schema import migrate
@@ -81,6 +84,40 @@ def open_store(db: Path, url: str | None) -> IndexStore:
             " Install the postgres extra: pip install 'qmd[postgres]'"
         ) from None
     return PgStore(url)
+
+
+VACUUM_FREE_SHARE = 0.10
+"""VACUUM rewrites the whole file: worth it from this share of free pages on (below, SQLite
+reuses them for the next writes anyway)."""
+
+
+def _optimize_fts(conn: sqlite3.Connection) -> None:
+    conn.execute("INSERT INTO documents_fts(documents_fts) VALUES ('optimize')")
+
+
+def _vacuum(conn: sqlite3.Connection, db: Path, want: bool | None) -> Vacuum:
+    """VACUUM when asked, or when worth it (`want` None), and there is room on disk for the
+    copy it makes; then truncate the WAL either way. Outside any transaction (writer only)."""
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    share = free / pages if pages else 0.0
+    live = (pages - free) * page_size
+    t0 = time.monotonic()
+    if want is False:
+        outcome = Vacuum(False, "not asked for (--no-vacuum)", free, pages)
+    elif want is None and share < VACUUM_FREE_SHARE:
+        outcome = Vacuum(
+            False, f"{share:.0%} of the file is free pages; VACUUM runs from {VACUUM_FREE_SHARE:.0%}", free, pages
+        )
+    elif shutil.disk_usage(db.parent).free < 2 * live:
+        outcome = Vacuum(False, f"not enough free disk for its copy (it needs about {2 * live} bytes)", free, pages)
+    else:
+        conn.execute("VACUUM")
+        why = "asked for (--vacuum)" if want else f"{share:.0%} of the file was free pages"
+        outcome = Vacuum(True, why, free, pages, time.monotonic() - t0)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return outcome
 
 
 class Store(Writer[sqlite3.Connection]):
@@ -173,6 +210,15 @@ class Store(Writer[sqlite3.Connection]):
 
     def size_bytes(self) -> int:
         return index_bytes(self.path)
+
+    def compact(self, vacuum: bool | None, step: Callable[[str], None]) -> tuple[Vacuum, bool]:
+        """FTS5's segments merged into one b-tree, then VACUUM (outside any transaction, on
+        the writer thread, so nothing else writes meanwhile) and a truncating WAL checkpoint,
+        so the bytes reported are the bytes on disk."""
+        step("optimizing the keyword index")
+        self.write(_optimize_fts)
+        step("vacuum")
+        return self.maintain(functools.partial(_vacuum, db=self.path, want=vacuum)), True
 
     def exclusive(self, what: str) -> AbstractContextManager[None]:
         return nullcontext()
