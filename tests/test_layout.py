@@ -257,3 +257,20 @@ def test_install_puts_one_name_in_site_packages(tmp_path: Path) -> None:
     assert {n for n in names if not n.endswith(".dist-info")} == {"qmd"}
     code = "import qmd.server.http.app, qmd.client.cli, qmd.mcp_bridge.bridge, qmd.server.models.worker_child"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={"PYTHONPATH": str(target)}, timeout=120)
+
+
+def test_only_the_store_asks_which_backend_it_runs_on() -> None:
+    """The backend is a seam, not a flag (docs/contributing.md, "Adding a backend"): above
+    `server/store/`, code passes the store's dialect on (`IndexStore.dialect`,
+    `db.dialect_of`) and never reads `is_postgres` or a store's `postgres` attribute."""
+    bad = []
+    for path in sorted((ROOT / "server").rglob("*.py")):
+        if path.is_relative_to(ROOT / "server" / "store"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if name in ("is_postgres", "postgres"):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "is_postgres" for a in node.names):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {node.module}")
+    assert not bad, "\n".join(bad)

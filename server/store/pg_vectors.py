@@ -1,5 +1,6 @@
-"""Vectors on Postgres (pgvector): the twin of the vec0 table operations of
-server/store/vectors.py, one table per vector space (issue 14).
+"""Vectors on Postgres (pgvector): one table per vector space (issue 14), and
+`PgvectorTables`, the `VectorTables` (server/store/vector_tables.py) a Postgres index's
+searches go through, as a SQLite one's go through vec0's (server/store/vectors.py).
 
 vec0's ``vectors_s<space>`` (``collection_id INTEGER PARTITION KEY, embedding float[dims]
 distance_metric=cosine``, rows keyed by ``vector_rows.id``) becomes a plain table of the same
@@ -30,13 +31,18 @@ without a table is `NotFound`; a database without pgvector is `Unavailable`.
 from __future__ import annotations
 
 import array
+import json
 import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
 from qmd.server.errors import Conflict, InvalidInput, NotFound, Unavailable
+from qmd.server.store.db import Connection
+from qmd.server.store.metadata import DocFilter, ids_sql
+from qmd.server.store.vector_tables import FirstPass, Space, VecHit, documents_for, ranked, widened
 
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
@@ -271,8 +277,82 @@ def distances(
     conn: psycopg.Connection, space_id: int, query: bytes | Sequence[float], row_ids: Sequence[int]
 ) -> list[tuple[int, float]]:
     """Exact distances to these rows, nearest first (ids not present are left out): the
-    eligible-set path of a selective filter (`vectors._search_eligible`)."""
+    eligible-set path of a filter (`PgvectorTables.search`)."""
     if not row_ids:
         return []
     with _errors(space_id):
         return _exact(conn, space_id, _literal(query), "id = ANY(%s)", (list(row_ids),), None)
+
+
+class PgvectorTables:
+    """`VectorTables` on Postgres: `conn` for the SQL both backends share, `raw` (the psycopg
+    connection under it) for the space's table. There is no in-memory first pass: HNSW is the
+    index, so `search` takes `index` only to meet the protocol."""
+
+    def __init__(self, conn: Connection, raw: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._raw = raw
+
+    def create(self, space: Space, *, bulk: bool) -> None:
+        create_space_table(self._raw, space.id, space.dims, indexed=not bulk)
+
+    def build_index(self, space: Space) -> None:
+        build_index(self._raw, space.id)
+
+    def drop(self, space: Space) -> None:
+        drop_space_table(self._raw, space.id)
+
+    def insert(self, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
+        insert_rows(self._raw, space.id, rows)
+
+    def delete(self, space: Space, row_ids: Sequence[int]) -> None:
+        delete_rows(self._raw, space.id, row_ids)
+
+    def search(
+        self,
+        space: Space,
+        query: Sequence[float],
+        cid: int,
+        collection: str,
+        limit: int,
+        doc_filter: DocFilter | None,
+        index: FirstPass | None,
+    ) -> list[VecHit]:
+        """HNSW nearest rows of the partition (exact for a small one, `knn`), widened until
+        `limit` documents are found; under a filter, exact over the eligible documents'
+        chunks (`distances`), however few they are."""
+        if doc_filter is not None:
+            sql, params = ids_sql(collection, doc_filter)
+            eligible = {int(r[0]) for r in self._conn.execute(sql, params)}
+            return self._eligible(space, query, cid, collection, (sql, params), eligible)[:limit]
+        # unfiltered, and `knn` always answers: `widened` has no reason to give up
+        return widened(self._conn, collection, limit, lambda k: knn(self._raw, space.id, query, k, cid)) or []
+
+    def nearest_of(
+        self, space: Space, query: Sequence[float], cid: int, collection: str, doc_ids: Sequence[int]
+    ) -> list[VecHit]:
+        ids = json.dumps(sorted(set(doc_ids)))
+        select = ("SELECT value::bigint FROM json_array_elements_text(?::json)", (ids,))
+        return self._eligible(space, query, cid, collection, select, set(doc_ids))
+
+    def _eligible(
+        self,
+        space: Space,
+        query: Sequence[float],
+        cid: int,
+        collection: str,
+        ids: tuple[str, Sequence[Any]],
+        eligible: set[int],
+    ) -> list[VecHit]:
+        """The documents `ids` selects (SQL and parameters), each with its nearest chunk, nearest
+        first: the distance to every one of their chunks in the partition (`distances`)."""
+        sql, params = ids
+        rows = [
+            int(r[0])
+            for r in self._conn.execute(
+                "SELECT vr.id FROM documents d JOIN content_vectors cv ON cv.space_id = ? AND cv.hash = d.hash"
+                f" JOIN vector_rows vr ON vr.chunk_id = cv.id AND vr.collection_id = ? WHERE d.id IN ({sql})",
+                (space.id, cid, *params),
+            )
+        ]
+        return ranked(documents_for(self._conn, distances(self._raw, space.id, query, rows), collection, eligible))

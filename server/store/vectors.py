@@ -12,10 +12,12 @@ vec0 is never joined with other tables in one statement (it hangs; spec §4.2): 
 search is a KNN statement first, then plain lookups (or, under a selective metadata
 filter, no KNN at all: `vec_distance_cosine` over the eligible chunks' stored vectors).
 
-On a Postgres index the space's table is pgvector's (server/store/pg_vectors.py: an HNSW
-index, the same cosine distance); everything else here is the same SQL on both. The
-functions that touch the space's table (`create_space_table` … `_delete_rows`, `_knn`,
-`_search_pg`) are the only ones that look at the backend.
+The space's table is the one thing the backends keep differently, so it sits behind one
+protocol (`vector_tables.VectorTables`, as httpx's transports sit behind `BaseTransport`):
+`Vec0Tables` here, pgvector's `PgvectorTables` on a Postgres index (server/store/pg_vectors.py:
+an HNSW index, the same cosine distance). `tables_of` picks one per connection, the only
+place that asks which backend it is, and imports pg_vectors only then, so a SQLite-only
+daemon never loads psycopg. Everything else here is the same SQL on both.
 """
 
 from __future__ import annotations
@@ -23,19 +25,19 @@ from __future__ import annotations
 import array
 import hashlib
 import json
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from qmd.server.store.db import Connection, is_postgres, sqlite3
+from qmd.server.store.db import Connection, sqlite3
 from qmd.server.store.metadata import DocFilter, ids_sql
 from qmd.server.store.sqlite import utcnow
+from qmd.server.store.vector_tables import MAX_K as MAX_K  # the most rows a search reads, for its callers
+from qmd.server.store.vector_tables import FirstPass, Space, VecHit, VectorTables, widened
 
 if TYPE_CHECKING:
     from qmd.server.store.vector_index import VectorIndex
 
-MAX_K = 4096
 DENSE = 0.1
 """A filter admitting at least this share of a collection is searched by widening an
 unfiltered KNN; a sparser one by measuring the distance to each eligible chunk."""
@@ -49,73 +51,37 @@ def _vec_table(space_id: int) -> str:
     return f"vectors_s{int(space_id)}"
 
 
-@dataclass(frozen=True)
-class Space:
-    id: int
-    fingerprint: str
-    model: str
-    dims: int
-
-
-def _pg(conn: Connection) -> Any:
-    """The psycopg connection under a Postgres index's adapter (`pg_store.raw`)."""
+def tables_of(conn: Connection) -> VectorTables:
+    """The space tables `conn`'s backend keeps: pgvector's (imported now, not with this
+    module, so SQLite never loads psycopg) unless it is SQLite's own connection."""
+    if isinstance(conn, sqlite3.Connection):
+        return Vec0Tables(conn)
     from qmd.server.store.pg_store import raw
+    from qmd.server.store.pg_vectors import PgvectorTables
 
-    return raw(conn)
+    return PgvectorTables(conn, raw(conn))
 
 
 def create_space_table(conn: Connection, space: Space, *, bulk: bool = False) -> None:
     """The space's search table. `bulk`: rows come all at once next (a copy), and
     `index_space_table` follows them (Postgres builds HNSW far faster over rows in place)."""
-    if is_postgres(conn):
-        from qmd.server.store import pg_vectors
-
-        pg_vectors.create_space_table(_pg(conn), space.id, space.dims, indexed=not bulk)
-        return
-    conn.execute(
-        f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
-        f"collection_id INTEGER PARTITION KEY, embedding float[{space.dims}] distance_metric=cosine)"
-    )
+    tables_of(conn).create(space, bulk=bulk)
 
 
 def index_space_table(conn: Connection, space: Space) -> None:
-    """Index a table made with `bulk` (vec0 needs nothing)."""
-    if is_postgres(conn):
-        from qmd.server.store import pg_vectors
-
-        pg_vectors.build_index(_pg(conn), space.id)
-
-
-def _drop_table(conn: Connection, space: Space) -> None:
-    if is_postgres(conn):
-        from qmd.server.store import pg_vectors
-
-        pg_vectors.drop_space_table(_pg(conn), space.id)
-        return
-    conn.execute(f"DROP TABLE IF EXISTS {_vec_table(space.id)}")
+    """Index a table made with `bulk`."""
+    tables_of(conn).build_index(space)
 
 
 def insert_space_rows(conn: Connection, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
     """(vector_rows id, collection id, packed embedding) into the space's table."""
-    if not rows:
-        return
-    if is_postgres(conn):
-        from qmd.server.store import pg_vectors
-
-        pg_vectors.insert_rows(_pg(conn), space.id, rows)
-        return
-    conn.executemany(f"INSERT INTO {_vec_table(space.id)}(rowid, collection_id, embedding) VALUES (?, ?, ?)", rows)
+    if rows:
+        tables_of(conn).insert(space, rows)
 
 
 def _delete_rows(conn: Connection, space: Space, row_ids: Sequence[int]) -> None:
-    if not row_ids:
-        return
-    if is_postgres(conn):
-        from qmd.server.store import pg_vectors
-
-        pg_vectors.delete_rows(_pg(conn), space.id, row_ids)
-        return
-    conn.executemany(f"DELETE FROM {_vec_table(space.id)} WHERE rowid = ?", [(rid,) for rid in row_ids])
+    if row_ids:
+        tables_of(conn).delete(space, row_ids)
 
 
 def find_space(conn: Connection, fingerprint: str) -> Space | None:
@@ -130,7 +96,7 @@ def spaces(conn: Connection) -> list[Space]:
 
 
 def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> Space:
-    """The space for this fingerprint, created with its vec0 table on first use (writer only)."""
+    """The space for this fingerprint, created with its search table on first use (writer only)."""
     space = find_space(conn, fingerprint)
     if space:
         if space.dims != dims:
@@ -146,7 +112,7 @@ def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> S
 
 
 def drop_space(conn: Connection, space: Space) -> None:
-    _drop_table(conn, space)
+    tables_of(conn).drop(space)
     conn.execute("DELETE FROM vector_rows WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM content_vectors WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM vector_spaces WHERE id = ?", (space.id,))
@@ -392,16 +358,6 @@ def orphan_hashes(conn: Connection, space: Space) -> list[str]:
     ]
 
 
-@dataclass(frozen=True)
-class VecHit:
-    doc_id: int
-    distance: float
-    pos: int
-    end_pos: int
-    start_line: int
-    end_line: int
-
-
 def search(
     conn: Connection,
     space: Space,
@@ -413,113 +369,13 @@ def search(
 ) -> list[VecHit]:
     """Nearest documents of one collection: KNN over its partition (widened until
     `limit` distinct documents are found), then chunk → document lookups, keeping
-    each document's nearest chunk. With the daemon's in-memory `index`, the KNN is its
-    (`vector_index.nearest`: the same distances; under a filter the very same rows, else
-    recall@10 ≥ 0.998 measured); vec0's exact scan answers until the index is built.
-
-    Under a metadata filter the answer is the exact top `limit` of the eligible
-    documents, however selective the filter. A dense filter widens the unfiltered KNN
-    until enough eligible documents turn up (a few of them are skipped, nothing is
-    approximated); a sparse one is a KNN over the eligible documents' chunks in the
-    index, or without it (or for a dense one whose eligible documents lie beyond the
-    largest KNN) measures the distance to every chunk of the eligible documents
-    (vec0 restricted to a rowid list still reads the whole partition: measured, 100 ms
-    for 150 eligible rows of 150k, where the direct scan takes 1 ms)."""
+    each document's nearest chunk. Under a metadata filter the answer is the exact top
+    `limit` of the eligible documents, however selective the filter. How each backend
+    gets there: `Vec0Tables.search`, `PgvectorTables.search`."""
     cid = collection_id(conn, collection, create=False)
     if cid is None:
         return []
-    if not isinstance(conn, sqlite3.Connection):
-        return _search_pg(conn, space, query, cid, collection, limit, doc_filter)
-    qblob = pack(query)
-    k = min(MAX_K, max(limit * 3, 10))
-    eligible: set[int] | None = None
-    among: list[int] | None = None
-    if doc_filter is not None:
-        sql, params = ids_sql(collection, doc_filter)
-        # one aggregate row, not one Python row per document: 50k ids in 28 ms, not 41
-        ids = conn.execute(f"SELECT json_group_array(id) FROM ({sql})", params).fetchone()[0]
-        eligible = set(json.loads(ids))
-        if not eligible:
-            return []
-        total = conn.execute(
-            "SELECT count(*) FROM documents WHERE collection = ? AND active = 1", (collection,)
-        ).fetchone()[0]
-        share = len(eligible) / max(total, 1)
-        if share < DENSE:
-            if index is None:
-                return _search_eligible(conn, space, qblob, cid, limit, ids)
-            among = _chunks_of(conn, space, ids)
-        else:
-            k = min(MAX_K, math.ceil(k / share))
-    while True:
-        knn = None if index is None else index.knn(conn, space, cid, query, k, exact=eligible is not None, among=among)
-        if knn is None:
-            if among is not None:
-                return _search_eligible(conn, space, qblob, cid, limit, ids)
-            knn = _knn(conn, space, qblob, k, cid)
-        best = _documents_for(conn, knn, collection, eligible)
-        if len(best) >= limit or len(knn) < k:
-            break
-        if k >= MAX_K:
-            if eligible is not None:
-                return _search_eligible(conn, space, qblob, cid, limit, json.dumps(sorted(eligible)))
-            break
-        k = min(MAX_K, k * 4)
-    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
-
-
-def _search_pg(
-    conn: Connection,
-    space: Space,
-    query: Sequence[float],
-    cid: int,
-    collection: str,
-    limit: int,
-    doc_filter: DocFilter | None,
-) -> list[VecHit]:
-    """`search` on Postgres: HNSW nearest rows of the partition (exact for a small one,
-    `pg_vectors.knn`), widened until `limit` documents are found; under a filter, exact
-    over the eligible documents' chunks (`pg_vectors.distances`), however few they are."""
-    from qmd.server.store import pg_vectors
-
-    if doc_filter is not None:  # exact: the distance to every chunk of the eligible documents
-        sql, params = ids_sql(collection, doc_filter)
-        eligible = {int(r[0]) for r in conn.execute(sql, params)}
-        return _pg_eligible(conn, space, query, cid, collection, (sql, params), eligible)[:limit]
-    k = min(MAX_K, max(limit * 3, 10))
-    while True:
-        knn = pg_vectors.knn(_pg(conn), space.id, query, k, cid)
-        best = _documents_for(conn, knn, collection)
-        if len(best) >= limit or len(knn) < k or k >= MAX_K:
-            break
-        k = min(MAX_K, k * 4)
-    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:limit]
-
-
-def _pg_eligible(
-    conn: Connection,
-    space: Space,
-    query: Sequence[float],
-    cid: int,
-    collection: str,
-    ids: tuple[str, Sequence[Any]],
-    eligible: set[int],
-) -> list[VecHit]:
-    """The documents `ids` selects (SQL and parameters), each with its nearest chunk, nearest
-    first: the distance to every one of their chunks in the partition (`pg_vectors.distances`)."""
-    from qmd.server.store import pg_vectors
-
-    sql, params = ids
-    rows = [
-        int(r[0])
-        for r in conn.execute(
-            "SELECT vr.id FROM documents d JOIN content_vectors cv ON cv.space_id = ? AND cv.hash = d.hash"
-            f" JOIN vector_rows vr ON vr.chunk_id = cv.id AND vr.collection_id = ? WHERE d.id IN ({sql})",
-            (space.id, cid, *params),
-        )
-    ]
-    best = _documents_for(conn, pg_vectors.distances(_pg(conn), space.id, query, rows), collection, eligible)
-    return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))
+    return tables_of(conn).search(space, query, cid, collection, limit, doc_filter, index)
 
 
 def nearest_of(
@@ -531,18 +387,100 @@ def nearest_of(
     cid = collection_id(conn, collection, create=False)
     if cid is None or not doc_ids:
         return []
-    ids = json.dumps(sorted(set(doc_ids)))
-    if isinstance(conn, sqlite3.Connection):
-        return _search_eligible(conn, space, pack(query), cid, len(doc_ids), ids)
-    return _pg_eligible(
-        conn,
-        space,
-        query,
-        cid,
-        collection,
-        ("SELECT value::bigint FROM json_array_elements_text(?::json)", (ids,)),
-        set(doc_ids),
-    )
+    return tables_of(conn).nearest_of(space, query, cid, collection, doc_ids)
+
+
+class Vec0Tables:
+    """`VectorTables` on SQLite: a sqlite-vec vec0 table per space, partitioned by collection,
+    with the daemon's in-memory index (server/store/vector_index.py) as its first pass."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def create(self, space: Space, *, bulk: bool) -> None:
+        self._conn.execute(
+            f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
+            f"collection_id INTEGER PARTITION KEY, embedding float[{space.dims}] distance_metric=cosine)"
+        )
+
+    def build_index(self, space: Space) -> None:
+        """vec0 needs nothing: its partitions are its index."""
+
+    def drop(self, space: Space) -> None:
+        self._conn.execute(f"DROP TABLE IF EXISTS {_vec_table(space.id)}")
+
+    def insert(self, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
+        self._conn.executemany(
+            f"INSERT INTO {_vec_table(space.id)}(rowid, collection_id, embedding) VALUES (?, ?, ?)", rows
+        )
+
+    def delete(self, space: Space, row_ids: Sequence[int]) -> None:
+        self._conn.executemany(f"DELETE FROM {_vec_table(space.id)} WHERE rowid = ?", [(rid,) for rid in row_ids])
+
+    def search(
+        self,
+        space: Space,
+        query: Sequence[float],
+        cid: int,
+        collection: str,
+        limit: int,
+        doc_filter: DocFilter | None,
+        index: FirstPass | None,
+    ) -> list[VecHit]:
+        """With the daemon's in-memory `index`, the KNN is its (`vector_index.nearest`: the
+        same distances; under a filter the very same rows, else recall@10 ≥ 0.998 measured);
+        vec0's exact scan answers until the index is built.
+
+        A dense filter widens the unfiltered KNN until enough eligible documents turn up (a
+        few of them are skipped, nothing is approximated); a sparse one is a KNN over the
+        eligible documents' chunks in the index, or without it (or for a dense one whose
+        eligible documents lie beyond the largest KNN) measures the distance to every chunk
+        of the eligible documents (vec0 restricted to a rowid list still reads the whole
+        partition: measured, 100 ms for 150 eligible rows of 150k, where the direct scan
+        takes 1 ms)."""
+        conn = self._conn
+        qblob = pack(query)
+        eligible: set[int] | None = None
+        among: list[int] | None = None
+        share = 1.0
+        if doc_filter is not None:
+            sql, params = ids_sql(collection, doc_filter)
+            # one aggregate row, not one Python row per document: 50k ids in 28 ms, not 41
+            ids = conn.execute(f"SELECT json_group_array(id) FROM ({sql})", params).fetchone()[0]
+            eligible = set(json.loads(ids))
+            if not eligible:
+                return []
+            total = conn.execute(
+                "SELECT count(*) FROM documents WHERE collection = ? AND active = 1", (collection,)
+            ).fetchone()[0]
+            admitted = len(eligible) / max(total, 1)
+            if admitted >= DENSE:
+                share = admitted
+            elif index is None:
+                return _search_eligible(conn, space, qblob, cid, limit, ids)
+            else:
+                among = _chunks_of(conn, space, ids)
+
+        def nearest(k: int) -> list[tuple[int, float]] | None:
+            """The index's rows, or while it is being built vec0's (none over `among`: the
+            eligible chunks are measured instead)."""
+            knn = (
+                index.knn(conn, space, cid, query, k, exact=eligible is not None, among=among)
+                if index is not None
+                else None
+            )
+            if knn is None and among is None:
+                knn = _knn(conn, space, qblob, k, cid)
+            return knn
+
+        hits = widened(conn, collection, limit, nearest, eligible, share)
+        return _search_eligible(conn, space, qblob, cid, limit, ids) if hits is None else hits
+
+    def nearest_of(
+        self, space: Space, query: Sequence[float], cid: int, collection: str, doc_ids: Sequence[int]
+    ) -> list[VecHit]:
+        ids = json.dumps(sorted(set(doc_ids)))
+        return _search_eligible(self._conn, space, pack(query), cid, len(doc_ids), ids)
 
 
 def _knn(conn: Connection, space: Space, qblob: bytes, k: int, cid: int) -> list[tuple[int, float]]:
@@ -585,34 +523,3 @@ def _search_eligible(
             nearest[doc_id] = t
     ranked = sorted(nearest.items(), key=lambda kv: (kv[1][0], kv[0]))[:limit]
     return [VecHit(doc_id, *chunk) for doc_id, chunk in ranked]
-
-
-def _documents_for(
-    conn: Connection, knn: list[tuple[int, float]], collection: str, eligible: set[int] | None = None
-) -> dict[int, VecHit]:
-    best: dict[int, VecHit] = {}
-    for i in range(0, len(knn), 500):
-        part = knn[i : i + 500]
-        dist = {rid: d for rid, d in part}
-        rows = conn.execute(
-            "SELECT vr.id, cv.hash, cv.pos, cv.end_pos, cv.start_line, cv.end_line FROM vector_rows vr"
-            f" JOIN content_vectors cv ON cv.id = vr.chunk_id WHERE vr.id IN ({','.join('?' * len(part))})",
-            [rid for rid, _ in part],
-        ).fetchall()
-        by_hash: dict[str, list[tuple]] = {}
-        for rid, h, pos, end, sl, el in rows:
-            by_hash.setdefault(h, []).append((dist[rid], pos, end, sl, el))
-        if not by_hash:
-            continue
-        docs = conn.execute(
-            f"SELECT id, hash FROM documents WHERE active = 1 AND collection = ? AND hash IN"
-            f" ({','.join('?' * len(by_hash))})",
-            [collection, *by_hash],
-        ).fetchall()
-        for doc_id, h in docs:
-            if eligible is not None and doc_id not in eligible:
-                continue
-            d, pos, end, sl, el = min(by_hash[h])
-            if doc_id not in best or d < best[doc_id].distance:
-                best[doc_id] = VecHit(doc_id, d, pos, end, sl, el)
-    return best
