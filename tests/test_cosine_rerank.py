@@ -129,7 +129,7 @@ def test_settings(embedded: tuple[Env, Daemon]) -> None:
     _, d = embedded
     doctor = d.http.get("/v1/doctor").raise_for_status().json()
     [row] = [m for m in doctor["models"] if m["role"] == "rerank"]
-    assert row["uri"] == "cosine" and row["method"] == "cosine" and "problem" not in row
+    assert row["uri"] == "cosine" and row["method"] == "cosine" and row["problem"] is None
     env, _ = embedded
     text = env.ok("doctor")
     assert "rerank: cosine (env) — reranks by the embedder's cosine: no model to load" in text
