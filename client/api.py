@@ -412,6 +412,8 @@ class RetrievedOut(TypedDict):
     skipped: bool
     reason: str | None
     body: str | None
+    total_lines: int
+    truncated_lines: int
 
 
 class SearchResponse(TypedDict):

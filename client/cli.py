@@ -580,12 +580,13 @@ def multi_get(
         else:
             found.append(i)
     _warn([e["reason"] for e in errors if e["reason"]])
-    if line_numbers:
-        for r in found:
-            if r["body"] is not None:
-                r["body"] = formats.add_line_numbers(r["body"])
     text, warnings = formats.render_multi_get(
-        found, pick_format(fmt, flags), _style(res.get("editor_uri")), full_path=full_path, cwd=os.getcwd()
+        found,
+        pick_format(fmt, flags),
+        _style(res.get("editor_uri")),
+        full_path=full_path,
+        cwd=os.getcwd(),
+        line_numbers=line_numbers,
     )
     _warn(warnings)
     _out(text)

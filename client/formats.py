@@ -35,7 +35,7 @@ FORMATS = ("cli", "json", "csv", "md", "xml", "files")
 DEFAULT_EDITOR_URI = "vscode://file/{path}:{line}:{col}"
 
 SEARCH_CSV_HEADER = ("docid", "score", "file", "title", "context", "line", "snippet")
-MULTI_GET_CSV_HEADER = ("docid", "file", "title", "context", "skipped", "body")
+MULTI_GET_CSV_HEADER = ("docid", "file", "title", "context", "skipped", "body", "truncated_lines")
 
 _RESET = "\x1b[0m"
 _BOLD = "\x1b[1m"
@@ -123,6 +123,37 @@ def add_line_numbers(text: str, start: int = 1) -> str:
     if not text:
         return ""
     return "\n".join(f"{start + i}: {line}" for i, line in enumerate(text.split("\n")))
+
+
+# Between the levels of a context (global, collection, folder) in one-line formats.
+CONTEXT_SEPARATOR = " | "
+_CONTEXT_LEVEL_BREAK = re.compile(r"[ \t]*(?:\r?\n[ \t]*){2,}")
+_CONTEXT_LINE_BREAK = re.compile(r"[ \t]*\r?\n[ \t]*|\r")
+
+
+def context_line(context: str | None) -> str:
+    """A context on one line, for the formats that hold a record per line (text, CSV,
+    `--files`, Markdown's labels). The daemon joins a document's context levels (global,
+    collection, then each folder, outermost first) with a blank line; here the levels are
+    joined by `CONTEXT_SEPARATOR` and a line break inside one level becomes a space, so
+    every level is kept and no record ever spills onto a second line. JSON and XML keep
+    the text as it is."""
+    if not context:
+        return ""
+    levels = (_CONTEXT_LINE_BREAK.sub(" ", level).strip() for level in _CONTEXT_LEVEL_BREAK.split(context.strip()))
+    return CONTEXT_SEPARATOR.join(level for level in levels if level)
+
+
+def number_window(body: str, start: int, lines: int) -> str:
+    """`body`, the `lines` lines of a file from line `start`, each numbered with its real
+    number: one empty line (a file's last, after its final newline) is `N: `, not
+    nothing, so the numbers always match the window the daemon read."""
+    return f"{start}: " if not body and lines > 0 else add_line_numbers(body, start)
+
+
+def truncation_note(lines: int) -> str:
+    """The unnumbered line after a body cut by `-l`: never a line of the file."""
+    return f"[... truncated {lines} more lines]"
 
 
 def editor_link(abs_path: str, line: int, template: str) -> str:
@@ -288,7 +319,7 @@ def _files_context(context: str | None) -> str:
     """The optional trailing `,"context"` field of the `files` format (quotes doubled)."""
     if not context:
         return ""
-    escaped = context.replace('"', '""')
+    escaped = context_line(context).replace('"', '""')
     return f',"{escaped}"'
 
 
@@ -454,7 +485,7 @@ def _search_csv(hits: Sequence[api.HitOut], idents: Sequence[_Ident], full: bool
             f"{hit['score']:.4f}",
             ident.name,
             hit.get("title") or "",
-            hit.get("context") or "",
+            context_line(hit.get("context")),
             hit["line"],
             _content(hit, full, line_numbers),
         )
@@ -480,7 +511,7 @@ def _search_md(hits: Sequence[api.HitOut], idents: Sequence[_Ident], full: bool,
         if ident.docid:
             lines.append(f"**docid:** `{ident.docid}`")
         if hit.get("context"):
-            lines.append(f"**context:** {hit['context']}")
+            lines.append(f"**context:** {context_line(hit['context'])}")
         lines += ["", _content(hit, full, line_numbers), ""]
         blocks.append("\n".join(lines) + "\n")
     return "".join(blocks)
@@ -529,7 +560,7 @@ def _search_cli(
         if hit.get("title"):
             lines.append(_paint(f"Title: {hit['title']}", _BOLD, style))
         if hit.get("context"):
-            lines.append(_paint(f"Context: {hit['context']}", _DIM, style))
+            lines.append(_paint(f"Context: {context_line(hit['context'])}", _DIM, style))
         lines.append(f"Score: {_paint(_score_text(hit['score'], style), _BOLD, style)}")
         if (explain := hit.get("explain")) is not None:
             lines += [_paint(line, _DIM, style) for line in _explain_lines(explain)]
@@ -601,8 +632,21 @@ def _skip_reason(item: Mapping[str, Any]) -> str:
     return f"{reason}. Use 'qmd get {item['file']}' to retrieve."
 
 
-def _multi_json(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
-    """JSON array; skipped items carry `skipped: true` and `reason` instead of `body`."""
+def _body(item: Mapping[str, Any], line_numbers: bool) -> str:
+    """A multi-get body: exactly the file's first lines, numbered from 1 if asked."""
+    body = item.get("body") or ""
+    if not line_numbers:
+        return body
+    return number_window(body, 1, 0 if item.get("total_lines") is None else 1)
+
+
+def _truncated(item: Mapping[str, Any]) -> int:
+    return int(item.get("truncated_lines") or 0)
+
+
+def _multi_json(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], line_numbers: bool) -> str:
+    """JSON array; skipped items carry `skipped: true` and `reason` instead of `body`;
+    a body cut by `-l` is followed by `truncated_lines`, the count left out."""
     out = []
     for item, ident in zip(items, idents):
         entry: dict[str, Any] = {"file": ident.name}
@@ -615,21 +659,25 @@ def _multi_json(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> 
             entry["skipped"] = True
             entry["reason"] = _skip_reason(item)
         else:
-            entry["body"] = item.get("body") or ""
+            entry["body"] = _body(item, line_numbers)
+            if _truncated(item):
+                entry["truncated_lines"] = _truncated(item)
         out.append(entry)
     return json.dumps(out, indent=2, ensure_ascii=False) + "\n"
 
 
-def _multi_csv(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
-    """CSV with the skip reason in the `body` column of skipped rows."""
+def _multi_csv(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], line_numbers: bool) -> str:
+    """CSV with the skip reason in the `body` column of skipped rows; `truncated_lines`
+    counts the lines a `-l` cut left out after the body."""
     rows = [
         (
             ident.docid or "",
             ident.name,
             item.get("title") or "",
-            item.get("context") or "",
+            context_line(item.get("context")),
             "true" if item.get("skipped") else "false",
-            _skip_reason(item) if item.get("skipped") else item.get("body") or "",
+            _skip_reason(item) if item.get("skipped") else _body(item, line_numbers),
+            "" if item.get("skipped") else _truncated(item),
         )
         for item, ident in zip(items, idents)
     ]
@@ -646,7 +694,7 @@ def _multi_files(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) ->
     return "".join(f"{line}\n" for line in lines)
 
 
-def _multi_md(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
+def _multi_md(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], line_numbers: bool) -> str:
     """A `##` section per document; the body fenced, a skip as a blockquote."""
     blocks = []
     for item, ident in zip(items, idents):
@@ -657,16 +705,18 @@ def _multi_md(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> st
         if title and title not in (item["file"], item.get("path")):
             parts.append(f"**Title:** {title}")
         if item.get("context"):
-            parts.append(f"**Context:** {item['context']}")
+            parts.append(f"**Context:** {context_line(item['context'])}")
         if item.get("skipped"):
             parts.append(f"> {_skip_reason(item)}")
         else:
-            parts.append(_fence(item.get("body") or ""))
+            parts.append(_fence(_body(item, line_numbers)))
+            if _truncated(item):
+                parts.append(f"_{truncation_note(_truncated(item))}_")
         blocks.append("\n\n".join(parts) + "\n\n")
     return "".join(blocks)
 
 
-def _multi_xml(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> str:
+def _multi_xml(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], line_numbers: bool) -> str:
     """A `<documents>` XML document with one escaped `<document>` per item."""
     lines = ['<?xml version="1.0" encoding="UTF-8"?>', "<documents>"]
     for item, ident in zip(items, idents):
@@ -680,13 +730,15 @@ def _multi_xml(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident]) -> s
             lines.append("    <skipped>true</skipped>")
             lines.append(f"    <reason>{_xml_text(_skip_reason(item))}</reason>")
         else:
-            lines.append(f"    <body>{_xml_text(item.get('body') or '')}</body>")
+            lines.append(f"    <body>{_xml_text(_body(item, line_numbers))}</body>")
+            if _truncated(item):
+                lines.append(f"    <truncated_lines>{_truncated(item)}</truncated_lines>")
         lines.append("  </document>")
     lines.append("</documents>")
     return "\n".join(lines) + "\n"
 
 
-def _multi_cli(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], style: Style) -> str:
+def _multi_cli(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], style: Style, line_numbers: bool) -> str:
     """`=`-ruled blocks per document, the file line styled like search results."""
     out = []
     for item, ident in zip(items, idents):
@@ -701,8 +753,10 @@ def _multi_cli(items: Sequence[api.RetrievedOut], idents: Sequence[_Ident], styl
             out.append(f"[SKIPPED: {_skip_reason(item)}]\n")
             continue
         if item.get("context"):
-            out.append(f"Folder Context: {item['context']}\n---\n\n")
-        out.append(f"{item.get('body') or ''}\n")
+            out.append(f"Folder Context: {context_line(item['context'])}\n---\n\n")
+        out.append(f"{_body(item, line_numbers)}\n")
+        if _truncated(item):
+            out.append(f"\n{truncation_note(_truncated(item))}\n")
     return "".join(out)
 
 
@@ -713,28 +767,30 @@ def render_multi_get(
     *,
     full_path: bool = False,
     cwd: str | None = None,
+    line_numbers: bool = False,
 ) -> tuple[str, list[str]]:
     """Render `multi-get` items. Returns (stdout text, stderr warnings).
 
-    Bodies are printed as given: line limits and line numbers are applied before
-    this (§16.3). `file` is always the `qmd://` URI unless `--full-path` found the
-    file on disk.
+    A body is exactly the file's first lines (the daemon applied `-l`), numbered here
+    from 1 under `line_numbers`; a cut is reported beside the body (`truncated_lines`,
+    or an unnumbered note after it), never as a line in it (§16.3). `file` is always
+    the `qmd://` URI unless `--full-path` found the file on disk.
     """
     if fmt not in FORMATS:
         raise ValueError(f"Unknown format: {fmt}")
     idents, warnings = _identify_all(items, full_path, cwd)
     if fmt == "json":
-        text = _multi_json(items, idents)
+        text = _multi_json(items, idents, line_numbers)
     elif fmt == "csv":
-        text = _multi_csv(items, idents)
+        text = _multi_csv(items, idents, line_numbers)
     elif fmt == "files":
         text = _multi_files(items, idents)
     elif fmt == "md":
-        text = _multi_md(items, idents)
+        text = _multi_md(items, idents, line_numbers)
     elif fmt == "xml":
-        text = _multi_xml(items, idents)
+        text = _multi_xml(items, idents, line_numbers)
     else:
-        text = _multi_cli(items, idents, style)
+        text = _multi_cli(items, idents, style, line_numbers)
     return text, warnings
 
 
@@ -764,9 +820,11 @@ def render_document(
         header += f"  ({_on_pages(doc['pages'])})"
     lines = [header]
     if doc.get("context"):
-        lines.append(f"Folder Context: {doc['context']}")
+        lines.append(f"Folder Context: {context_line(doc['context'])}")
     body = doc.get("body") or ""
-    lines += ["---", "", add_line_numbers(body, max(1, from_line)) if line_numbers else body]
+    first = max(1, from_line)
+    count = int(doc.get("to_line") or 0) - first + 1
+    lines += ["---", "", number_window(body, first, count) if line_numbers else body]
     return "\n".join(lines) + "\n"
 
 

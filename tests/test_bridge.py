@@ -276,8 +276,8 @@ def test_sdk_client_over_the_bridge(corpus: Env, name: str, mode: str) -> None:
             assert not status.is_error and status.structured_content["totalDocuments"] == 4
             found = await c.call_tool("query", {"searches": [{"type": "lex", "query": "angel investors"}]})
             hit = found.structured_content["results"][0]
-            assert hit["file"] == "notes/fundraising.md" and hit["line"] == 7
-            doc = await c.call_tool("get", {"file": "notes/fundraising.md:7:2"})
+            assert hit["file"] == "qmd://notes/fundraising.md" and hit["line"] == 7
+            doc = await c.call_tool("get", {"file": f"{hit['file']}:7:2"})
             assert (
                 doc.content[0].resource.text
                 == "7: Angel investors fund early startups.\n8: We raise money from angels and VCs."

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, Env, daemons_on, write
+from conftest import NOTES, Daemon, Env, daemons_on, write
 
 HEAVY = (
     "fastapi",
@@ -225,11 +225,14 @@ def test_multi_get(env: Env, added: Path) -> None:
     assert [i["file"] for i in items] == ["qmd://notes/fundraising.md", "qmd://notes/cooking/bread.md"]
     items = env.json("multi-get", "qmd://notes/*.md", "--json", "--max-bytes", "60")
     skipped = {i["file"]: i for i in items if i.get("skipped")}
-    assert (
-        "qmd://notes/fundraising.md" in skipped and "File too large" in skipped["qmd://notes/fundraising.md"]["reason"]
-    )
+    size = len(str(NOTES["fundraising.md"]).encode())
+    # The sizes compare truly as printed: never "(0KB > 0KB)".
+    assert skipped["qmd://notes/fundraising.md"]["reason"].startswith(f"File too large ({size} bytes > 60 bytes)")
     out = env.ok("multi-get", "notes/fundraising.md", "-l", "2")
-    assert "[... truncated" in out
+    # Numbered lines are the file's lines; the cut is an unnumbered line after them.
+    assert out.endswith("\n1: # Raising a seed round\n2: \n\n[... truncated 8 more lines]\n")
+    (item,) = env.json("multi-get", "notes/fundraising.md", "-l", "2", "--json")
+    assert item["body"] == "1: # Raising a seed round\n2: " and item["truncated_lines"] == 8
     r = env.qmd("multi-get", "fundraising.md,missing.md")
     assert r.returncode == 0 and "Document not found: missing.md" in r.stderr
     assert "qmd://notes/fundraising.md" in r.stdout
@@ -257,7 +260,12 @@ def test_contexts(env: Env, added: Path) -> None:
     assert "Recipes I have tried" in listing and "Work meetings" in listing and "My personal notes" in listing
     hit = env.json("search", "sourdough", "--json")[0]
     assert hit["context"] == "My personal notes\n\nRecipes I have tried"
-    assert "Folder Context: My personal notes" in env.ok("get", "notes/work/meeting-2026-04-10.md")
+    # Every level, on one line: no blank line splits the header.
+    assert "\nFolder Context: My personal notes | Work meetings\n---\n" in env.ok(
+        "get", "notes/work/meeting-2026-04-10.md"
+    )
+    assert env.ok("search", "sourdough", "--files").endswith(',"My personal notes | Recipes I have tried"\n')
+    assert "Context: My personal notes | Recipes I have tried\nScore:" in env.ok("search", "sourdough")
     env.ok("context", "rm", "qmd://notes/cooking")
     env.ok("context", "rm", "/")
     assert "context" not in env.json("search", "sourdough", "--json")[0]

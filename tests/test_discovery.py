@@ -216,6 +216,39 @@ def test_the_key_window_pages_in_coverage_order(notes: IndexStore) -> None:
     assert (r.total_keys, r.remaining_keys, [k.key for k in r.keys]) == (6, 2, ["topics", "owner"])
 
 
+def test_each_surface_names_the_options_its_user_types(notes: IndexStore) -> None:
+    """The hints name options as the surface showing the text spells them (issue 31):
+    the CLI's flags by default, any other surface's names when it passes them."""
+    names = discovery.OptionNames(
+        key_limit="K=<n>",
+        key_offset="KO=<n>",
+        all_keys="K=all",
+        value_limit="V=<n>",
+        value_offset="VO=<n>",
+        all_values="V=all",
+        match="M",
+        filter="F",
+        rerun="Ask again",
+    )
+
+    def spelled(**kw: Any) -> str:
+        r = report(notes, **kw)
+        return render(
+            r, filtered="filter" in kw, matched="match" in kw, key_offset=kw.get("key_offset", 0), names=names
+        )
+
+    windowed = spelled(key_limit=2, value_limit=1)
+    assert "\n1 more value, use V=<n>, VO=<n>, or V=all\n" in windowed
+    assert windowed.endswith("\n\n4 more keys, use K=<n>, KO=<n>, or K=all")
+    assert "--" not in windowed
+    assert spelled(key_offset=6) == "No keys at KO=6, 6 keys in total."
+    missing = {"field": "key", "operator": "eq", "value": "missing"}
+    assert spelled(match=missing) == "No metadata matches. Ask again without M or F to see which keys exist."
+    assert discovery.NO_MATCH == (
+        "No metadata matches. Run 'qmd collection metadata' without --match or --filter to see which keys exist."
+    )
+
+
 def test_a_value_match_is_a_reverse_lookup_across_keys(notes: IndexStore) -> None:
     # reviewers stays string[]: array-ness describes the key, not the matched entries
     assert text(notes, match={"field": "value", "operator": "eq", "value": "docs-team"}) == (

@@ -326,7 +326,8 @@ def test_search_csv_round_trips_awkward_text(hits: list[dict[str, Any]]) -> None
     assert rows[2][3] == "trailing space "
     assert rows[1][2] == "qmd://notes/we,ird.md"
     assert rows[1][3] == 'Commas, "quotes"'
-    assert rows[1][4] == "line one\nline two\r\nthree\rfour"
+    # A context is one line in CSV (a record per line): line breaks inside a level are spaces.
+    assert rows[1][4] == "line one line two three four"
     assert rows[1][6].endswith('a,b\n"c"\nd')
 
 
@@ -664,7 +665,7 @@ SKIP_REASON = "File too large (70KB > 64KB). Use 'qmd get qmd://notes/b.md' to r
     ("fmt", "expected"),
     [
         ("json", "[]\n"),
-        ("csv", "docid,file,title,context,skipped,body\n"),
+        ("csv", "docid,file,title,context,skipped,body,truncated_lines\n"),
         ("xml", '<?xml version="1.0" encoding="UTF-8"?>\n<documents>\n</documents>\n'),
         ("md", ""),
         ("files", ""),
@@ -698,9 +699,9 @@ def test_multi_get_csv(hits: list[dict[str, Any]]) -> None:
     items[2]["body"] = "1: unquoted tail "
     rows = parse_csv(render_multi_get(items, "csv", PLAIN)[0])
     assert rows[3][5] == "1: unquoted tail "
-    assert rows[0] == ["docid", "file", "title", "context", "skipped", "body"]
-    assert rows[1] == ["#a1b2c3", "qmd://notes/dir/a.md", "Raising money", "Fundraising notes", "false", A_BODY]
-    assert rows[2] == ["#d4e5f6", "qmd://notes/b.md", "B", "", "true", SKIP_REASON]
+    assert rows[0] == ["docid", "file", "title", "context", "skipped", "body", "truncated_lines"]
+    assert rows[1] == ["#a1b2c3", "qmd://notes/dir/a.md", "Raising money", "Fundraising notes", "false", A_BODY, "0"]
+    assert rows[2] == ["#d4e5f6", "qmd://notes/b.md", "B", "", "true", SKIP_REASON, ""]
 
 
 def test_multi_get_files(hits: list[dict[str, Any]]) -> None:

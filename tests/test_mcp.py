@@ -29,6 +29,8 @@ T = TypeVar("T")
 
 MANY = 12
 GLOBAL_CONTEXT = "A founder's working notes"
+MANY_CONTEXT = "Zebra counts,\none per file"
+"""A folder context of two lines, under the global one: three lines and a blank one."""
 INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 1,
@@ -93,6 +95,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     env.ok("collection", "add", str(notes), "--name", "notes")
     env.ok("collection", "add", str(many), "--name", "many")
     env.ok("context", "add", "/", GLOBAL_CONTEXT)
+    env.ok("context", "add", "qmd://many/", MANY_CONTEXT)
     yield d
     d.stop()
 
@@ -218,7 +221,7 @@ def test_query_returns_pointers_that_get_reads_back(shared: Daemon, mode: str) -
     top = found.structured_content["results"][0]
     assert re.fullmatch(r"#[0-9a-f]{6}", top["docid"])
     assert (top["file"], top["title"], top["line"], top["lines"]) == (
-        "notes/fundraising.md",
+        "qmd://notes/fundraising.md",
         "Raising a seed round",
         7,
         "6-9",
@@ -232,15 +235,67 @@ def test_query_returns_pointers_that_get_reads_back(shared: Daemon, mode: str) -
     ]
     text = text_of(found)
     assert text.startswith('Found 2 result(s) for "angel investors":\n\nNot run:\n  - rerank: ')
-    assert re.search(r"^#[0-9a-f]{6} \d+% notes/fundraising\.md:6-9 - Raising a seed round$", text, re.M)
+    assert re.search(r"^#[0-9a-f]{6} \d+% qmd://notes/fundraising\.md:6-9 - Raising a seed round$", text, re.M)
     assert "7: Angel investors fund early startups." in text
-    assert 'get file="notes/fundraising.md:6:4"' in text and "before citing" in text.lower().replace("\n", " ")
+    assert 'get file="qmd://notes/fundraising.md:6:4"' in text and "before citing" in text.lower().replace("\n", " ")
     [doc] = resources_of(read)
     assert doc.uri == "qmd://notes/fundraising.md" and doc.mime_type == "text/markdown"
     assert doc.text == (
         f"<!-- Context: {GLOBAL_CONTEXT} -->\n\n6: \n7: Angel investors fund early startups.\n"
         "8: We raise money from angels and VCs.\n9: Keep the pitch deck short."
     )
+
+
+@pytest.mark.slow
+def test_query_files_are_the_uris_http_gives_and_get_takes_back(shared: Daemon) -> None:
+    """Issue 31: a result names its file as `/query` and the CLI do, and that name, as
+    it is, reads the document back with `get` and `multi_get`."""
+    searches = [{"type": "lex", "query": "zebra"}, {"type": "lex", "query": "angel investors"}]
+    over_http = shared.http.post("/query", json={"searches": searches, "limit": 20})
+    assert over_http.status_code == 200, over_http.text
+    answer = tool(shared, "query", {"searches": searches, "limit": 20})
+    assert answer.structured_content is not None
+    results = answer.structured_content["results"]
+    assert results == over_http.json()["results"]  # the same pointers, field for field
+    files = [r["file"] for r in results]
+    assert "qmd://notes/fundraising.md" in files and "qmd://many/m00.md" in files
+    assert all(f.startswith("qmd://") for f in files)
+    text = text_of(answer)
+    for r in results:
+        assert f"{r['docid']} {round(r['score'] * 100)}% {r['file']}:{r['lines']} - {r['title']}\n" in text
+
+    for r in results[:3]:
+        start, end = (int(x) for x in r["lines"].split("-"))
+        [doc] = resources_of(tool(shared, "get", {"file": f"{r['file']}:{start}:{end - start + 1}"}))
+        assert doc.uri == r["file"]
+        assert doc.text.endswith("\n".join(r["snippet"].split("\n")[1:]))  # the pointed lines, numbered alike
+    listed = tool(shared, "multi_get", {"pattern": ", ".join(files[:3])})
+    assert not listed.is_error, listed
+    assert [d.uri for d in resources_of(listed)] == files[:3]
+    [single] = resources_of(tool(shared, "multi_get", {"pattern": files[0]}))
+    assert single.uri == files[0]
+
+
+@pytest.mark.slow
+def test_query_text_shows_each_results_context_in_its_block(shared: Daemon) -> None:
+    """Issue 31: the text carries each result's context as the CLI shows it (`Context: …`
+    under the result's line), a context of several lines kept inside its result's block."""
+    answer = tool(shared, "query", {"searches": [{"type": "lex", "query": "zebra"}, {"type": "lex", "query": "angel"}]})
+    assert answer.structured_content is not None
+    results = answer.structured_content["results"]
+    contexts = {r["file"].removeprefix("qmd://").split("/")[0]: r["context"] for r in results}
+    assert contexts == {"notes": GLOBAL_CONTEXT, "many": f"{GLOBAL_CONTEXT}\n\n{MANY_CONTEXT}"}
+    blocks = text_of(answer).split("\n\n")
+    for r in results:
+        [block] = [b for b in blocks if b.startswith(f"{r['docid']} ")]
+        lines = block.split("\n")
+        if r["file"].removeprefix("qmd://").startswith("notes/"):
+            assert lines[1] == f"Context: {GLOBAL_CONTEXT}"
+            passage = lines[2:]
+        else:
+            assert lines[1:4] == [f"Context: {GLOBAL_CONTEXT}", "  Zebra counts,", "  one per file"]
+            passage = lines[4:]
+        assert passage == r["snippet"].split("\n")  # the passage whole, after the context
 
 
 @pytest.mark.slow
@@ -259,7 +314,7 @@ def test_query_reports_vec_and_hyde_as_skipped(shared: Daemon) -> None:
     )
     assert not result.is_error
     assert result.structured_content is not None
-    assert [r["file"] for r in result.structured_content["results"]] == ["notes/cooking/bread.md"]
+    assert [r["file"] for r in result.structured_content["results"]] == ["qmd://notes/cooking/bread.md"]
     skipped = {s["stage"]: s["reason"] for s in result.structured_content["skipped"]}
     assert set(skipped) == {"vector", "rerank"}
     assert skipped["vector"].startswith("vector search unavailable")
@@ -274,7 +329,7 @@ def test_query_reports_vec_and_hyde_as_skipped(shared: Daemon) -> None:
 def test_plain_query_is_hybrid_and_says_what_did_not_run(shared: Daemon) -> None:
     result = tool(shared, "query", {"query": "sourdough", "rerank": False})
     assert result.structured_content is not None
-    assert [r["file"] for r in result.structured_content["results"]] == ["notes/cooking/bread.md"]
+    assert [r["file"] for r in result.structured_content["results"]] == ["qmd://notes/cooking/bread.md"]
     assert [s["stage"] for s in result.structured_content["skipped"]] == ["expand", "vector"]
     stages = {s["stage"]: s["status"] for s in result.structured_content["stages"]}
     assert stages["probe"] == "ran" and stages["rerank"] == "off"
@@ -310,7 +365,7 @@ def test_query_scoped_to_collections(shared: Daemon) -> None:
     searches = [{"type": "lex", "query": "zebra"}, {"type": "lex", "query": "bread"}]
     result = tool(shared, "query", {"searches": searches, "collections": ["notes"]})
     assert result.structured_content is not None
-    assert {r["file"].split("/")[0] for r in result.structured_content["results"]} == {"notes"}
+    assert {r["file"].split("/")[2] for r in result.structured_content["results"]} == {"notes"}
     assert "Collection not found: nope" in error_of(tool(shared, "query", {"query": "x", "collections": ["nope"]}))
 
 
@@ -425,13 +480,19 @@ def test_get_by_docid_and_encoded_uri(shared: Daemon) -> None:
     spaced = tool(shared, "get", {"file": "notes/my notes/a b.md"})
     [doc] = resources_of(spaced)
     assert doc.uri == "qmd://notes/my%20notes/a%20b.md"
+    # The resource's URI, percent-encoded, reads the same document back, as `resources/read` does.
+    assert get_text(shared, {"file": f"{doc.uri}:1:1"}) == "1: # Spaced"
+    assert get_text(shared, {"file": "qmd://notes/my notes/a b.md:1:1"}) == "1: # Spaced"
+    assert "Document not found: qmd://notes/my%20notes/nope.md" in error_of(
+        tool(shared, "get", {"file": "qmd://notes/my%20notes/nope.md"})
+    )
 
 
 @pytest.mark.slow
 def test_get_miss_suggests_similar_documents(shared: Daemon) -> None:
     message = error_of(tool(shared, "get", {"file": "notes/fundraisin.md"}))
     assert message.startswith("Document not found: notes/fundraisin.md\n\nDid you mean one of these?\n")
-    assert "  - notes/fundraising.md" in message.split("\n")
+    assert "  - qmd://notes/fundraising.md" in message.split("\n")
 
 
 @pytest.mark.slow
@@ -474,17 +535,46 @@ def test_multi_get_reports_errors_first_and_truncates(shared: Daemon) -> None:
 @pytest.mark.slow
 def test_multi_get_skips_large_files_naming_the_get_tool(shared: Daemon) -> None:
     result = tool(shared, "multi_get", {"pattern": "notes/fundraising.md, notes/ideas.md", "maxBytes": 100})
-    skipped = [c.text for c in result.content if isinstance(c, types.TextContent)]
-    assert skipped == [
-        "[SKIPPED: notes/fundraising.md - File too large (0KB > 0KB). "
-        "Use 'get' with file=\"notes/fundraising.md\" to retrieve.]"
-    ]
+    [skipped] = [c.text for c in result.content if isinstance(c, types.TextContent)]
+    assert re.fullmatch(
+        r"\[SKIPPED: notes/fundraising\.md - File too large \([^)]+\)\. "
+        r"Use 'get' with file=\"qmd://notes/fundraising\.md\" to retrieve\.\]",
+        skipped,
+    ), skipped
     assert [r.uri for r in resources_of(result)] == ["qmd://notes/ideas.md"]
 
 
 @pytest.mark.slow
 def test_multi_get_without_matches_is_an_error(shared: Daemon) -> None:
     assert error_of(tool(shared, "multi_get", {"pattern": "nowhere/*.md"})) == "No files matched pattern: nowhere/*.md"
+
+
+# -- metadata ------------------------------------------------------------------------
+
+TAGGED = {
+    f"t{i}.md": f"---\nqmd:\n  metadata:\n    status: s{i % 3}\n    owner: o{i}\n    rank: {i}\n---\n\n# T{i}\n"
+    for i in range(4)
+}
+
+
+@pytest.mark.slow
+def test_metadata_text_names_the_tools_parameters_not_cli_flags(env: Env, daemon: Daemon, tmp_path: Path) -> None:
+    """Issue 31: over MCP the report's hints name the `metadata` tool's parameters; the
+    CLI's text for the same report keeps its flags."""
+    env.ok("collection", "add", str(write(tmp_path / "tagged", TAGGED)), "--name", "tagged")
+    windowed = tool(daemon, "metadata", {"keyLimit": 2, "valueLimit": 1})
+    assert not windowed.is_error, windowed
+    text = text_of(windowed)
+    assert "3 more values, use valueLimit: <n>, valueOffset: <n>, or valueLimit: null" in text
+    assert text.endswith("\n\n1 more key, use keyLimit: <n>, keyOffset: <n>, or keyLimit: null")
+    assert "--" not in text
+    cli = env.ok("collection", "metadata", "--key-limit", "2", "--value-limit", "1")
+    assert "3 more values, use --value-limit <n>, --value-offset <n>, or --all-values" in cli
+    assert "1 more key, use --key-limit <n>, --key-offset <n>, or --all-keys" in cli
+    past = text_of(tool(daemon, "metadata", {"keyOffset": 5}))
+    assert past == "No keys at keyOffset: 5, 3 keys in total."
+    nothing = text_of(tool(daemon, "metadata", {"match": {"field": "key", "operator": "eq", "value": "nope"}}))
+    assert nothing == "No metadata matches. Call `metadata` without `match` or `filter` to see which keys exist."
 
 
 # -- status --------------------------------------------------------------------------
@@ -635,8 +725,8 @@ def test_two_clients_at_once(shared: Daemon) -> None:
         return await asyncio.gather(client("sourdough"), client("angel"))
 
     breads, angels = run(both)
-    assert breads == [["notes/cooking/bread.md"]] * 5
-    assert all(files[0] == "notes/fundraising.md" for files in angels)
+    assert breads == [["qmd://notes/cooking/bread.md"]] * 5
+    assert all(files[0] == "qmd://notes/fundraising.md" for files in angels)
 
 
 @pytest.mark.slow

@@ -59,13 +59,13 @@ from qmd.server.http.wire import (
     StatusRequest,
     SubSearch,
     form_error,
-    mcp_result,
     metadata_response,
     metadata_text,
+    public_result,
     query_plan,
     query_response,
 )
-from qmd.server.search.discovery import TypeReport
+from qmd.server.search.discovery import OptionNames, TypeReport
 from qmd.server.search.hybrid import primary_text
 from qmd.server.store.documents import split_range
 from qmd.server.store.sqlite import utcnow
@@ -157,8 +157,9 @@ _READ_ONLY = types.ToolAnnotations(read_only_hint=True, open_world_hint=False)
 _QUERY_DESCRIPTION = """\
 Search the indexed markdown notes. Give typed sub-queries in `searches`, or one plain \
 `query` string (not both). Results are pointers -- file, line range, docid and a short \
-numbered snippet -- not sources: read the range with `get` (e.g. `get file="notes/a.md:41:4"`) \
-before citing it, and widen it if the passage looks cut off.
+numbered snippet -- not sources: read the range with `get`, passing the result's `file` URI with \
+its range (e.g. `get file="qmd://notes/a.md:41:4"`), before citing it, and widen it if the passage \
+looks cut off.
 
 Sub-query types:
 - lex: BM25 keyword search. Words match as prefixes; "quoted phrase" for exact phrases; \
@@ -232,11 +233,11 @@ def _tool_error(message: str) -> types.CallToolResult:
 
 
 def _not_found_message(name: str, err: NotFound) -> str:
-    """§20.3's "Did you mean" list, naming each candidate as `get` accepts it."""
+    """§20.3's "Did you mean" list, naming each candidate as results do and `get` accepts it."""
     similar = err.detail.get("similar") or []
     if not similar:
         return err.message
-    lines = "\n".join(f"  - {s.removeprefix(URI_SCHEME)}" for s in similar)
+    lines = "\n".join(f"  - {s}" for s in similar)
     return f"Document not found: {name}\n\nDid you mean one of these?\n{lines}"
 
 
@@ -249,7 +250,7 @@ def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
         raise InvalidInput(f"Error: {error}")  # §20.3 words these two as "Error: …"; grammar errors as they are
     doc, opts = query_plan(args)
     out = engine.query(doc, opts)
-    answer = query_response(out, mcp_result)
+    answer = query_response(out, public_result)
     primary = primary_text(doc)
     results = answer.results
     head = f'Found {len(results)} result(s) for "{primary}":' if results else f'No results found for "{primary}"'
@@ -258,10 +259,7 @@ def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
         blocks.append("Not run:\n" + "\n".join(f"  - {s.stage}: {s.reason}" for s in answer.skipped))
     if out.warnings:
         blocks.append("Warnings:\n" + "\n".join(f"  - {w}" for w in out.warnings))
-    for r in results:
-        meta = f"\nmetadata: {json.dumps(r.metadata, ensure_ascii=False)}" if r.metadata else ""
-        page = "" if r.page is None else f" (page {r.page}, lines {r.page_lines})"
-        blocks.append(f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines}{page} - {r.title}{meta}\n{r.snippet}")
+    blocks.extend(_result_text(r) for r in results)
     if results:
         first = out.hits[0]
         example = f"{results[0].file}:{first.start_line}:{first.end_line - first.start_line + 1}"
@@ -276,12 +274,34 @@ def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
     )
 
 
+def _result_text(r: ResultOut) -> str:
+    """One result as one block: where it is, its context (`Context: …`, as the CLI shows
+    it), its metadata, then the numbered passage. A context of several lines (a folder's
+    under the global one) goes on indented lines without the blank ones, so no blank
+    line splits the block."""
+    page = "" if r.page is None else f" (page {r.page}, lines {r.page_lines})"
+    lines = [f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines}{page} - {r.title}"]
+    if r.context and (parts := [line.strip() for line in r.context.splitlines() if line.strip()]):
+        lines.append("Context: " + "\n  ".join(parts))
+    if r.metadata:
+        lines.append(f"metadata: {json.dumps(r.metadata, ensure_ascii=False)}")
+    lines.append(r.snippet)
+    return "\n".join(lines)
+
+
 def run_get(engine: Engine, args: GetRequest) -> types.CallToolResult:
-    """One document, or the exact range a pointer named."""
+    """One document, or the exact range a pointer named: by a result's `file`, a path,
+    a docid, or the percent-encoded `qmd://` URI of a document this server returned."""
     try:
         doc = engine.get(args.file, from_line=args.from_line, max_lines=args.max_lines)
     except NotFound as e:
-        return _tool_error(_not_found_message(split_range(args.file)[0], e))
+        decoded = unquote(args.file) if args.file.startswith(URI_SCHEME) else args.file
+        if decoded == args.file:
+            return _tool_error(_not_found_message(split_range(args.file)[0], e))
+        try:  # an embedded resource's URI (`qmd://notes/a%20b.md`), as `resources/read` takes it
+            doc = engine.get(decoded, from_line=args.from_line, max_lines=args.max_lines)
+        except NotFound:
+            return _tool_error(_not_found_message(split_range(args.file)[0], e))
     display = doc.doc.display_path
     text = _document_text(doc.body, doc.from_line, doc.doc.context, args.line_numbers)
     if doc.pages:
@@ -302,7 +322,7 @@ def run_multi_get(engine: Engine, args: MultiGetRequest) -> types.CallToolResult
         display = item.doc.display_path
         if item.skipped or item.body is None:
             content.append(
-                _text(f"[SKIPPED: {display} - {item.reason}. Use 'get' with file=\"{display}\" to retrieve.]")
+                _text(f"[SKIPPED: {display} - {item.reason}. Use 'get' with file=\"{item.doc.file}\" to retrieve.]")
             )
             continue
         lines = item.body.split("\n")
@@ -316,11 +336,30 @@ def run_multi_get(engine: Engine, args: MultiGetRequest) -> types.CallToolResult
     return types.CallToolResult(content=content)
 
 
+def _parameter(name: str) -> str:
+    """The `metadata` tool's name for an option: its wire alias, as the input schema lists it."""
+    return MetadataRequest.model_fields[name].alias or name
+
+
+MCP_OPTIONS = OptionNames(
+    key_limit=f"{_parameter('key_limit')}: <n>",
+    key_offset=f"{_parameter('key_offset')}: <n>",
+    all_keys=f"{_parameter('key_limit')}: null",
+    value_limit=f"{_parameter('value_limit')}: <n>",
+    value_offset=f"{_parameter('value_offset')}: <n>",
+    all_values=f"{_parameter('value_limit')}: null",
+    match=f"`{_parameter('match')}`",
+    filter=f"`{_parameter('filter')}`",
+    rerun="Call `metadata`",
+)
+"""The `metadata` tool's parameters, named in its text where the CLI names its flags."""
+
+
 def run_metadata(engine: Engine, args: MetadataRequest) -> types.CallToolResult:
     """Discovery: the text the CLI prints, and the report as structured content."""
     report = engine.metadata(args.options(engine.scope(args.collections)))
     answer = metadata_response(report)
-    text = metadata_text(report, args)
+    text = metadata_text(report, args, MCP_OPTIONS)
     if answer.warnings:
         text += "\n\n" + "\n".join(answer.warnings)
     return types.CallToolResult(content=[_text(text)], structured_content=answer.model_dump(mode="json", by_alias=True))
@@ -415,9 +454,10 @@ TOOLS: dict[str, ToolSpec] = {
             types.Tool(
                 name="get",
                 title="Get Document",
-                description="Read a document, or the line range a search result points at "
-                '(`file="notes/a.md:41:4"` reads 4 lines from line 41; a PDF\'s page and its lines: '
-                '`file="docs/r.pdf#page=3:10:5"`). Lines are numbered so they can be cited.',
+                description="Read a document, or the line range a search result points at: its `file` "
+                '(a `qmd://` URI) with the range, `file="qmd://notes/a.md:41:4"` reads 4 lines from line 41 '
+                "(`notes/a.md:41:4` and a docid `#abc123` work too); a PDF's page and its lines: "
+                '`file="qmd://docs/r.pdf#page=3:10:5"`. Lines are numbered so they can be cited.',
                 input_schema=tool_schema(GetRequest),
                 annotations=_READ_ONLY,
             ),
@@ -428,7 +468,8 @@ TOOLS: dict[str, ToolSpec] = {
             types.Tool(
                 name="multi_get",
                 title="Multi-Get Documents",
-                description="Read several documents by glob, comma-separated list or docids. Documents over "
+                description="Read several documents by glob, comma-separated list (paths or results' `qmd://` "
+                "URIs) or docids. Documents over "
                 "`maxBytes` are skipped with a note naming the `get` call that reads them.",
                 input_schema=tool_schema(MultiGetRequest),
                 annotations=_READ_ONLY,
@@ -482,8 +523,9 @@ Examples:
   With intent: searches=[{type:'lex', query:'performance'}], intent='web page load times'
 
 Retrieval:
-  - `get` — single document by path or docid (#abc123). Supports a line-range suffix: `file.md:100` \
-(from line 100) or `file.md:100:40` (40 lines from line 100). A PDF's results name a page too: \
+  - `get` — single document by a result's `file` (`qmd://collection/path`), a path or docid (#abc123). \
+Supports a line-range suffix: `qmd://notes/file.md:100` (from line 100) or `qmd://notes/file.md:100:40` \
+(40 lines from line 100). A PDF's results name a page too: \
 `file.pdf#page=3:10:5` reads 5 lines from line 10 of page 3, the same text as the result's own range.
   - `multi_get` — batch retrieve by glob (`journals/2025-05*.md`), comma-separated list, or docids (#abc123).
 
@@ -493,7 +535,7 @@ before stating a fact from it, widen it if the passage is cut off, and cite file
   - If the pointed ranges do not contain the answer, say so.
 
 Tips:
-  - File paths in results are relative to their collection.
+  - Results name files as `qmd://collection/path` URIs; pass one back to `get` as it is.
   - Use `minScore: 0.5` to filter low-confidence results.
   - Results include a `context` field describing the content type."""
 

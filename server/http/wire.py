@@ -501,7 +501,7 @@ class ResultOut(Response):
     docid: str
     """`#abc123`."""
     file: str
-    """`qmd://collection/path` over HTTP; `collection/path` over MCP, as `get` takes it."""
+    """`qmd://collection/path` (over HTTP and MCP alike), as `get` takes it back."""
     title: str
     score: float
     fusion: float | None = None
@@ -740,13 +740,8 @@ def query_response(
 
 
 def public_result(p: Pointer) -> ResultOut:
-    """`/query`: files as `qmd://` URIs."""
+    """`/query` and the MCP `query` tool: files as `qmd://` URIs, which `get` takes back."""
     return result_out(p, file=p.doc.file)
-
-
-def mcp_result(p: Pointer) -> ResultOut:
-    """MCP: files as `collection/path`, which is what its `get` tool takes back."""
-    return result_out(p, file=p.doc.display_path)
 
 
 class GatedOut(Response):
@@ -812,10 +807,17 @@ def metadata_response(
     return cls.model_validate({**asdict(report), "warnings": discovery.warnings(report), **extra})
 
 
-def metadata_text(report: MetadataReport, req: MetadataRequest) -> str:
-    """The seed's text for a report, as the CLI prints it and MCP returns it."""
+def metadata_text(
+    report: MetadataReport, req: MetadataRequest, names: discovery.OptionNames = discovery.CLI_OPTIONS
+) -> str:
+    """The seed's text for a report, as the CLI prints it and MCP returns it, its hints
+    naming the options as `names` spells them (the CLI's flags by default)."""
     return discovery.render(
-        report, filtered=req.filter is not None, matched=req.match is not None, key_offset=req.key_offset
+        report,
+        filtered=req.filter is not None,
+        matched=req.match is not None,
+        key_offset=req.key_offset,
+        names=names,
     )
 
 
@@ -916,7 +918,13 @@ class RetrievedOut(DocumentRef):
     bytes: int = field(kw_only=True)
     skipped: bool = field(kw_only=True)
     reason: str | None = field(kw_only=True)
+    """Why the text was left out (`skipped`); never inside `body`."""
     body: str | None = field(kw_only=True)
+    """Exactly the document's first lines: the whole of it, or `max_lines` of it."""
+    total_lines: int = field(kw_only=True)
+    """The document's line count."""
+    truncated_lines: int = field(kw_only=True)
+    """Lines left out after `body` by `max_lines` (0: `body` is the whole document)."""
 
 
 class UnmatchedOut(Response):
@@ -953,7 +961,16 @@ def document_answer(d: DocumentText) -> DocumentOut:
 def retrieved_answer(r: Retrieved) -> RetrievedOut | UnmatchedOut:
     if r.doc is None:
         return UnmatchedOut(file=r.name, skipped=True, reason=r.reason, error=True)
-    return extended(RetrievedOut, r.doc, bytes=r.bytes, skipped=r.skipped, reason=r.reason, body=r.body)
+    return extended(
+        RetrievedOut,
+        r.doc,
+        bytes=r.bytes,
+        skipped=r.skipped,
+        reason=r.reason,
+        body=r.body,
+        total_lines=r.total_lines or 0,
+        truncated_lines=r.truncated_lines,
+    )
 
 
 class ContextsOut(Response):

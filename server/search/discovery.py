@@ -817,11 +817,48 @@ def _without_values(t: TypeReport) -> TypeReport:
 
 # -- text -----------------------------------------------------------------------------
 
-VALUE_HINT: Final = "--value-limit <n>, --value-offset <n>, or --all-values"
-KEY_HINT: Final = "--key-limit <n>, --key-offset <n>, or --all-keys"
-NO_MATCH: Final = (
-    "No metadata matches. Run 'qmd collection metadata' without --match or --filter to see which keys exist."
+
+@dataclass(frozen=True)
+class OptionNames:
+    """How a surface names discovery's options in the report's hints, so each tells its
+    user what to type there: the CLI its flags (`CLI_OPTIONS`), MCP its tool's
+    parameters. `<n>` stands for a number."""
+
+    key_limit: str
+    key_offset: str
+    all_keys: str
+    value_limit: str
+    value_offset: str
+    all_values: str
+    match: str
+    filter: str
+    rerun: str
+    """How to ask again, e.g. `Run 'qmd collection metadata'`."""
+
+    def value_hint(self) -> str:
+        return f"{self.value_limit}, {self.value_offset}, or {self.all_values}"
+
+    def key_hint(self) -> str:
+        return f"{self.key_limit}, {self.key_offset}, or {self.all_keys}"
+
+    def no_match(self) -> str:
+        return f"No metadata matches. {self.rerun} without {self.match} or {self.filter} to see which keys exist."
+
+
+CLI_OPTIONS: Final = OptionNames(
+    key_limit="--key-limit <n>",
+    key_offset="--key-offset <n>",
+    all_keys="--all-keys",
+    value_limit="--value-limit <n>",
+    value_offset="--value-offset <n>",
+    all_values="--all-values",
+    match="--match",
+    filter="--filter",
+    rerun="Run 'qmd collection metadata'",
 )
+VALUE_HINT: Final = CLI_OPTIONS.value_hint()
+KEY_HINT: Final = CLI_OPTIONS.key_hint()
+NO_MATCH: Final = CLI_OPTIONS.no_match()
 
 # Characters that do not print as themselves: C0, DEL, C1, the line and paragraph
 # separators, and the bidirectional controls that reorder what follows them.
@@ -984,7 +1021,7 @@ def _split(types: Sequence[TypeReport], with_collections: bool) -> list[str]:
     return [f"{row.ljust(width)}  {', '.join(t.collections)}" for row, t in zip(rows, types, strict=True)]
 
 
-def _block(k: KeyReport, denominator: int, with_collections: bool) -> str:
+def _block(k: KeyReport, denominator: int, with_collections: bool, names: OptionNames) -> str:
     label = " | ".join(_type_label(t) for t in k.types)
     header = [key_text(k.key), label, f"{count_text(k.documents)} of {count_text(denominator)} documents"]
     if len(k.types) == 1:
@@ -995,22 +1032,30 @@ def _block(k: KeyReport, denominator: int, with_collections: bool) -> str:
     else:
         body = _split(k.types, with_collections)
     remaining = sum(t.remaining_values for t in k.types)
-    tail = [_more(remaining, "value", VALUE_HINT)] if remaining else []
+    tail = [_more(remaining, "value", names.value_hint())] if remaining else []
     return "\n".join(["  ".join(header), *body, *tail])
 
 
-def render(report: MetadataReport, *, filtered: bool, matched: bool = False, key_offset: int = 0) -> str:
-    """The CLI's text for a report (no trailing newline): the `filter:` line when a
-    filter was given, one block per key in coverage order, and the remainder of each
-    windowed list with the flags that reach it. An empty report says why in one line.
+def render(
+    report: MetadataReport,
+    *,
+    filtered: bool,
+    matched: bool = False,
+    key_offset: int = 0,
+    names: OptionNames = CLI_OPTIONS,
+) -> str:
+    """The text for a report (no trailing newline): the `filter:` line when a filter
+    was given, one block per key in coverage order, and the remainder of each windowed
+    list with the options that reach it. An empty report says why in one line.
     `matched`: a match was given (an empty answer then means nothing matched);
-    `key_offset`: the offset asked for, named when it is past the last key."""
+    `key_offset`: the offset asked for, named when it is past the last key; `names`:
+    how the surface showing the text spells its options (the CLI's flags by default)."""
     blocks = []
     if filtered and report.filtered_documents is not None:
         blocks.append(f"filter: {count_text(report.filtered_documents)} of {count_text(report.documents)} documents")
     if report.total_keys == 0:
         if filtered or matched:
-            blocks.append(NO_MATCH)
+            blocks.append(names.no_match())
         elif report.documents == 0:
             blocks.append("No documents in scope.")
         else:
@@ -1022,12 +1067,13 @@ def render(report: MetadataReport, *, filtered: bool, matched: bool = False, key
     elif not report.keys:
         total = report.total_keys
         noun = "key" if total == 1 else "keys"
-        blocks.append(f"No keys at --key-offset {count_text(key_offset)}, {count_text(total)} {noun} in total.")
+        at = names.key_offset.replace("<n>", count_text(key_offset))
+        blocks.append(f"No keys at {at}, {count_text(total)} {noun} in total.")
     denominator = report.filtered_documents if report.filtered_documents is not None else report.documents
     with_collections = len(report.collections) > 1
-    blocks.extend(_block(k, denominator, with_collections) for k in report.keys)
+    blocks.extend(_block(k, denominator, with_collections, names) for k in report.keys)
     if report.remaining_keys:
-        blocks.append(_more(report.remaining_keys, "key", KEY_HINT))
+        blocks.append(_more(report.remaining_keys, "key", names.key_hint()))
     return "\n\n".join(blocks)
 
 

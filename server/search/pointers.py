@@ -129,6 +129,12 @@ def answer_bytes() -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_ANSWER_BYTES
 
 
+def cap_text(cap: int) -> str:
+    """The answer cap as a note says it: whole MiB when exact, else exact bytes."""
+    mib = 1024 * 1024
+    return f"{cap // mib} MiB" if cap % mib == 0 else f"{cap} bytes"
+
+
 def within_answer(pointers: Iterable[Pointer], total: int) -> tuple[list[Pointer], str | None]:
     """The pointers (built lazily, best first) that fit the answer's byte cap, and the
     warning that says where it was cut, if it was; `total` is how many there are."""
@@ -138,11 +144,28 @@ def within_answer(pointers: Iterable[Pointer], total: int) -> tuple[list[Pointer
         used += len(p.snippet.encode()) + (len(p.body.encode()) if p.body is not None else 0)
         if used > cap and kept:
             return kept, (
-                f"answer cut at {len(kept)} of {total} results: it would exceed {cap // (1024 * 1024)} MiB"
+                f"answer cut at {len(kept)} of {total} results: it would exceed {cap_text(cap)}"
                 " (QMD_MAX_ANSWER_BYTES); lower the limit, drop --full, or narrow the query"
             )
         kept.append(p)
     return kept, None
+
+
+def size_comparison(size: int, limit: int) -> str:
+    """`size > limit` in units that keep the comparison true when printed: KB rounded to
+    0, then 1 decimal, and exact bytes when even that reads as equal (or the limit is
+    under a KB), so a note never says `3KB > 3KB` or `0KB > 0KB`. The one helper every
+    size note (CLI, HTTP and MCP alike) is made with."""
+    for digits in (0, 1) if limit >= 1024 else ():  # under a KB, bytes say it plainly
+        a, b = f"{size / 1024:.{digits}f}", f"{limit / 1024:.{digits}f}"
+        if float(a) > float(b):
+            return f"{a}KB > {b}KB"
+    return f"{size} bytes > {limit} bytes"
+
+
+def too_large_note(size: int, limit: int) -> str:
+    """Why a document over a byte limit was left out: `File too large (… > …)`."""
+    return f"File too large ({size_comparison(size, limit)})"
 
 
 def file_uri(collection: str, path: str, index_name: str | None) -> str:
@@ -230,6 +253,11 @@ class Retrieved:
     body: str | None = None
     skipped: bool = False
     reason: str | None = None
+    """Why it was skipped (or matched nothing): never part of `body`."""
+    total_lines: int | None = None
+    """The document's line count; None when it matched nothing."""
+    truncated_lines: int = 0
+    """Lines after `body` left out by `max_lines`: `body` is exactly the first lines."""
 
     @property
     def error(self) -> bool:

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from qmd.server.config import Config
 from qmd.server.errors import InvalidInput, NotFound, QmdError
-from qmd.server.search.pointers import DocumentText, Retrieved, answer_bytes, document_ref, file_uri
+from qmd.server.search.pointers import (
+    DocumentText,
+    Retrieved,
+    answer_bytes,
+    cap_text,
+    document_ref,
+    file_uri,
+    too_large_note,
+)
 from qmd.server.store import catalog
 from qmd.server.store.db import IndexStore
 from qmd.server.store.documents import (
@@ -110,24 +118,26 @@ def multi_get(
     for doc in docs:
         ref = document_ref(doc, cfg, label)
         size = len(doc.body.encode("utf-8"))
+        total = doc.body.count("\n") + 1
         if size > max_bytes:
-            reason = f"File too large ({round(size / 1024)}KB > {round(max_bytes / 1024)}KB)"
-            items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason))
+            items.append(
+                Retrieved(ref.file, ref, size, skipped=True, reason=too_large_note(size, max_bytes), total_lines=total)
+            )
             continue
         sent += size
         if sent > cap:
             reason = (
-                f"answer size cap reached ({cap // (1024 * 1024)} MiB, QMD_MAX_ANSWER_BYTES): "
+                f"answer size cap reached ({cap_text(cap)}, QMD_MAX_ANSWER_BYTES): "
                 "narrow the pattern, or read this one with get"
             )
-            items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason))
+            items.append(Retrieved(ref.file, ref, size, skipped=True, reason=reason, total_lines=total))
             continue
-        body = doc.body
-        if max_lines is not None:
-            lines = body.split("\n")
-            if len(lines) > max_lines:
-                body = "\n".join(lines[:max_lines]) + f"\n\n[... truncated {len(lines) - max_lines} more lines]"
-        items.append(Retrieved(ref.file, ref, size, body))
+        # The body is exactly the file's first lines: what was cut is a count beside it,
+        # never a note inside it that numbering would take for a line of the file.
+        body, cut = doc.body, 0
+        if max_lines is not None and total > max_lines:
+            body, cut = "\n".join(doc.body.split("\n", max_lines)[:max_lines]), total - max_lines
+        items.append(Retrieved(ref.file, ref, size, body, total_lines=total, truncated_lines=cut))
     return items
 
 
