@@ -427,6 +427,13 @@ class SearchResponse(TypedDict):
     editor_uri: NotRequired[str | None]
 
 
+class SettingsOut(TypedDict):
+    """`GET /v1/settings`: behind the token and same-user checks, unlike `/health`, since
+    model paths and trust overrides are nobody else's business."""
+
+    settings: dict[str, str]
+
+
 class SkippedFile(TypedDict):
     path: str
     reason: str

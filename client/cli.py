@@ -40,6 +40,7 @@ class Ctx:
             self._daemon = Daemon(self.index)
             if self.no_gpu:
                 self._check_no_gpu(self._daemon)
+            self._check_settings(self._daemon)
         return self._daemon
 
     def call(self, method: str, path: str, body: Any = None, params: dict | None = None) -> Any:
@@ -77,6 +78,30 @@ class Ctx:
             "Run 'qmd daemon stop', then this command again, to apply it.",
             err=True,
         )
+
+    def _check_settings(self, d: Daemon) -> None:
+        """A daemon-read `QMD_*` variable (qmd.settings) set here reaches a daemon this command
+        starts; one already running keeps the value it started with, so say so, once per
+        variable. Costs a /health only when this environment sets one of them."""
+        from qmd.settings import DAEMON_SETTINGS, differences
+
+        if not any(name in os.environ for name in DAEMON_SETTINGS):
+            return
+        try:
+            health = d.health()
+            if health is None:
+                return  # none runs: the one this command starts inherits this environment
+            started: api.SettingsOut = d.call("GET", "/v1/settings")
+        except ClientError:
+            return  # the command's own call says what is wrong (or a qmdd from before the report)
+        skip = frozenset({"QMD_FORCE_CPU"}) if self.no_gpu else frozenset()  # --no-gpu says its own
+        for name, theirs in differences(started["settings"], skip=skip):
+            was = f"with {name}={theirs}" if theirs is not None else f"without {name}"
+            click.echo(
+                f"{name}: the running daemon (PID {health['pid']}) was started {was} and keeps its setting. "
+                "Run 'qmd daemon restart' to apply yours.",
+                err=True,
+            )
 
     def summary(self) -> None:
         """With -v, after the command: the inference backend, the models loaded (and how long
@@ -1509,22 +1534,44 @@ def _exec_qmdd(c: Ctx, *args: str) -> None:
     os.execv(sys.executable, [sys.executable, "-m", DAEMON_MODULE, *index, *args])
 
 
-def _stop(c: Ctx) -> None:
-    """Stop by pidfile: no authenticated connection, so no token is needed to stop your own daemon
-    (an index served by a daemon that started for another is found by its unauthenticated /health)."""
+def _locate(c: Ctx) -> tuple[Any, dict | None, dict | None]:
+    """The daemon `qmd daemon stop|status|restart` means: (the paths of the index whose pidfile
+    names it, that record, its /health). Found by the index's pidfile, else by asking the port's
+    unauthenticated /health which index started it, so a daemon a `qmd --index work …` started is
+    found from any index; one no pidfile names (another user's) is an error, never signalled."""
     from qmd.paths import IndexPaths
-    from qmd.pidfile import read_pidfile, stop_daemon
+    from qmd.pidfile import locate_daemon
     from qmd.spawn import probe_health
 
     try:
         paths = IndexPaths.resolve(c.index)
     except ValueError as e:
         raise ClientError(str(e)) from e
-    if read_pidfile(paths) is None:
-        # One daemon serves every index: the one on the port may have started for another.
-        health = probe_health(*address())
-        if health and paths.name in health.get("indexes", []):
-            paths = IndexPaths.resolve(health["indexes"][0])
+    on_port = probe_health(*address())
+    paths, info, problem = locate_daemon(paths, on_port)
+    if problem is not None:
+        raise ClientError(problem)
+    health = on_port
+    if info is not None and (on_port or {}).get("pid") != info["pid"]:
+        health = probe_health(info.get("host") or "localhost", int(info.get("port") or 0))  # it serves another port
+    return paths, info, health
+
+
+def _settings_of(c: Ctx) -> dict[str, str]:
+    """The running daemon's settings (`/v1/settings`, behind the same-user check), or none
+    when it will not say (another user's token, or a qmdd from before the report)."""
+    try:
+        started: api.SettingsOut = c.daemon.call("GET", "/v1/settings")
+    except ClientError:
+        return {}
+    return started["settings"]
+
+
+def _stop(c: Ctx) -> None:
+    """Stop by pidfile: no authenticated connection, so no token is needed to stop your own daemon."""
+    from qmd.pidfile import stop_daemon
+
+    paths, _info, _health = _locate(c)
     code, message = stop_daemon(paths)
     click.echo(message, err=code != 0)
     sys.exit(code)
@@ -1609,18 +1656,90 @@ def index_copy(c: Ctx, source: str, destination: str, replace: bool, as_json: bo
 
 @cli.group()
 def daemon() -> None:
-    """Stop the background daemon (qmdd). Any command starts it again."""
+    """The background daemon (qmdd): its status, stop and restart. Any command starts it.
+
+    One daemon serves every index, whichever index started it: these find it by the
+    pidfile of the index given, else by asking the daemon on the port.
+    """
 
 
 @daemon.command("stop")
 @pass_ctx
 def daemon_stop(c: Ctx) -> None:
-    """SIGTERM the daemon named by the pidfile and wait for it to exit.
+    """SIGTERM the daemon and wait for it to exit.
 
-    Only a process whose pid and start time both match the pidfile is signalled,
+    Only a process whose pid and start time both match its pidfile is signalled,
     so a pid the system has since given to another program is left alone.
     """
     _stop(c)
+
+
+@daemon.command("status")
+@click.option("--json", "as_json", is_flag=True, help="As JSON: pid, index, address, version, uptime, settings.")
+@pass_ctx
+def daemon_status(c: Ctx, as_json: bool) -> None:
+    """Whether a daemon runs (exit 0) or not (exit 1): its PID, the index it started for,
+    the indexes it has open, and the QMD_* settings it started with."""
+    paths, info, health = _locate(c)
+    if info is None:
+        if as_json:
+            _out(json.dumps({"running": False}))
+        else:
+            click.echo("Not running.")
+        sys.exit(1)
+    host, port = info.get("host") or "localhost", info.get("port")
+    out = {
+        "running": True,
+        "pid": info["pid"],
+        "index": paths.name,
+        "url": f"http://{host}:{port}",
+        "version": (health or {}).get("version", info.get("version")),
+        "uptime": (health or {}).get("uptime"),
+        "indexes": (health or {}).get("indexes", []),
+        "settings": _settings_of(c),
+        "log": str(paths.logfile),
+    }
+    if as_json:
+        _out(json.dumps(out, indent=2))
+        return
+    up = f", up {out['uptime']} s" if out["uptime"] is not None else ""
+    click.echo(f"Running: qmdd {out['version']} (PID {out['pid']}) on {out['url']}{up}")
+    click.echo(f"Started for index: {paths.name}")
+    if out["indexes"]:
+        click.echo(f"Indexes open: {', '.join(out['indexes'])}")
+    settings = out["settings"]
+    click.echo("Settings: " + (", ".join(f"{k}={v}" for k, v in settings.items()) if settings else "(none set)"))
+    click.echo(f"Log: {out['log']}")
+
+
+@daemon.command("restart")
+@pass_ctx
+def daemon_restart(c: Ctx) -> None:
+    """Stop the daemon and start it again, as a command would (this environment's QMD_*
+    settings, the same index and port): how a changed setting reaches it.
+
+    Starts one if none runs.
+    """
+    from qmd.paths import DEFAULT_HOST, DEFAULT_INDEX
+    from qmd.pidfile import stop_daemon
+    from qmd.spawn import SpawnError, daemon_lock, spawn_daemon
+
+    paths, info, _health = _locate(c)
+    if info is not None:
+        host, port = str(info.get("host") or DEFAULT_HOST), int(info["port"])
+    else:
+        host, port = os.environ.get("QMD_HOST") or DEFAULT_HOST, address()[1]
+    with daemon_lock(paths):
+        if info is not None:
+            code, message = stop_daemon(paths)
+            click.echo(message, err=code != 0)
+            if code != 0:
+                sys.exit(code)
+        try:
+            health = spawn_daemon(paths, host, port, ["--index", paths.name] if paths.name != DEFAULT_INDEX else [])
+        except SpawnError as e:
+            raise ClientError(e.message) from None
+    click.echo(f"Started on http://{host}:{port} (PID {health['pid']})")
 
 
 @cli.command("completion")

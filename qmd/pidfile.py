@@ -113,6 +113,44 @@ def stop_daemon(paths: IndexPaths, timeout: float = STOP_TIMEOUT_S) -> tuple[int
     return 0, f"Stopped qmdd (PID {pid})."
 
 
+def locate_daemon(paths: IndexPaths, health: dict | None) -> tuple[IndexPaths, dict | None, str | None]:
+    """Which daemon `qmd daemon stop|status|restart` means: (the paths of the index whose
+    pidfile names it, that live record or None, why it cannot be handled or None).
+
+    The index's own pidfile first (`qmd --index work daemon stop` stops work's daemon,
+    whatever port it is on); else the daemon answering on the port (`health`, its
+    unauthenticated /health), which one daemon serving every index may have started for
+    another index: its pidfile is that index's, the first `/health` names, and counts
+    only if it names the same pid. A daemon no pidfile of this user names is never signalled.
+    """
+    info = read_pidfile(paths)
+    if info is not None and is_running(info.get("pid"), info.get("start_time")):
+        return paths, info, None
+    pid = (health or {}).get("pid")
+    if not isinstance(pid, int):
+        return paths, None, None
+    indexes = (health or {}).get("indexes") or []
+    if indexes and isinstance(indexes[0], str):
+        try:
+            started = IndexPaths.resolve(indexes[0])
+        except ValueError:
+            started = None
+        record = read_pidfile(started) if started is not None else None
+        if (
+            started is not None
+            and record is not None
+            and record.get("pid") == pid
+            and is_running(pid, record.get("start_time"))
+        ):
+            return started, record, None
+    return (
+        paths,
+        None,
+        f"the qmd daemon on the port (PID {pid}) is named by none of your pidfiles in {paths.cache_dir} "
+        "(another user's, or started with other XDG dirs): not signalling it.",
+    )
+
+
 def write_pidfile(paths: IndexPaths, host: str, port: int, version: str) -> None:
     private_dir(paths.cache_dir)
     tmp = paths.pidfile.with_suffix(".tmp")

@@ -270,3 +270,51 @@ def test_k8s_probes_send_a_host_the_guard_accepts(env: Env) -> None:
         assert d.http.get("/health", headers={"Host": "qmd.default.svc:8181"}).status_code == 200
     finally:
         d.stop()
+
+
+@pytest.mark.slow
+def test_daemon_stop_finds_the_daemon_another_index_started(lifecycle: Env) -> None:
+    """Issue 31: a daemon `qmd --index work …` started serves the port, and the default index
+    with it; `qmd daemon stop` stops exactly it, not 'Not running (no PID file)'."""
+    env = lifecycle
+    env.ok("--index", "work", "collection", "list")  # autostarts the one daemon, for index work
+    pid = json.loads(pidfile(env, "work").read_text())["pid"]
+    assert health(env)["pid"] == pid and not pidfile(env).exists()
+    assert env.ok("daemon", "stop").strip() == f"Stopped qmdd (PID {pid})."
+    assert health(env) is None and not pidfile(env, "work").exists()
+
+
+@pytest.mark.slow
+def test_daemon_status_and_restart_find_the_daemon_another_index_started(lifecycle: Env) -> None:
+    env = lifecycle
+    assert env.qmd("daemon", "status").returncode == 1
+    env.ok("--index", "work", "collection", "list")
+    pid = json.loads(pidfile(env, "work").read_text())["pid"]
+    out = env.ok("daemon", "status")
+    assert f"(PID {pid}) on http://localhost:{env.port}" in out and "Started for index: work" in out
+    status = env.json("daemon", "status", "--json")
+    assert status["pid"] == pid and status["index"] == "work" and status["indexes"][0] == "work"
+
+    out = env.ok("daemon", "restart")  # from the default index: the same daemon, for work again
+    stopped, started = out.splitlines()
+    assert stopped == f"Stopped qmdd (PID {pid})."
+    new = int(started.rsplit("PID ", 1)[1].rstrip(")"))
+    assert new != pid and health(env)["pid"] == new
+    assert json.loads(pidfile(env, "work").read_text())["pid"] == new and not pidfile(env).exists()
+    assert health(env)["indexes"][0] == "work"  # restarted for the index that started it
+    assert env.json("--index", "work", "daemon", "status", "--json")["pid"] == new
+
+
+@pytest.mark.slow
+def test_a_daemon_no_pidfile_names_is_never_signalled(env: Env) -> None:
+    """A daemon on the port whose pidfile is not this user's (here: other XDG dirs) is left alone."""
+    other = env.base / "other-cache"
+    d = Daemon(env, extra_env={"XDG_CACHE_HOME": str(other)})
+    try:
+        for command in (("daemon", "stop"), ("daemon", "restart")):
+            r = env.qmd(*command)
+            assert r.returncode == 1, r.stdout
+            assert f"the qmd daemon on the port (PID {d.pid}) is named by none of your pidfiles" in r.stderr
+        assert d.proc.poll() is None and health(env)["pid"] == d.pid
+    finally:
+        d.stop()

@@ -77,6 +77,7 @@ from qmd.server.http.wire import (
     ResultOut,
     SearchRequest,
     SearchResponse,
+    SettingsOut,
     StatusOut,
     TrustApprove,
     TrustOut,
@@ -105,6 +106,7 @@ from qmd.server.search.discovery import render_key_names, render_overview
 from qmd.server.search.hybrid import HybridOutcome, QueryOptions
 from qmd.server.search.querydoc import QueryDoc
 from qmd.server.status import CollectionInfo, Doctor
+from qmd.settings import daemon_settings
 from qmd.version import __version__
 
 router = APIRouter()
@@ -266,6 +268,12 @@ def status(request: Request) -> StatusOut:
     daemon = DaemonOut(pid=os.getpid(), uptime=int(time.time() - e.started), url=str(request.base_url).rstrip("/"))
     st = e.status()
     return extended(StatusOut, st, collections=_with_key_names(e, st.collections), daemon=daemon)
+
+
+@router.get("/v1/settings", response_model=SettingsOut, **CLI_ANSWER)
+def settings() -> SettingsOut:
+    """The daemon-read settings it started with, for the CLI to compare with its own."""
+    return SettingsOut(settings=daemon_settings())
 
 
 def _with_key_names(e: Engine, collections: Sequence[CollectionInfo]) -> list[CollectionOut]:

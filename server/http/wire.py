@@ -480,7 +480,16 @@ class Health(Response):
     index: str
     """The index this request named (the daemon's default when it named none)."""
     indexes: list[str]
-    """Every index open in this daemon now, its default first."""
+    """Every index open in this daemon now, its default first (the one whose pidfile it wrote)."""
+
+
+class SettingsOut(Response):
+    """`GET /v1/settings`: behind the token and same-user checks, unlike `/health`, since
+    model paths and trust overrides are nobody else's business."""
+
+    settings: dict[str, str]
+    """The daemon-read `QMD_*` variables it started with (`qmd.settings`; secrets as a hash):
+    the CLI says when its own environment has another value, which this daemon ignores."""
 
 
 class StageOut(Response):
