@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from qmd.version import __version__
 
 if TYPE_CHECKING:
+    from qmd.server.config import Context
     from qmd.server.errors import (
         Conflict,
         Forbidden,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     )
     from qmd.server.ingest.embed_job import EmbedReport
     from qmd.server.ingest.indexer import Summary
-    from qmd.server.library import Index, open
+    from qmd.server.library import ExpandedQuery, Index, open
     from qmd.server.quality import BenchReport
     from qmd.server.search.discovery import KeyReport, MetadataReport, TypeReport
     from qmd.server.search.hybrid import HybridOutcome, Stage
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "open": "qmd.server.library",
     "Index": "qmd.server.library",
+    "ExpandedQuery": "qmd.server.library",
+    "Context": "qmd.server.config",
     "Pointer": "qmd.server.search.pointers",
     "DocumentRef": "qmd.server.search.pointers",
     "DocumentText": "qmd.server.search.pointers",
@@ -72,6 +75,8 @@ __all__ = [
     "__version__",
     "open",
     "Index",
+    "ExpandedQuery",
+    "Context",
     "Pointer",
     "DocumentRef",
     "DocumentText",

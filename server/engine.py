@@ -156,8 +156,11 @@ class Engine:
 
     # -- collections --------------------------------------------------------
 
-    def create_collection(self, path: str, name: str | None = None, pattern: str | None = None) -> Collection:
-        """Validate and record a new collection; indexing it is a separate `update`."""
+    def create_collection(
+        self, path: str, name: str | None = None, pattern: str | None = None, ignore: tuple[str, ...] = ()
+    ) -> Collection:
+        """Validate and record a new collection (`ignore`: globs of files left out of it);
+        indexing it is a separate `update`."""
         root = collection_folder(path)
         name = validate_collection_name(name or root.name or "root")
         pattern = (pattern or DEFAULT_PATTERN).strip()
@@ -167,7 +170,7 @@ class Engine:
             cfg = self.config
             cfg.check_new(name, root, pattern)
             project = self.paths.project_root
-            coll = Collection(name=name, path=stored_path(root, project), pattern=pattern, base=project)
+            coll = Collection(name=name, path=stored_path(root, project), pattern=pattern, base=project, ignore=ignore)
             self._save(cfg.with_collection(coll))
         self._watch_changed()
         return coll
@@ -333,7 +336,7 @@ class Engine:
         unused: tuple[None, str] = (None, "")
         stages = Legs(
             *self._vector_leg(opts.collections),
-            *(self._expander(cfg) if doc.mode == "expand" else unused),
+            *(self.expander(cfg) if doc.mode == "expand" else unused),
             *(self.reranker(cfg) if opts.rerank is not False else unused),
             backlog=self.worker.backlog,
         )
@@ -359,7 +362,7 @@ class Engine:
             return None, state.message
         return legs.vector_leg(self.store, emb, spaces, state.message if state.pending else None), ""
 
-    def _expander(self, cfg: Config) -> tuple[Expander | None, str]:
+    def expander(self, cfg: Config) -> tuple[Expander | None, str]:
         """The query expander, or why there is none (announced as a skipped stage)."""
         try:
             model = self.models.generator(self.usable_config(cfg))

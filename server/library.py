@@ -19,18 +19,20 @@ config or cache, so embedding qmd in an application has no side effects on it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from qmd.paths import DEFAULT_INDEX, IndexPaths, cache_root
-from qmd.server.config import Config, ConfigFile, ConfigSource, MemoryConfig, is_index_url
+from qmd.server.config import Config, ConfigFile, ConfigSource, Context, MemoryConfig, is_index_url
 from qmd.server.engine import Engine
-from qmd.server.errors import InvalidInput
+from qmd.server.errors import InvalidInput, Unavailable
 from qmd.server.ingest.embed_job import EmbedReport
 from qmd.server.ingest.indexer import Summary
+from qmd.server.models.worker import WorkerClient
 from qmd.server.quality import BACKENDS, BenchReport, BenchSpec
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
 from qmd.server.search.filters import Filter, parse_filter, parse_match
@@ -46,12 +48,22 @@ from qmd.server.text.chunking import ChunkStrategy
 Progress = Callable[[dict[str, Any]], None]
 
 
+class ExpandedQuery(NamedTuple):
+    """One typed sub-query an expansion wrote (the seed's `ExpandedQuery`): a pair, so a
+    list of them is what `Index.query(searches=…)` takes."""
+
+    type: SubQueryType
+    """`lex` (keywords for BM25), `vec` (a question to embed) or `hyde` (a passage a relevant document would hold)."""
+    query: str
+
+
 def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connect`
     index: str | os.PathLike[str],
     *,
     collections: Mapping[str, Mapping[str, Any]] | None = None,
     config: str | os.PathLike[str] | None = None,
     models: Mapping[str, str] | None = None,
+    verbose: bool = False,
 ) -> Index:
     """Open (or create) the index at `index`: a SQLite file, or a Postgres server's
     ``postgresql://…`` URL (the `postgres` extra).
@@ -61,6 +73,10 @@ def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connec
     (changes are saved there); with neither, the collections are those the index file
     recorded when it was last written. `models` (`{"embed": uri, "generate": uri,
     "rerank": uri}`) goes with inline collections; a YAML file has its own `models:`.
+    `verbose=True` lets llama.cpp's own log (warnings about a model file, such as
+    `special_eos_id is not in special_eog_ids`) through as warnings of the `qmd.inference`
+    logger, which reach stderr unless logging is configured; by default they are logged at
+    DEBUG only.
     """
     url = str(index) if is_index_url(str(index)) else None
     db = cache_root() / "index.sqlite" if url else Path(index).expanduser()
@@ -80,7 +96,8 @@ def open(  # noqa: A001 - `qmd.open` reads as what it does, like `sqlite3.connec
             source = MemoryConfig(Config.from_yaml(raw, Path("collections")))
         else:
             source = MemoryConfig(_recorded_config(store, models))
-        return Index(Engine(paths, source, store=store))
+        worker = WorkerClient(native_log_level=logging.WARNING if verbose else logging.DEBUG)
+        return Index(Engine(paths, source, store=store, worker=worker), worker)
     except BaseException:
         store.close()
         raise
@@ -97,8 +114,10 @@ class Index:
     """An open index. Use it as a context manager, or call `close()`: it stops the
     writer thread and, if a model was used, the inference worker."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, worker: WorkerClient | None = None) -> None:
         self.engine = engine
+        self._worker = worker
+        """The inference worker `open` made for this index (the engine does not own one it was given)."""
 
     def __enter__(self) -> Index:
         return self
@@ -109,14 +128,26 @@ class Index:
         self.close()
 
     def close(self) -> None:
-        self.engine.close()
+        try:
+            self.engine.close()
+        finally:
+            if self._worker is not None:
+                self._worker.close()
 
     # -- collections and contexts ---------------------------------------------------
 
-    def add_collection(self, name: str, path: str | os.PathLike[str], *, pattern: str | None = None) -> CollectionInfo:
-        """Record a folder as a collection; `update()` indexes it."""
-        self.engine.create_collection(os.fspath(path), name, pattern)
-        return self.collection(name)
+    def add_collection(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        pattern: str | None = None,
+        ignore: Sequence[str] | None = None,
+    ) -> CollectionInfo:
+        """Record a folder as a collection; `update()` indexes it. `ignore` holds globs
+        (relative to the folder, as `index.yml`'s `ignore:`) of files left out of it."""
+        coll = self.engine.create_collection(os.fspath(path), name, pattern, _ignore_globs(ignore))
+        return self.collection(coll.name)
 
     def remove_collection(self, name: str) -> int:
         """Forget a collection and its documents; returns how many documents left the index."""
@@ -139,6 +170,11 @@ class Index:
 
     def remove_context(self, target: str) -> None:
         self.engine.remove_context(target, None)
+
+    def list_contexts(self) -> list[Context]:
+        """Every context: the global one first (`collection` None, `path` ""), then each
+        collection's, by path within it (`""` for the whole collection)."""
+        return self.engine.list_contexts()
 
     # -- indexing -------------------------------------------------------------------
 
@@ -236,6 +272,22 @@ class Index:
         )
         return self.engine.query(doc, opts)
 
+    def expand_query(self, query: str) -> list[ExpandedQuery]:
+        """The typed sub-queries the generate model writes for `query`: the expansion the
+        hybrid query runs (same prompt, parser and cache), to look at or edit before
+        `query(searches=…)`. When the model wrote nothing usable, the query itself as
+        `lex` and `vec` (as the hybrid query searches then). Raises `Unavailable` when
+        there is no generate model to run."""
+        doc = parse_query(query)
+        if doc.mode != "expand":
+            raise InvalidInput("expand_query takes a plain query, not a query document: its lines are typed already")
+        expander, why = self.engine.expander(self.engine.config)  # the hybrid query's own, cached per model
+        if expander is None:
+            raise Unavailable(why)
+        with self.engine.worker.searching():
+            expansion = expander.expand(doc.query)
+        return [ExpandedQuery(kind, text) for kind, text in expansion.lines]
+
     def metadata(
         self,
         *,
@@ -323,6 +375,16 @@ class Index:
 
     def status(self) -> IndexStatus:
         return self.engine.status()
+
+
+def _ignore_globs(ignore: Sequence[str] | None) -> tuple[str, ...]:
+    """`ignore=` as the collection keeps it; one glob may come as a string, as in YAML."""
+    if ignore is None:
+        return ()
+    globs = [ignore] if isinstance(ignore, str) else list(ignore)
+    if not all(isinstance(g, str) and g.strip() for g in globs):
+        raise InvalidInput("'ignore' takes globs such as 'drafts/**' (non-empty strings)")
+    return tuple(g.strip() for g in globs)
 
 
 def _filter(raw: Mapping[str, Any] | None) -> Filter | None:

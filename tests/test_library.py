@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NOTES, ROOT, write
+from conftest import MODELS_DIR, NOTES, ROOT, require, write
 
 import qmd
 
@@ -126,3 +126,107 @@ def test_two_indexes_in_one_process(tmp_path: Path) -> None:
         ib.update()
         assert [h.doc.file for h in ia.search("zebra").hits] == ["qmd://a/x.md"]
         assert [h.doc.file for h in ib.search("zebra").hits] == ["qmd://b/y.md"]
+
+
+def test_add_collection_ignore_leaves_files_out(tmp_path: Path, notes: Path) -> None:
+    """The seed's `addCollection(name, {path, pattern, ignore})`: the globs are the collection's
+    `ignore:`, saved in the YAML and recorded in the index, and `update` leaves those files out."""
+    yml, db = tmp_path / "qmd.yml", tmp_path / "i.sqlite"
+    with qmd.open(db, config=yml) as index:
+        info = index.add_collection("notes", notes, pattern="**/*.md", ignore=["work/**", "ideas.md"])
+        assert info.ignore == ["work/**", "ideas.md"] and info.pattern == "**/*.md"
+        [summary] = index.update()
+        assert summary.indexed == len(NOTES) - 2
+        assert index.search("release").hits == [] and index.search("startup").hits[0].doc.path == "fundraising.md"
+        assert index.add_collection("one", write(tmp_path / "one", {"a.md": "# A\n"}), ignore="x/**").ignore == [
+            "x/**"
+        ], "one glob as in YAML"
+        with pytest.raises(qmd.InvalidInput, match="ignore"):
+            index.add_collection("bad", write(tmp_path / "bad", {"b.md": "# B\n"}), ignore=[""])
+        assert "bad" not in [c.name for c in index.collections()], "a refused ignore records nothing"
+    assert "ignore:" in yml.read_text() and "work/**" in yml.read_text()
+    with qmd.open(db) as index:  # index-only: the ignores the index recorded
+        assert index.collection("notes").ignore == ["work/**", "ideas.md"]
+
+
+def test_list_contexts(tmp_path: Path, notes: Path) -> None:
+    """The seed's `listContexts()`: every context as a `qmd.Context` (collection, path, text),
+    the global one first with collection None."""
+    inline = {"notes": {"path": str(notes), "context": {"cooking": "Recipes"}}}
+    with qmd.open(tmp_path / "i.sqlite", collections=inline) as index:
+        assert index.list_contexts() == [qmd.Context("notes", "cooking", "Recipes")]
+        index.add_context("/", "Personal notes")
+        index.add_context("qmd://notes/work", "Work meetings")
+        contexts = index.list_contexts()
+        assert contexts == [
+            qmd.Context(None, "", "Personal notes"),
+            qmd.Context("notes", "cooking", "Recipes"),
+            qmd.Context("notes", "work", "Work meetings"),
+        ]
+        assert all(isinstance(c, qmd.Context) for c in contexts)
+        index.remove_context("qmd://notes/cooking")
+        index.remove_context("/")
+        assert index.list_contexts() == [qmd.Context("notes", "work", "Work meetings")]
+
+
+@pytest.mark.slow
+def test_expand_query_is_the_hybrid_querys_expansion(tmp_path: Path, notes: Path, smollm_model: Path) -> None:
+    """The seed's `expandQuery`: typed sub-queries from the generate model, the very lines the
+    hybrid query expands into, and a list `query(searches=…)` takes as it is."""
+    with qmd.open(
+        tmp_path / "i.sqlite", collections={"notes": {"path": str(notes)}}, models={"generate": str(smollm_model)}
+    ) as index:
+        index.update()
+        expanded = index.expand_query("sourdough baking")
+        assert expanded and all(isinstance(e, qmd.ExpandedQuery) for e in expanded)
+        assert {e.type for e in expanded} <= {"lex", "vec", "hyde"} and all(e.query.strip() for e in expanded)
+        out = index.query("sourdough baking", expand=True, rerank=False, intent="bread recipes")
+        [stage] = [s for s in out.stages if s.stage == "expand"]
+        assert stage.status in ("cached", "ran"), stage  # the cache is written behind the call (llm_cache)
+        assert out.expansion == [tuple(e) for e in expanded]
+        assert index.expand_query("expand: sourdough baking") == expanded, "the hybrid query's `expand:` form"
+        typed = index.query(searches=[e for e in expanded if e.type == "lex"], rerank=False)
+        assert typed.hits[0].doc.path == "cooking/bread.md"
+        with pytest.raises(qmd.InvalidInput, match="query document"):
+            index.expand_query("lex: bread\nvec: how to bake bread")
+
+
+def test_expand_query_without_a_generate_model_is_unavailable(tmp_path: Path, notes: Path) -> None:
+    missing = tmp_path / "missing.gguf"
+    with qmd.open(
+        tmp_path / "i.sqlite", collections={"notes": {"path": str(notes)}}, models={"generate": str(missing)}
+    ) as index:
+        with pytest.raises(qmd.Unavailable, match="query expansion unavailable"):
+            index.expand_query("sourdough")
+        with pytest.raises(qmd.InvalidInput, match="empty"):
+            index.expand_query("  ")
+
+
+_EMBED_AND_SEARCH = """
+import sys, qmd
+kw = {"verbose": True} if sys.argv[1] == "verbose" else {}
+with qmd.open(sys.argv[2], collections={"notes": {"path": sys.argv[3]}}, models={"embed": sys.argv[4]}, **kw) as ix:
+    ix.update()
+    ix.embed()
+    print(ix.vsearch("angel investors").hits[0].doc.path)
+"""
+
+
+@pytest.mark.slow
+def test_llama_cpp_log_is_silent_unless_verbose(tmp_path: Path, notes: Path) -> None:
+    """llama.cpp's own log (the MiniLM GGUF makes it say `special_eos_id is not in special_eog_ids`)
+    stays off a library user's stderr; `verbose=True` lets it through."""
+    embed = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM test embedder (../shared/models)")
+
+    def run(mode: str) -> str:
+        args = [mode, str(tmp_path / f"{mode}.sqlite"), str(notes), str(embed)]
+        r = subprocess.run(
+            [sys.executable, "-c", _EMBED_AND_SEARCH, *args], capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "fundraising.md"
+        return r.stderr
+
+    quiet = run("quiet")
+    assert "special_eos_id" not in quiet and "inference worker" not in quiet, quiet
+    assert "special_eos_id is not in special_eog_ids" in run("verbose")

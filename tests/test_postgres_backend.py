@@ -4,12 +4,18 @@ test's index on Postgres: `QMD_TEST_BACKEND=postgres`, tests/conftest.py.)"""
 
 from __future__ import annotations
 
+import itertools
+import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -160,11 +166,82 @@ def test_filters_compare_values_as_sqlite_does(pg_index: str, tmp_path: Path) ->
     assert (n.range, [v.value for v in by_value.values]) == (NumberRange(2.5, 3, 10), [2.5, 3, 10])
 
 
+_ROLES = itertools.count()
+
+
+@contextmanager
+def plain_role(server: str, database: str) -> Iterator[str]:
+    """`database` (a URL) as a role of its own: LOGIN, not a superuser, not the database's owner,
+    allowed to make tables in its schema public (Postgres 15 grants nobody that); dropped after,
+    with what it made."""
+    role = f"qmd_plain_{os.getpid()}_{next(_ROLES)}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+    try:
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+        parts = urlsplit(database)
+        yield urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname or ''}"))
+    finally:
+        with psycopg.connect(database, autocommit=True) as conn:  # what it made there, and its grant
+            conn.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_an_index_creates_the_vector_extension_when_its_role_may(postgres_url: str) -> None:
+    """pgvector installed on the server but not created in the database: opening the index
+    creates it (the tests' role is a superuser), and vector spaces work at once."""
+    with new_database(postgres_url) as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DROP EXTENSION vector")
+        store = PgStore(url)
+        try:
+            assert store.vec_version is not None and store.vec_version.startswith("pgvector 0.8")
+            assert store.vector_missing is None
+            space = store.write(lambda conn: vectors.ensure_space(conn, "fp", "m", 4))
+            assert store.checks()[1].ok and space.dims == 4
+        finally:
+            store.close()
+
+
+def test_a_role_that_may_not_create_the_vector_extension_is_told_the_sql(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role that is neither a superuser nor the owner cannot create pgvector's extension:
+    the index opens (keyword search needs none), and the warning and `doctor` name the exact
+    SQL and who can run it, which, run as said, makes vector search available."""
+    with new_database(postgres_url, vector=False) as url, plain_role(postgres_url, url) as as_role:
+        role, database = urlsplit(as_role).username, urlsplit(url).path.lstrip("/")
+        with caplog.at_level(logging.WARNING, logger="qmd.pg"):
+            store = PgStore(as_role)
+        try:
+            assert store.vec_version is None
+            why = store.vector_missing
+            assert why is not None
+            assert f"role {role!r} may not create it" in why and "a superuser can" in why, why
+            assert f"`CREATE EXTENSION vector;` in database {database!r}" in why, why
+            assert why in caplog.text and "vector search is unavailable" in caplog.text
+            assert not store.checks()[1].ok and why in store.checks()[1].what
+        finally:
+            store.close()
+        sql = why.split("`")[-2]
+        with psycopg.connect(url, autocommit=True) as conn:  # a superuser runs what the message says
+            conn.execute(sql)
+        store = PgStore(as_role)
+        try:
+            assert store.vec_version is not None and store.vector_missing is None
+            store.write(lambda conn: vectors.ensure_space(conn, "fp", "m", 4))
+        finally:
+            store.close()
+
+
 def test_without_pgvector_keyword_search_answers_and_vectors_are_announced(postgres_url: str, tmp_path: Path) -> None:
     notes = write(tmp_path / "notes", NOTES)
     with (
         new_database(postgres_url, vector=False) as url,
-        qmd.open(url, collections={"notes": {"path": str(notes)}}) as index,
+        plain_role(postgres_url, url) as as_role,  # a superuser would create the extension on open
+        qmd.open(as_role, collections={"notes": {"path": str(notes)}}) as index,
     ):
         index.update()
         assert index.search("fundraising").hits
@@ -244,7 +321,11 @@ def test_doctor_checks_the_server_its_extension_and_the_hnsw_indexes(
         space = store.write(lambda conn: vectors.ensure_space(conn, "fp", "m", 4))
         store.write(lambda conn: conn.execute(f"DROP INDEX vectors_s{space.id}_hnsw"))
         assert not store.checks()[2].ok and f"vectors_s{space.id}" in store.checks()[2].what
-    with new_database(postgres_url, vector=False) as url, qmd.open(url) as index:
+    with (
+        new_database(postgres_url, vector=False) as url,
+        plain_role(postgres_url, url) as as_role,  # a superuser would create the extension on open
+        qmd.open(as_role) as index,
+    ):
         checks = index.engine.store.checks()
         assert not checks[1].ok and "CREATE EXTENSION vector" in checks[1].what
 

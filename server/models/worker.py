@@ -559,11 +559,17 @@ class WorkerClient:
         force_cpu: bool | None = None,
         gpu: str | None = None,
         parallelism: int | None = None,
+        native_log_level: int = logging.WARNING,
     ) -> None:
         """Arguments left as None come from QMD_IDLE_SECONDS (300), QMD_THREADS (usable cores),
         QMD_FORCE_CPU, QMD_LLAMA_GPU (`gpu_choice`) and QMD_EMBED_PARALLELISM (`embed_parallelism`);
         the deadlines from QMD_WORKER_TIMEOUT, QMD_WORKER_ITEM_TIMEOUT, QMD_WORKER_LOAD_TIMEOUT,
-        QMD_WORKER_START_TIMEOUT and the queue's length from QMD_WORKER_QUEUE (module docstring)."""
+        QMD_WORKER_START_TIMEOUT and the queue's length from QMD_WORKER_QUEUE (module docstring).
+        `native_log_level`: the level the child's stderr (llama.cpp's own log) is logged at:
+        the daemon's log takes it as warnings; the library passes DEBUG unless asked to be
+        verbose, so a program's stderr does not get llama.cpp's notes about a GGUF. A crash
+        report quotes the last lines whatever the level."""
+        self.native_log_level = native_log_level
         self.idle_seconds = (
             idle_seconds if idle_seconds is not None else env_number("QMD_IDLE_SECONDS", DEFAULT_IDLE_SECONDS, float)
         )
@@ -1341,7 +1347,7 @@ class WorkerClient:
                 line = raw.decode("utf-8", "replace").rstrip()
                 if line:
                     self._stderr_tail.append(line)
-                    log.warning("inference worker %d: %s", proc.pid, line)
+                    log.log(self.native_log_level, "inference worker %d: %s", proc.pid, line)
 
     def _child_died(self, when: str, message: str | None = None) -> str:
         """Reap the child, record why it ended, and forget it so the next request starts a new one."""

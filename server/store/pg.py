@@ -245,6 +245,53 @@ def schema_version(conn: psycopg.Connection) -> int:
     return found[0] if found else 0
 
 
+def ensure_vector(conn: psycopg.Connection) -> str | None:
+    """Create pgvector's `vector` extension in the database when the server has it and the
+    role may (a superuser, or any role with CREATE on the database if the server marks it
+    trusted); None when it is there now, else why not: the exact SQL to run and who can run
+    it. Under the migration lock, so two daemons opening one database do not race to create it."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+            return None
+        where = conn.execute(
+            "SELECT current_database(), current_user, current_schema(), 'public' = ANY(current_schemas(false))"
+        ).fetchone()
+        assert where is not None
+        database, role, schema, public = where
+        # In public when it is on the search path (both index URLs have it): every index in the database sees it.
+        sql = "CREATE EXTENSION vector" + (" SCHEMA public" if public and schema != "public" else "")
+        there = f"in database {database!r}"
+        offer = conn.execute(
+            "SELECT v.version, v.trusted FROM pg_available_extension_versions v"
+            " JOIN pg_available_extensions a ON a.name = v.name AND a.default_version = v.version"
+            " WHERE v.name = 'vector'"
+        ).fetchone()
+        if offer is None:
+            return (
+                "the server has no pgvector: install it on the server (https://github.com/pgvector/pgvector),"
+                f" then a superuser can run `{sql};` {there}"
+            )
+        version, trusted = offer
+        try:
+            with conn.transaction():  # a savepoint: a refusal leaves the lock's transaction usable
+                conn.execute(sql.replace("EXTENSION", "EXTENSION IF NOT EXISTS", 1))
+        except psycopg.errors.InsufficientPrivilege:
+            who = (
+                f"a superuser or a role with CREATE on database {database!r} (such as its owner)"
+                if trusted
+                else "a superuser"
+            )
+            return (
+                f"pgvector {version} is installed on the server but its `vector` extension is not created {there},"
+                f" and role {role!r} may not create it: {who} can, with `{sql};` {there}"
+            )
+        except psycopg.Error as e:
+            return f"creating pgvector's `vector` extension {there} failed ({str(e).strip()}); run `{sql};` there"
+    log.info("created pgvector's `vector` extension (%s) in database %r", version, database)
+    return None
+
+
 def migrate(conn: psycopg.Connection, where: str) -> None:
     """Bring the schema on `conn` to the latest version, or refuse it if a newer qmd made it."""
     latest = len(MIGRATIONS)

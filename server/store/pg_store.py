@@ -243,10 +243,16 @@ class PgStore(Writer[PgConnection]):
         wconn = _open(url, timeout_ms=None)
         try:
             pg.migrate(wconn, self.location)  # under its lock: a second daemon waits, then finds it done
+            self.vector_missing = pg.ensure_vector(wconn)
+            """Why the database has no `vector` extension (the SQL to run and who can), or None."""
             row = wconn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
             self._vec_version: str | None = None if row is None else f"pgvector {row[0]}"
             if row is None:
-                log.warning("%s has no `vector` extension: vector search is unavailable", self.location)
+                log.warning(
+                    "%s has no `vector` extension: vector search is unavailable — %s",
+                    self.location,
+                    self.vector_missing,
+                )
             version = wconn.execute("SELECT current_setting('server_version'), current_schema()").fetchone()
             assert version is not None
             self.server_version = str(version[0])
@@ -401,7 +407,7 @@ class PgStore(Writer[PgConnection]):
         ]
         vec = self._vec_version
         if vec is None:
-            out.append(IndexCheck(False, "no `vector` extension: no vector search (CREATE EXTENSION vector)"))
+            out.append(IndexCheck(False, f"no `vector` extension: no vector search — {self.vector_missing}"))
         else:
             recent = tuple(int(p) for p in vec.split()[-1].split(".")[:2]) >= (0, 8)
             out.append(IndexCheck(recent, vec if recent else f"{vec}: before 0.8 scoped searches come up short"))
