@@ -2,7 +2,7 @@
 
 A daemon keeps the environment it started with, whichever client talks to it later: a
 `QMD_EMBED_MODEL` exported in the shell after it started changes nothing. The daemon
-reports these (in `/health`, `settings`) and the CLI compares them with its own
+reports these (`GET /v1/settings`) and the CLI compares them with its own
 environment, so such a change is said rather than silently ignored. Stdlib only: both
 sides import this list, and the CLI must not import the server.
 """

@@ -311,7 +311,7 @@ def run_get(engine: Engine, args: GetRequest) -> types.CallToolResult:
 
 def run_multi_get(engine: Engine, args: MultiGetRequest) -> types.CallToolResult:
     """Several documents at once; oversized ones are named with the `get` call that reads them."""
-    items = engine.multi_get(args.pattern, max_bytes=args.max_bytes)
+    items = engine.multi_get(args.pattern, max_bytes=args.max_bytes, max_lines=args.max_lines)
     errors = [item.reason or "" for item in items if item.doc is None]
     content: list[types.ContentBlock] = []
     if errors:
@@ -325,12 +325,8 @@ def run_multi_get(engine: Engine, args: MultiGetRequest) -> types.CallToolResult
                 _text(f"[SKIPPED: {display} - {item.reason}. Use 'get' with file=\"{item.doc.file}\" to retrieve.]")
             )
             continue
-        lines = item.body.split("\n")
-        kept = lines if args.max_lines is None else lines[: args.max_lines]
-        note = f"\n\n[... truncated {len(lines) - len(kept)} more lines]" if len(kept) < len(lines) else ""
-        content.append(
-            _resource(display, _document_text("\n".join(kept), 1, item.doc.context, args.line_numbers, note))
-        )
+        note = f"\n\n[... truncated {item.truncated_lines} more lines]" if item.truncated_lines else ""
+        content.append(_resource(display, _document_text(item.body, 1, item.doc.context, args.line_numbers, note)))
     if not content:
         return _tool_error(f"No files matched pattern: {args.pattern}")
     return types.CallToolResult(content=content)
