@@ -14,7 +14,6 @@ from __future__ import annotations
 import keyword
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,40 +47,19 @@ def schema() -> dict[str, Any]:
 
 
 def answers(doc: dict[str, Any]) -> list[str]:
-    """The components the CLI reads: every 2xx answer of a `cli` or public route, and what
-    they refer to, in a stable order."""
-    roots = [
-        content["schema"]["$ref"][len(COMPONENTS) :]
+    """The components the CLI reads: every 2xx answer's, and what they refer to, in a stable order."""
+    from qmd.server.http import openapi
+
+    answered = [
+        content.get("schema", {})
         for item in doc["paths"].values()
         for op in item.values()
         for code, response in op["responses"].items()
         if code.startswith("2")
         for content in response.get("content", {}).values()
-        if "$ref" in content.get("schema", {})
     ]
-    seen: list[str] = []
-    for root in roots:
-        _walk(doc["components"]["schemas"], root, seen)
+    seen = openapi.referenced(answered, doc["components"]["schemas"])
     return sorted(name for name in seen if name.endswith(SNAKE) or name == "Health")
-
-
-def _walk(schemas: dict[str, Any], name: str, seen: list[str]) -> None:
-    if name in seen:
-        return
-    seen.append(name)
-    for ref in _refs(schemas[name]):
-        _walk(schemas, ref, seen)
-
-
-def _refs(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        if isinstance(node.get("$ref"), str):
-            yield node["$ref"][len(COMPONENTS) :]
-        for value in node.values():
-            yield from _refs(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _refs(value)
 
 
 def class_name(component: str) -> str:

@@ -54,7 +54,7 @@ def describe(app: FastAPI, router: APIRouter) -> dict[str, Any]:
             for method in route.methods or ():
                 _describe_operation(doc["paths"][route.path_format][method.lower()], route, schemas)
     schemas["Error"] = ERROR
-    used = _referenced(doc["paths"], schemas)
+    used = referenced(doc["paths"], schemas)
     doc["components"]["schemas"] = {name: schemas[name] for name in sorted(used)}
     return doc
 
@@ -80,7 +80,7 @@ def _snake_case(model: Any, schemas: dict[str, Any]) -> dict[str, Any]:
     return _ref(model.__name__ + SNAKE)
 
 
-def _referenced(node: Any, schemas: dict[str, Any], seen: set[str] | None = None) -> set[str]:
+def referenced(node: Any, schemas: dict[str, Any], seen: set[str] | None = None) -> set[str]:
     """The components `node` refers to, directly or through others: FastAPI's camelCase
     twins of the snake_case answers and its validation error are no longer among them."""
     seen = set() if seen is None else seen
@@ -88,12 +88,12 @@ def _referenced(node: Any, schemas: dict[str, Any], seen: set[str] | None = None
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith(COMPONENTS) and ref[len(COMPONENTS) :] not in seen:
             seen.add(ref[len(COMPONENTS) :])
-            _referenced(schemas[ref[len(COMPONENTS) :]], schemas, seen)
+            referenced(schemas[ref[len(COMPONENTS) :]], schemas, seen)
         for value in node.values():
-            _referenced(value, schemas, seen)
+            referenced(value, schemas, seen)
     elif isinstance(node, list):
         for value in node:
-            _referenced(value, schemas, seen)
+            referenced(value, schemas, seen)
     return seen
 
 
