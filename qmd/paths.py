@@ -6,8 +6,10 @@ log, lock) and must stay fast to start.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,14 +49,64 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def private_file(path: Path) -> Path:
-    """Create `path` empty as 0600 if missing, or take group and other access away from
-    it: files qmd creates are its user's alone, whatever the umask."""
+class ForeignFile(OSError):
+    """A path qmd would write that is not a plain file of its user's own."""
+
+
+_KINDS = {
+    stat.S_IFREG: "a file",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFLNK: "a link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
+
+
+def file_kind(mode: int) -> str:
+    """What a file of `mode` is, in words ("a FIFO"), for refusals and skips."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def private_file(path: Path, *, create: bool = True) -> Path:
+    """Create `path` empty as 0600 if missing (when `create`), or take group and other
+    access away from it. Only a regular file of this user's, opened without following a
+    link, is touched: a cloned project's `.qmd/index.sqlite` that links to another
+    program's database (or is a FIFO, or someone else's file) must never be written or
+    chmod'ed through, so it is `ForeignFile`, naming the path and the fix."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        if path.stat().st_mode & 0o077:
-            path.chmod(path.stat().st_mode & 0o700)
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600) if create else os.open(path, flags)
+        except FileExistsError:
+            fd = os.open(path, flags)
+    except FileNotFoundError:
+        if create:
+            raise
+        return path
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise ForeignFile(
+                f"{path} is a symbolic link (to {os.readlink(path)}): qmd never writes through a link."
+                f" Remove the link (rm '{path}') and run the command again; qmd makes its own file"
+            ) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ForeignFile(
+                f"{path} is {file_kind(st.st_mode)}, not a file qmd made: remove it and run the command again"
+            )
+        if st.st_uid != os.geteuid():
+            raise ForeignFile(
+                f"{path} belongs to another user (uid {st.st_uid}): qmd writes only its user's own files;"
+                " remove it (or have its owner remove it) and run the command again"
+            )
+        if st.st_mode & 0o077:
+            os.fchmod(fd, st.st_mode & 0o700)
+    finally:
+        os.close(fd)
     return path
 
 

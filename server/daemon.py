@@ -163,7 +163,15 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
             timeout_graceful_shutdown=10,
             lifespan="off",
         )
-        uvicorn.Server(config).run(sockets=[sock])
+        server = uvicorn.Server(config)
+        graceful = server.handle_exit
+
+        def handle_exit(sig: int, frame: object) -> None:
+            indexes.stopping()  # a pass reading a file ends now, not after the graceful wait
+            graceful(sig, frame)  # type: ignore[arg-type]
+
+        server.handle_exit = handle_exit  # type: ignore[method-assign]
+        server.run(sockets=[sock])
     finally:
         indexes.close()
         remove_pidfile(paths)

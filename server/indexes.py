@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from qmd.paths import PROJECT_PREFIX, IndexPaths, is_project_root
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput
+from qmd.server.ingest import sandbox
 from qmd.server.models.worker import WorkerClient
 from qmd.server.store.documents import link_index
+from qmd.server.trust import own_project_index
 
 log = logging.getLogger("qmd.indexes")
 
@@ -102,9 +104,13 @@ class Indexes:
 
     def acquire(self, paths: IndexPaths | None) -> Engine:
         """The engine of `paths` (None, or the default's paths: the default engine),
-        opened if need be and held until `release(paths)`."""
+        opened if need be and held until `release(paths)`. A project's index files are
+        checked on every use, open or not: one that is not qmd's own to write (a link
+        planted since) is `Forbidden`."""
         if paths is None or paths == self.default.paths:
             return self.default
+        if paths.project_root is not None:
+            own_project_index(paths)
         return self._acquire(paths).engine
 
     def release(self, paths: IndexPaths | None) -> None:
@@ -167,6 +173,14 @@ class Indexes:
                 self.close_idle()
             except Exception:  # noqa: BLE001 - a failed close is logged; the daemon keeps serving
                 log.exception("closing idle indexes failed")
+
+    @staticmethod
+    def stopping() -> None:
+        """The daemon is shutting down (its SIGTERM or SIGINT): the loader processes are
+        killed for good, so a pass that is reading a file ends at once (`sandbox.Stopped`)
+        instead of holding its request, and the shutdown, until the parse is done. Called
+        from the signal handler: nothing here waits."""
+        sandbox.POOL.stop()
 
     def close(self) -> None:
         """Close every index, the default last (it owns the shared worker)."""

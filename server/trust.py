@@ -11,6 +11,10 @@ when the user approved exactly this set (its fingerprint, recorded per project r
 otherwise it is skipped, in-project indexing carries on, and the answer says what was
 skipped. Any edit of a gated item changes the fingerprint and so asks again. The user's
 own `~/.config/qmd/*.yml` is never gated (its engine has no project root).
+
+The project's index files (`index_files`) are not gated items: they are refused outright
+when the project made them anything but qmd's own (a link to another program's database,
+a FIFO), because no approval makes writing through one safe.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal
 
-from qmd.paths import config_root, private_dir, project_config
+from qmd.paths import PROJECT_DIR, IndexPaths, config_root, private_dir, project_config
 from qmd.server.config import Config, ConfigFile, write_whole
-from qmd.server.errors import Conflict, InvalidInput, QmdError
+from qmd.server.errors import Conflict, Forbidden, InvalidInput, QmdError
 from qmd.server.models.refs import ROLES, parse_model_ref, resolve_model
+from qmd.server.store.sqlite import SIDE_FILES, own_files
 
 log = logging.getLogger("qmd.server")
 
@@ -279,6 +284,29 @@ def gate(config: Config, root: Path, config_dir: Path, trust: TrustFile) -> Gate
         override(),
         approval.approved_at if approved and approval else None,
     )
+
+
+def index_files(paths: IndexPaths) -> tuple[Path, ...]:
+    """Every file a project's index lives in: the database and SQLite's side files."""
+    return (paths.db, *(Path(f"{paths.db}{suffix}") for suffix in SIDE_FILES))
+
+
+def own_project_index(paths: IndexPaths) -> None:
+    """Refuse (`Forbidden`) a project whose `.qmd` folder or index files are not qmd's
+    own to write: a checked-in `.qmd` that links elsewhere would put the index (and its
+    writes) outside the project, and a linked `index.sqlite`, `-wal` or `-shm` would write
+    into whatever it names. Checked on every request, before the index is opened."""
+    folder = paths.db.parent
+    try:
+        if os.path.islink(folder):
+            raise Forbidden(
+                f"{folder} is a symbolic link (to {os.readlink(folder)}): a project's index is kept in its own"
+                f" {PROJECT_DIR} folder, never through a link. Replace the link with a folder holding the config"
+                " and run the command again"
+            )
+        own_files(paths.db, create=False)
+    except Forbidden as e:
+        raise Forbidden(e.message, files=[str(p) for p in index_files(paths)]) from None
 
 
 ApprovalState = Literal["current", "changed", "no project"]

@@ -11,23 +11,27 @@ written by the store's writer thread, so disk I/O and FTS indexing overlap.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Set
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Set
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Literal, TypeAlias
 
 from wcmatch import glob as wglob
 
+from qmd.paths import file_kind
 from qmd.server.config import Collection
 from qmd.server.errors import HookFailed
-from qmd.server.ingest import loaders
+from qmd.server.ingest import loaders, sandbox
 from qmd.server.store import metadata, vectors
 from qmd.server.store.catalog import delete_orphan_content
 from qmd.server.store.db import Connection, IndexStore
@@ -75,9 +79,25 @@ def split_mask(mask: str) -> list[str]:
 @dataclass(frozen=True)
 class Found:
     rel: str
+    """The path in the index: as on disk, or `display_rel`'s form of a name that is not UTF-8."""
     abs: str
+    """The path on disk (a name that is not UTF-8 in `os.fsdecode`'s surrogate escapes)."""
     size: int
     mtime_ns: int
+    link: bool = False
+    """Listed as a symlink (resolving inside the root): the only kind of file opened through a link."""
+
+
+_ESCAPED = re.compile("[\udc80-\udcff]")
+
+
+def display_rel(rel: str) -> str:
+    """`rel` as the index keeps it. A name that is not UTF-8 (a Latin-1 `caf\xe9.md` from an
+    old archive) reaches Python with each bad byte as a lone surrogate, which SQLite, JSON
+    and a terminal all refuse; each such byte becomes `%XX` (`caf%E9.md`), so the name is
+    displayable, `qmd get` finds it by what it shows, and the walk can tell two apart
+    (`discover` skips a name whose form is another file's). A UTF-8 name is unchanged."""
+    return _ESCAPED.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", rel)
 
 
 @dataclass
@@ -129,15 +149,19 @@ class Scope:
     covered when it is one of them or lies below one."""
 
     paths: frozenset[str]
+    """As the index names them (`display_rel`)."""
+    disk: Mapping[str, str] = field(default_factory=dict)
+    """Each of `paths` as on disk, where that differs."""
 
     @classmethod
     def of(cls, rels: Iterable[str]) -> Scope:
-        """`rels` without those below another (a folder's walk finds them)."""
-        kept: set[str] = set()
+        """`rels` (as on disk) without those below another (a folder's walk finds them)."""
+        kept: dict[str, str] = {}
         for rel in sorted(set(rels), key=lambda r: r.count("/")):
-            if not _within(rel, kept):
-                kept.add(rel)
-        return cls(frozenset(kept))
+            shown = display_rel(rel)
+            if not _within(shown, kept.keys()):
+                kept[shown] = rel
+        return cls(frozenset(kept), {shown: rel for shown, rel in kept.items() if shown != rel})
 
     def covers(self, rel: str) -> bool:
         return _within(rel, self.paths)
@@ -161,24 +185,32 @@ def discover(coll: Collection, scope: Scope | None = None) -> Walk:
     real_root = os.path.realpath(root)
     rules = Rules(coll)
 
+    shown: set[str] = set()
+
     def unlistable(err: OSError) -> None:
-        rel = os.path.relpath(err.filename or root, root).replace(os.sep, "/")
+        rel = display_rel(os.path.relpath(err.filename or root, root).replace(os.sep, "/"))
         rel = "" if rel == "." else rel
         walk.unlisted.append(rel)
         walk.skipped.append(
             (rel or ".", f"folder could not be listed ({err.strerror or err}); its indexed files are kept")
         )
 
-    def consider(rel: str, abs_path: str) -> None:
-        if not rules.wants(rel):
+    def consider(on_disk: str, abs_path: str) -> None:
+        if not rules.wants(on_disk):
             return
+        rel = display_rel(on_disk)
+        if rel in shown:
+            walk.skipped.append((rel, f"its name is not UTF-8 and shows as {rel}, another file's name: rename one"))
+            return
+        shown.add(rel)
         try:
             st = os.lstat(abs_path)
         except OSError as e:
             walk.skipped.append((rel, f"unreadable ({e.strerror or e})"))
             return
         # Folders are never followed, so only a file symlink can lead outside the root.
-        if stat.S_ISLNK(st.st_mode):
+        link = stat.S_ISLNK(st.st_mode)
+        if link:
             if not _inside(os.path.realpath(abs_path), real_root):
                 walk.skipped.append((rel, "outside the collection (symlink)"))
                 return
@@ -188,7 +220,9 @@ def discover(coll: Collection, scope: Scope | None = None) -> Walk:
                 walk.skipped.append((rel, f"dangling symlink ({e.strerror or e})"))
                 return
         if stat.S_ISREG(st.st_mode):
-            walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns))
+            walk.files.append(Found(rel, abs_path, st.st_size, st.st_mtime_ns, link))
+        elif not stat.S_ISDIR(st.st_mode):
+            walk.skipped.append((rel, f"{file_kind(st.st_mode)}, not a regular file: never read"))
 
     def tree(top: str) -> None:
         for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=False):
@@ -201,7 +235,7 @@ def discover(coll: Collection, scope: Scope | None = None) -> Walk:
     if scope is None:
         tree(str(root))
         return walk
-    for rel in sorted(scope.paths):
+    for rel in sorted(scope.disk.get(p, p) for p in scope.paths):
         if not rules.reachable(rel):
             continue
         abs_path = os.path.join(root, *rel.split("/"))
@@ -214,8 +248,8 @@ def discover(coll: Collection, scope: Scope | None = None) -> Walk:
         except FileNotFoundError:
             continue  # gone: its documents leave the index
         except OSError as e:
-            walk.unlisted.append(rel)
-            walk.skipped.append((rel, f"unreadable ({e.strerror or e}); its indexed files are kept"))
+            walk.unlisted.append(display_rel(rel))
+            walk.skipped.append((display_rel(rel), f"unreadable ({e.strerror or e}); its indexed files are kept"))
             continue
         if is_dir:
             if rules.enters(rel.rsplit("/", 1)[-1]):
@@ -263,19 +297,14 @@ def load_file(found: Found, limit: int) -> Loaded:
     """Read, hash and load one file through its extension's loader. Files that cannot be
     searched as text (too large, binary, not UTF-8, blank, a PDF without text) raise
     `Skip` with the loader's reason, so they leave the index instead of matching on
-    stale text; only an unreadable file keeps its previous version."""
+    stale text; only a file that could not be read keeps its previous version. HTML and
+    PDF are parsed in a child process, within a budget (`sandbox`)."""
     if found.size > limit:
         raise Skip(f"too large ({found.size} bytes > {limit}; raise QMD_MAX_FILE_BYTES)")
-    try:
-        with open(found.abs, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as e:
-        raise Skip(f"unreadable ({e.strerror or e})", keep=True) from e
-    if len(data) > limit:
-        raise Skip(f"too large (> {limit} bytes; raise QMD_MAX_FILE_BYTES)")
+    found, data = _read_bytes(found, limit)
     loader = loaders.loader_for(found.rel)
     try:
-        extracted = loader.read(found.rel, data)
+        extracted = sandbox.POOL.load(loader, found.rel, data) if loader.isolated else loader.read(found.rel, data)
     except loaders.LoadError as e:
         raise Skip(e.reason) from e
     return Loaded(
@@ -287,6 +316,35 @@ def load_file(found: Found, limit: int) -> Loaded:
         frontmatter.extract(found.rel, extracted.text),
         loader.name,
     )
+
+
+def _read_bytes(found: Found, limit: int) -> tuple[Found, bytes]:
+    """The file's bytes, and its size and mtime as read. The file may have changed since
+    it was listed: it is opened without blocking (a FIFO put in its place would wait for
+    a writer forever) and without following a link it was not listed as, then checked as
+    opened (`fstat`), so a FIFO, device or folder is a skip, not a hang."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if found.link else os.O_NOFOLLOW)
+    try:
+        fd = os.open(found.abs, flags)
+    except FileNotFoundError as e:
+        raise Skip("vanished while being indexed", keep=True) from e
+    except OSError as e:
+        if e.errno == errno.ELOOP and not found.link:
+            raise Skip("unreadable (a symlink since it was listed: never followed)", keep=True) from e
+        raise Skip(f"unreadable ({e.strerror or e})", keep=True) from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Skip(f"{file_kind(st.st_mode)} since it was listed, not a regular file: never read")
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise Skip(f"unreadable ({e.strerror or e})", keep=True) from e
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise Skip(f"too large (> {limit} bytes; raise QMD_MAX_FILE_BYTES)")
+    return replace(found, size=st.st_size, mtime_ns=st.st_mtime_ns), data
 
 
 # -- one collection -------------------------------------------------------------
@@ -517,27 +575,51 @@ def _write_files(
     and their writes queued; returns once every write is committed."""
     batches = _Batches(store, collection)
     limit = max_file_bytes()
+    skips = _SKIPS.setdefault(store, {}).setdefault(collection, {})
     for done, item in enumerate(plan.files, 1):
         if item.kind == "unchanged":
             summary.unchanged += 1
         else:
-            _read(item, limit, batches, summary)
+            _read(item, limit, batches, summary, skips)
         tick(done)
     batches.drain()
 
 
-def _read(item: _Planned, limit: int, batches: _Batches, summary: Summary) -> None:
+@dataclass(frozen=True)
+class _Skipped:
+    """A file skipped for what it holds, as it was then."""
+
+    size: int
+    mtime_ns: int
+    reason: str
+
+
+_SKIPS: weakref.WeakKeyDictionary[IndexStore, dict[str, dict[str, _Skipped]]] = weakref.WeakKeyDictionary()
+"""Each open index's skipped files by collection and path. A file skipped for what it holds
+is not read again while its size and mtime stay as they were: a PDF that took its whole
+parse budget to be skipped would otherwise cost that again on every `qmd update` and every
+watcher pass. In memory, so a daemon's restart reads each once more."""
+
+
+def _read(item: _Planned, limit: int, batches: _Batches, summary: Summary, skips: dict[str, _Skipped]) -> None:
     """Load a file its stat could not clear and queue the write its content calls for. A
     file that cannot be indexed is a skip and leaves the index, unless it merely could not
     be read: then its previous version stays."""
+    found = item.found
     try:
-        loaded = load_file(item.found, limit)
+        known = skips.get(found.rel)
+        if known is not None and (known.size, known.mtime_ns) == (found.size, found.mtime_ns):
+            raise Skip(known.reason)
+        loaded = load_file(found, limit)
     except Skip as s:
-        summary.skipped.append((item.found.rel, s.reason))
-        if not s.keep and item.old is not None and item.old.active:
-            summary.removed += 1
-            batches.add(("deactivate", item.old.id))
+        summary.skipped.append((found.rel, s.reason))
+        if not s.keep:
+            skips[found.rel] = _Skipped(found.size, found.mtime_ns, s.reason)
+            if item.old is not None and item.old.active:
+                summary.removed += 1
+                batches.add(("deactivate", item.old.id))
         return
+    skips.pop(found.rel, None)
     summary.loaded[loaded.loader] = summary.loaded.get(loaded.loader, 0) + 1
     summary.bytes_read += loaded.nbytes
     batches.add(_write_for(item, loaded, summary), loaded.nbytes)

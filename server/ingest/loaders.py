@@ -69,6 +69,9 @@ class Loader:
     """Salts the content key (`content_key`): a loader's text, and the vectors made from
     it, are never taken for another loader's (or an older version's) of the same bytes.
     Empty for the loaders whose text is the file itself."""
+    isolated: bool = False
+    """Parsed in a child process with a time and memory budget (`sandbox`): a pure-Python
+    parser of a hostile file cannot be interrupted in the daemon's own threads."""
 
     def content_key(self, data: bytes) -> str:
         """The hash a document's text and vectors are stored under."""
@@ -165,10 +168,25 @@ _META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-
 _FEED_CHARS = 1 << 20
 
 
+_WEB_ENCODINGS = frozenset(
+    codecs.lookup(name).name
+    for name in (
+        "utf-8 utf-16-le utf-16-be ibm866 koi8-r koi8-u mac-roman mac-cyrillic cp874 cp1250 cp1251 cp1252 cp1253"
+        " cp1254 cp1255 cp1256 cp1257 cp1258 iso8859-1 iso8859-2 iso8859-3 iso8859-4 iso8859-5 iso8859-6 iso8859-7"
+        " iso8859-8 iso8859-10 iso8859-13 iso8859-14 iso8859-15 iso8859-16 ascii gbk gb18030 big5 euc-jp iso2022-jp"
+        " shift_jis euc-kr"
+    ).split()
+)
+"""The WHATWG Encoding Standard's encodings that Python has (and ASCII and Latin-1, which
+it reads as windows-1252). A `<meta charset>` naming anything else is ignored, as a
+browser ignores it: Python's codec registry also holds `base64`, `zlib`, `rot13`, `idna`
+and `undefined`, which are not text encodings, and a page must not pick its decoder."""
+
+
 def _html_encoding(data: bytes) -> str:
     """The encoding a browser would use: a BOM, else a `<meta charset>` near the top
-    (HTML's prescan; a meta claiming UTF-16 means UTF-8), else UTF-8 when the bytes
-    are, else windows-1252, the web's legacy default."""
+    naming a web encoding (HTML's prescan; a meta claiming UTF-16 means UTF-8), else
+    UTF-8 when the bytes are, else windows-1252, the web's legacy default."""
     for bom, name in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
         if data.startswith(bom):
             return name
@@ -178,7 +196,7 @@ def _html_encoding(data: bytes) -> str:
             name = codecs.lookup(m.group(1).decode("ascii")).name
         except LookupError:
             name = ""
-        if name:
+        if name in _WEB_ENCODINGS:
             return "utf-8" if name.startswith("utf-16") else name
     try:
         data.decode("utf-8")
@@ -320,7 +338,10 @@ def _read_html(path: str, data: bytes) -> Extracted:
     encoding = _html_encoding(data)
     if encoding == "utf-8" and b"\x00" in data[:8192]:
         raise LoadError("binary (NUL bytes)")
-    text = data.decode(encoding, errors="replace")
+    try:
+        text = data.decode(encoding, errors="replace")
+    except (UnicodeError, LookupError) as e:  # a codec's own failure, whatever `replace` promises
+        raise LoadError(f"HTML could not be read as {encoding} ({e})") from e
     target = _PageText()
     # recover: browsers render broken markup, so must we; huge_tree: libxml2 would
     # otherwise refuse a text node over 10 MB. Text is fed, already decoded, in slices.
@@ -344,7 +365,7 @@ def _read_html(path: str, data: bytes) -> Extracted:
     return Extracted(body, target.title or target.h1 or _stem(path))
 
 
-HTML = Loader("html", frozenset({"html", "htm", "xhtml"}), _read_html, version="html-1")
+HTML = Loader("html", frozenset({"html", "htm", "xhtml"}), _read_html, version="html-1", isolated=True)
 
 
 # -- PDF --------------------------------------------------------------------------
@@ -395,7 +416,7 @@ def _read_pdf(path: str, data: bytes) -> Extracted:
     return Extracted(body, title)
 
 
-PDF = Loader("pdf", PAGED_EXTENSIONS, _read_pdf, paged=True, version="pdf-1")
+PDF = Loader("pdf", PAGED_EXTENSIONS, _read_pdf, paged=True, version="pdf-1", isolated=True)
 
 
 # -- the registry -----------------------------------------------------------------

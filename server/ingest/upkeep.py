@@ -269,7 +269,15 @@ def cleanup(
 
 FileStateName = Literal["indexed", "changed", "new", "missing", "skipped", "failed"]
 
-FAILURES = ("unreadable", "folder could not be listed", "dangling symlink", "PDF could not be read", "encrypted PDF")
+FAILURES = (
+    "unreadable",
+    "vanished",
+    "folder could not be listed",
+    "dangling symlink",
+    "PDF could not be read",
+    "HTML could not be read",
+    "encrypted PDF",
+)
 """Skip reasons that mean the file could not be read, as opposed to one a rule leaves out
 (too large, binary, empty, outside the collection): `failed` in the coverage report."""
 

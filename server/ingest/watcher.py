@@ -216,7 +216,7 @@ class _Watch:
     def _listen(self) -> None:
         # watchfiles' own backend rather than `watchfiles.watch`, whose generator adds the
         # watches only when first resumed: status must not say "watching" before they are.
-        from watchfiles._rust_notify import RustNotify
+        from watchfiles._rust_notify import RustNotify, WatchfilesRustInternalError
 
         polling = self.settings.force_polling
         restarted = False
@@ -235,7 +235,11 @@ class _Watch:
                 with RustNotify([self.root], False, polling, self.settings.poll_ms, True, False) as notify:
                     self._trouble("", live=True)
                     while not self.stop.is_set():
-                        raw = notify.watch(STEP_MS, STEP_MS, ROOT_CHECK_MS, self.stop)
+                        try:
+                            raw = notify.watch(STEP_MS, STEP_MS, ROOT_CHECK_MS, self.stop)
+                        except WatchfilesRustInternalError as e:  # a changed name that is not UTF-8
+                            log.info("watching %s again, and sweeping it: %s", self.root, e)
+                            break  # watchfiles raises on that batch forever; the sweep walks any name
                         if isinstance(raw, set):
                             self._heard(
                                 [

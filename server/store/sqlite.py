@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from qmd.paths import private_file
+from qmd.paths import ForeignFile, private_file
 from qmd.server.config import describe_url
-from qmd.server.errors import Unavailable
+from qmd.server.errors import Forbidden, Unavailable
 from qmd.server.store.db import IndexCheck, IndexStore, Vacuum, Writer, sqlite3
 from qmd.server.store.dialect import SQLITE
 from qmd.server.store.fts import repair_fts_totals
@@ -70,6 +70,25 @@ def index_bytes(db: Path) -> int:
         except OSError:
             pass
     return total
+
+
+SIDE_FILES = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps beside an index (WAL mode's two, and the rollback journal it
+uses until the switch to WAL)."""
+
+
+def own_files(db: Path, *, create: bool = True) -> None:
+    """Check the index and its side files are plain files of this user's, never links,
+    before SQLite (which follows links) opens them, and make them private (SQLite gives
+    the side files the database's own mode). A checked-in project can plant any of them,
+    so each is refused (`Forbidden`, naming the path and the fix), never written through.
+    `create`: make the database file when it is missing."""
+    try:
+        private_file(db, create=create)
+        for suffix in SIDE_FILES:
+            private_file(Path(f"{db}{suffix}"), create=False)
+    except ForeignFile as e:
+        raise Forbidden(str(e)) from None
 
 
 def open_store(db: Path, url: str | None) -> IndexStore:
@@ -130,10 +149,7 @@ class Store(Writer[sqlite3.Connection]):
         super().__init__()
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        private_file(path)  # SQLite gives the -wal and -shm files the database's own mode
-        for side in (Path(f"{path}-wal"), Path(f"{path}-shm")):
-            if side.exists():
-                private_file(side)
+        own_files(path)
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -142,6 +158,9 @@ class Store(Writer[sqlite3.Connection]):
         wconn = _connect(path, readonly=False)
         try:
             self.vec_version = _load_vec(wconn)
+            self.vector_missing = (
+                None if self.vec_version else "sqlite-vec could not be loaded (the daemon log says why): reinstall qmd"
+            )
             # before the switch to WAL, so an index refused as too new is not touched at all
             migrate(wconn, path)
             repair_fts_totals(wconn)
