@@ -22,6 +22,7 @@ from qmd.server.http.guard import GuardSettings, OriginHostGuard
 from qmd.server.http.mcp import McpEndpoint
 from qmd.server.http.peer import SameUser
 from qmd.server.http.routes import model_threads, router
+from qmd.server.http.ui import router as ui_router
 from qmd.server.http.wire import http_status
 from qmd.server.indexes import INDEX_HEADER, PROJECT_HEADER, Indexes, requested
 from qmd.version import __version__
@@ -193,6 +194,8 @@ def create_app(
     app.state.log = log
     model_threads()  # a bad QMD_MODEL_THREADS is an error at start-up, not at the first vector search
     app.include_router(router)
+    app.include_router(ui_router)  # the search page: outside the schema, a client like the CLI
+    app.state.token, app.state.ui_tickets = token, {}
     openapi.install(app, router)
     # MCP (spec §20) is a route of this app, so every middleware and the guard screen it too.
     # An ASGI app is a valid endpoint (Starlette's Route serves any non-function callable

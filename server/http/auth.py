@@ -12,8 +12,11 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-OPEN_PATHS = frozenset({"/health"})
-"""Routes that answer without the token: container and login-manager probes have none."""
+OPEN_PATHS = frozenset({"/health", "/ui/login"})
+"""Routes that answer without the token: container and login-manager probes have none, and
+the search page's login takes a one-time ticket instead (`server/http/ui.py`)."""
+COOKIE = "qmd_token"
+"""The search page's HttpOnly, SameSite=Strict cookie: the token, for a browser that cannot send a header."""
 
 # ASGI's types, spelled out so importing this module does not import starlette.
 Scope = MutableMapping[str, Any]
@@ -43,6 +46,10 @@ class BearerAuth:
             return
         given = [v for k, v in scope.get("headers", ()) if k.lower() == b"authorization"]
         scheme, _, credentials = given[0].strip().partition(b" ") if len(given) == 1 else (b"", b"", b"")
+        if not given:
+            cookies = [c.strip() for k, v in scope.get("headers", ()) if k.lower() == b"cookie" for c in v.split(b";")]
+            named = f"{COOKIE}=".encode()
+            scheme, credentials = b"bearer", next((c[len(named) :] for c in cookies if c.startswith(named)), b"")
         # The scheme is case-insensitive (RFC 9110 §11.1): `bearer` is `Bearer`.
         if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.expected):
             await self.app(scope, receive, send)
