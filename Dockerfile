@@ -29,9 +29,12 @@ COPY mcp_bridge mcp_bridge
 # (-march=native) and the image dies with SIGILL on an older host. LLAVA_BUILD=OFF skips
 # the multimodal library (libmtmd), which qmd never loads: about a sixth of the compile.
 # `[models]`: the image runs local models, so it gets llama-cpp-python.
+# pip keeps its cache: this stage is thrown away, and a cache mounted at /root/.cache/pip
+# (deploy/check-image.sh does) saves compiling llama.cpp again on every source change.
 ENV CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+# hadolint ignore=DL3042
 RUN python3 -m venv /opt/qmd \
-    && /opt/qmd/bin/pip install --no-cache-dir '.[models]'
+    && /opt/qmd/bin/pip install '.[models]'
 
 FROM ${BASE}
 # libgomp1: llama.cpp's OpenMP runtime, the one shared library the build links beyond libc;
