@@ -21,6 +21,16 @@ class ApprovalsOut(TypedDict):
     approvals: list[ApprovalOut]
 
 
+class BackgroundStart(TypedDict):
+    """What `collection add` started: the documents the daemon embeds in the background and
+    with which model, or why it embeds nothing (`reason`)."""
+
+    started: bool
+    documents: int
+    model: str | None
+    reason: str
+
+
 class CliMetadataResponse(TypedDict):
     """`qmd collection metadata`: the answer and its text, drawn where MCP draws it."""
 
@@ -197,6 +207,29 @@ class DocumentOut(TypedDict):
     total_lines: int
     body: str
     pages: list[PageSpan]
+
+
+class EmbedProgressOut(TypedDict):
+    """`GET /v1/embed/progress` (`qmd embed --follow`): the embed running now, whoever started
+    it, and the report of the last one that finished since the daemon started."""
+
+    running: EmbedProgress | None
+    last_source: Literal["embed", "background"] | None
+    last: dict[str, Any] | None
+
+
+class EmbedProgress(TypedDict):
+    """A running embed as `qmd status` and `qmd embed --follow` show it."""
+
+    source: Literal["embed", "background"]
+    model: str
+    collections: list[str] | None
+    started_at: str
+    documents_done: int
+    documents_total: int
+    chunks_embedded: int
+    chunks_per_s: float
+    eta_s: float | None
 
 
 class ExpandedOut(TypedDict):
@@ -477,6 +510,7 @@ class StatusOut(TypedDict):
     global_context: str | None
     grammars: NotRequired[list[GrammarStatus]]
     warnings: NotRequired[list[str]]
+    embedding: NotRequired[EmbedProgress | None]
     daemon: DaemonOut
 
 

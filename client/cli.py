@@ -19,9 +19,11 @@ from typing import Any, cast
 import click
 
 from qmd.client import api, formats
+from qmd.client.mcp_config import CLIENTS, client_config
 from qmd.connection import ClientError, Daemon, address
-from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, CLI_STRUCTURED_RESULTS
+from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, CLI_STRUCTURED_RESULTS, VSEARCH_MIN_SCORE
 from qmd.paths import find_project
+from qmd.version import __version__
 
 FORMAT_FLAGS = ("csv", "md", "xml", "files", "json")  # precedence when several are given (spec §17.1)
 
@@ -209,7 +211,7 @@ def _style(editor_uri: str | None = None) -> formats.Style:
     "a running daemon keeps its setting, and says so.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Timings, the daemon's start and model loading on stderr.")
-@click.version_option(package_name="qmd", prog_name="qmd")
+@click.version_option(__version__, prog_name="qmd")  # the daemon's own, not a stale install's metadata
 @click.pass_context
 def cli(ctx: click.Context, index: str | None, no_gpu: bool, verbose: bool) -> None:
     """qmd: on-device search for your markdown notes, docs and transcripts.
@@ -385,7 +387,8 @@ def search(
 
 
 @cli.command()
-@search_options(min_score_default=0.3)
+@search_options(min_score_default=VSEARCH_MIN_SCORE)
+@click.option("--explain", is_flag=True, help="Show how each score was made.")
 def vsearch(
     c: Ctx,
     query: tuple[str, ...],
@@ -397,6 +400,7 @@ def vsearch(
     line_numbers: bool,
     full_path: bool,
     metadata_filter: dict[str, Any] | None,
+    explain: bool,
     fmt: str | None,
     **flags: bool,
 ) -> None:
@@ -416,16 +420,18 @@ def vsearch(
         min_score=min_score,
         all_results=all_results,
         metadata_filter=metadata_filter,
+        explain=explain,
     )
 
 
 cli.add_command(vsearch, "vector-search")
 
 
-_QUERY_HELP = """Hybrid search: keyword + vectors, query expansion, reranking.
+_QUERY_HELP = """Hybrid search: keyword and vector results fused into one list; query
+expansion and reranking too where the models are made for them (see --expand, --rerank).
 
 \b
-QUERY is plain text (expanded by the local model) or a query document,
+QUERY is plain text (expanded when expansion runs) or a query document,
 one typed line per sub-query (spec grammar):
   query           = expand_query | query_document ;
   expand_query    = text | explicit_expand ;
@@ -558,11 +564,14 @@ cli.add_command(query, "deep-search")
 @click.option("--from", "from_line", type=int, default=None, help="First line to show.")
 @click.option("-l", "--lines", "max_lines", type=click.IntRange(min=1), default=None, help="Number of lines.")
 @click.option("--line-numbers/--no-line-numbers", default=True, show_default=True)
+@click.option("--full", is_flag=True, help="The whole document, whatever range NAME names (a result's file:line).")
 @click.option("--full-path", is_flag=True, help="Show the on-disk path in the header.")
 @pass_ctx
-def get(c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full_path: bool) -> None:
+def get(
+    c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full: bool, full_path: bool
+) -> None:
     """Show a document: a path, qmd://collection/path, #docid, or path:from:count."""
-    body = {"file": name, "from_line": from_line, "max_lines": max_lines, "cwd": os.getcwd()}
+    body = {"file": name, "from_line": from_line, "max_lines": max_lines, "full": full, "cwd": os.getcwd()}
     doc: api.DocumentOut = c.call("POST", "/v1/get", body)
     _out(
         formats.render_document(
@@ -682,7 +691,8 @@ class ProgressBar:
             self.drawn = False
 
 
-def run_update(c: Ctx, collections: list[str] | None) -> None:
+def run_update(c: Ctx, collections: list[str] | None, *, as_json: bool = False) -> None:
+    """The update's events as they come; with `as_json`, only its report, as the daemon sent it."""
     ask_trust(c)
     bar = ProgressBar()
     t0 = time.monotonic()
@@ -690,18 +700,20 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
     try:
         for ev in c.daemon.stream("/v1/update", {"collections": collections}):
             kind = ev["event"]
+            if as_json and kind in ("collection", "summary"):
+                continue  # the report holds them
             if kind == "collection":
                 bar.clear()
                 click.echo(f"[{ev['index']}/{ev['count']}] {ev['name']} ({ev['pattern']})")
             elif kind == "hook":
                 bar.clear()
-                click.echo(f"    Running update command: {ev['command']}")
+                click.echo(f"    Running update command: {ev['command']}", err=as_json)
             elif kind == "gated":
                 bar.clear()
                 click.echo(f"⚠ {ev['note']}", err=True)
             elif kind == "hook_done":
                 if ev["output"].strip():
-                    click.echo("\n".join("    " + line for line in ev["output"].rstrip().splitlines()))
+                    click.echo("\n".join("    " + line for line in ev["output"].rstrip().splitlines()), err=as_json)
             elif kind == "progress":
                 bar.draw(ev["done"], ev["total"], f"files  {ev['files_per_s']:.0f} files/s")
             elif kind == "summary":
@@ -709,8 +721,10 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
                 for w in ev["warnings"]:
                     click.echo(f"  ⚠ {w}", err=True)
                 click.echo(f"  {ev['line']}")
-                if len(ev.get("loaded", {})) > 1 or set(ev.get("loaded", {})) - {"markdown"}:
-                    click.echo("  Read: " + ", ".join(f"{n} {kind}" for kind, n in sorted(ev["loaded"].items())))
+                if ev["watcher_line"]:
+                    click.echo(f"  ({ev['watcher_line']})")
+                if len(ev["loaders"]) > 1 or set(ev["loaders"]) - {"markdown"}:
+                    click.echo("  Read: " + ", ".join(f"{n} {kind}" for kind, n in sorted(ev["loaders"].items())))
                 for s in ev["skipped"][:20]:
                     click.echo(f"  ⚠ Skipped {s['path']}: {s['reason']}", err=True)
                 if len(ev["skipped"]) > 20:
@@ -718,15 +732,20 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
                 total_skipped += len(ev["skipped"])
                 if ev["orphans_cleaned"]:
                     click.echo(f"  Cleaned up {ev['orphans_cleaned']} orphaned content hash(es)")
-                if ev["discovered"]:
-                    click.echo(f"  {ev['discovered']} files in {ev['seconds']:.2f}s")
             elif kind == "done":
                 bar.clear()
-                n = len(ev["summaries"])
-                if n == 0:
+                if as_json:
+                    _out(json.dumps(ev["report"], indent=2))
+                    return
+                n, held = len(ev["report"]["collections"]), len(ev["report"]["not_updated"])
+                if n + held == 0:
                     click.echo("No collections found. Run 'qmd collection add .' to index markdown files.")
                     return
-                click.echo(f"✓ All collections updated ({time.monotonic() - t0:.1f}s, {total_skipped} skipped).")
+                took = f"{time.monotonic() - t0:.1f}s, {total_skipped} skipped"
+                if held:  # said above, one line each: never "all updated" over one left out
+                    click.echo(f"⚠ {n} of {n + held} collections updated ({took}); {held} not, as said above.")
+                else:
+                    click.echo(f"✓ All collections updated ({took}).")
     except ClientError as e:
         bar.clear()
         if e.detail.get("exit_code") is not None:
@@ -739,20 +758,30 @@ def run_update(c: Ctx, collections: list[str] | None) -> None:
 
 @cli.command()
 @only_collections
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON (the daemon's, as sent).")
 @pass_ctx
-def update(c: Ctx, collections: tuple[str, ...]) -> None:
-    """Re-index collections (running their update commands first)."""
-    run_update(c, list(collections) or None)
+def update(c: Ctx, collections: tuple[str, ...], as_json: bool) -> None:
+    """Re-index collections (running their update commands first). Reports, per collection,
+    what changed since its last report, including what the watcher indexed meanwhile."""
+    run_update(c, list(collections) or None, as_json=as_json)
 
 
 @cli.command()
 @only_collections
-@click.option("-f", "--force", is_flag=True, help="Re-embed everything for the current model.")
+@click.option(
+    "-f", "--force", is_flag=True, help="Drop the current model's vectors (of the -c collections) and embed again."
+)
 @click.option("--max-docs-per-batch", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--max-batch-mb", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True)
 @chunk_strategy_option(
     "auto: cut code files at functions, classes and imports (tree-sitter); regex: as prose. "
     "Saved as the collections' chunk_strategy in index.yml [default: theirs, else regex]."
+)
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON (the daemon's, as sent).")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Start nothing: follow the embed running now (the background one after 'collection add') until it ends.",
 )
 @pass_ctx
 def embed(
@@ -762,8 +791,15 @@ def embed(
     max_docs_per_batch: int,
     max_batch_mb: float,
     chunk_strategy: str | None,
+    as_json: bool,
+    follow: bool,
 ) -> None:
     """Embed documents for vector search (only what changed; resumable; Ctrl-C stops cleanly)."""
+    if follow:
+        if collections or force or chunk_strategy:
+            raise click.UsageError("--follow starts nothing: it takes no -c, --force or --chunk-strategy")
+        follow_embed(c, as_json)
+        return
     bar = ProgressBar()
     body = {
         "collections": list(collections) or None,
@@ -779,13 +815,15 @@ def embed(
                 total = ev["total"] or 0
                 bar.draw(ev["done"] // 2**20, total // 2**20, "MB  downloading the embed model")
             elif ev["event"] == "progress":
-                eta = f"ETA {ev['eta_s']:.0f}s" if ev["done"] < ev["total"] else ""
+                eta = f"ETA {ev['eta_s']:.0f}s" if ev["eta_s"] is not None and ev["done"] < ev["total"] else ""
                 bar.draw(
                     ev["done"], ev["total"], f"docs  {ev['chunks']} chunks  {ev['chunks_per_s']:.1f} chunks/s  {eta}"
                 )
             elif ev["event"] == "done":
                 bar.clear()
                 r = ev["report"]
+                if as_json:
+                    _out(json.dumps(r, indent=2))
                 if r["switched"]:
                     click.echo(
                         f"Chunk strategy {chunk_strategy} for {', '.join(r['switched'])} (saved in index.yml): "
@@ -801,11 +839,53 @@ def embed(
                     )
                 if r["cancelled"]:
                     click.echo("Stopped early; what was embedded is kept. Run 'qmd embed' again to continue.", err=True)
-                click.echo(f"✓ {r['line']}")
+                if not as_json:
+                    click.echo(f"✓ {r['line']}")
     except KeyboardInterrupt:
         bar.clear()
         click.echo("Cancelled; every completed batch is kept. Run 'qmd embed' again to continue.", err=True)
         sys.exit(130)
+
+
+FOLLOW_POLL_S = 0.5
+FOLLOW_LINE_S = 5.0
+"""Without a terminal (a log, a pipe), `--follow` prints a progress line this often."""
+
+
+def follow_embed(c: Ctx, as_json: bool) -> None:
+    """`qmd embed --follow`: poll the running embed's progress until none runs, then print
+    the report of the one that finished (text, or with `as_json` the report as sent)."""
+    bar = ProgressBar()
+    followed = False
+    printed = 0.0
+    try:
+        while True:
+            state: api.EmbedProgressOut = c.call("GET", "/v1/embed/progress")
+            run = state["running"]
+            if run is None:
+                break
+            line = formats.embed_progress_line(run)
+            if bar.enabled:
+                bar.draw(run["documents_done"], run["documents_total"], line.split(" · ", 1)[-1])
+            elif time.monotonic() - printed >= FOLLOW_LINE_S:
+                click.echo(f"Embedding: {line}", err=True)
+                printed = time.monotonic()
+            followed = True
+            time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        bar.clear()
+        click.echo("Stopped following; the embed goes on (see 'qmd status').", err=True)
+        sys.exit(130)
+    bar.clear()
+    last = state["last"]
+    if as_json:
+        _out(json.dumps(last, indent=2))
+    elif not followed:
+        click.echo("No embed is running." + ("" if last is None else f" The last one ({state['last_source']}):"))
+        if last is not None:
+            click.echo(f"  {last['line']}")
+    elif last is not None:
+        click.echo(f"✓ {last['line']}")
 
 
 @cli.command()
@@ -842,6 +922,26 @@ def pull(c: Ctx, refresh: bool) -> None:
 BENCH_BACKENDS = ("bm25", "vector", "hybrid", "full")
 
 
+class NdcgFloor(click.ParamType):
+    """`0.8` (every backend that ran) or `bm25=0.8` (that backend, which must run)."""
+
+    name = "[BACKEND=]X"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        backend, _, number = str(value).rpartition("=")
+        if backend and backend not in BENCH_BACKENDS:
+            self.fail(f"{backend!r} is not a backend: one of {', '.join(BENCH_BACKENDS)}", param, ctx)
+        try:
+            floor = float(number)
+        except ValueError:
+            floor = -1.0
+        if not 0 <= floor <= 1:
+            self.fail(f"{value!r}: the floor is a number from 0 to 1, like 0.8 or bm25=0.8", param, ctx)
+        return (backend or None, floor)
+
+
 @cli.command()
 @click.argument("fixture", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
@@ -863,6 +963,14 @@ BENCH_BACKENDS = ("bm25", "vector", "hybrid", "full")
     "hybrid and full: expand each query, or not [default: as a query does].",
 )
 @click.option("--json", "as_json", is_flag=True, help="The whole report as JSON: per query, per backend, summaries.")
+@click.option(
+    "--min-ndcg",
+    "floors",
+    multiple=True,
+    type=NdcgFloor(),
+    help="Exit 1 when a backend's mean nDCG@10 is below X: 'X' for every backend that ran, "
+    "'BACKEND=X' for one, which must then run (repeatable).",
+)
 @pass_ctx
 def bench(
     c: Ctx,
@@ -877,6 +985,7 @@ def bench(
     candidate_limit: int,
     expand: bool | None,
     as_json: bool,
+    floors: tuple[tuple[str | None, float], ...],
 ) -> None:
     """Measure search quality: precision, recall, MRR, F1 and nDCG@10 per backend (bm25,
     vector, hybrid, full), on a fixture of queries with expected files or a BEIR-format set."""
@@ -914,10 +1023,29 @@ def bench(
                 click.echo(json.dumps(ev["report"], indent=2) if as_json else ev["text"], nl=as_json)
                 for warning in ev["report"]["warnings"] if as_json else []:
                     click.echo(f"⚠ {warning}", err=True)
+                if below := below_floors(ev["report"], floors):
+                    click.echo("\n".join(f"✗ {line}" for line in below), err=True)
+                    sys.exit(1)
     except KeyboardInterrupt:
         bar.clear()
         click.echo("Cancelled.", err=True)
         sys.exit(130)
+
+
+def below_floors(report: dict[str, Any], floors: tuple[tuple[str | None, float], ...]) -> list[str]:
+    """Each `--min-ndcg` floor the report does not reach (seed 002: the eval stays at or
+    above its floor). A floor named for a backend that did not run is not reached."""
+    ran = {b["name"] for b in report["backends"] if b["status"] in ("ran", "partial")}
+    out = []
+    for backend, floor in floors:
+        for name in [backend] if backend else sorted(ran):
+            if name not in ran:
+                out.append(f"{name}: did not run, so its nDCG@10 floor {floor:.3f} is not met")
+                continue
+            ndcg = report["summary"][name]["means"]["ndcg_at_10"]
+            if ndcg < floor:
+                out.append(f"{name}: nDCG@10 {ndcg:.3f} is below the floor {floor:.3f}")
+    return out
 
 
 @cli.command()
@@ -1062,6 +1190,7 @@ def status(c: Ctx, name: str | None, as_json: bool, files: bool) -> None:
         "Documents",
         f"  Total:    {s['documents']} files indexed",
         f"  Vectors:  {s['vector']['message']}",
+        *([f"  Embedding: {formats.embed_progress_line(run)}"] if (run := s.get("embedding")) else []),
         *_orphaned_line(s["vector"]),
         *_grammar_lines(s.get("grammars") or []),
         *(["", "Project config"] if s.get("warnings") else []),
@@ -1164,6 +1293,22 @@ def collection_add(c: Ctx, path: str, name: str | None, mask: str | None) -> Non
     click.echo(f"Creating collection '{res['name']}'...")
     run_update(c, [res["name"]])
     click.echo(f"✓ Collection '{res['name']}' created successfully")
+    _background_embed_note(c, res["name"])
+
+
+def _background_embed_note(c: Ctx, name: str) -> None:
+    """Where the daemon embeds what its watcher indexes, start the new collection's embed now
+    and say so: how much, with which model, and how to follow it."""
+    try:
+        started: api.BackgroundStart = c.call("POST", "/v1/embed/background", {"collection": name})
+    except ClientError as e:  # the collection is added and indexed: only its vectors wait
+        click.echo(f"⚠ No background embedding started ({e.message}); run 'qmd embed'.", err=True)
+        return
+    if started["started"]:
+        click.echo(
+            f"Embedding {started['documents']} documents in the background with {started['model']}: "
+            "'qmd status' shows its progress, 'qmd embed --follow' follows it."
+        )
 
 
 @collection.command("list")
@@ -1582,16 +1727,35 @@ def _stop(c: Ctx) -> None:
 @click.option("--daemon", "detach", is_flag=True, help="With --http: start it in the background.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="With --http: port [QMD_PORT or 8181].")
 @click.option("--host", default=None, help="With --http: interface [QMD_HOST or localhost].")
+@click.option(
+    "--print-config",
+    "client",
+    type=click.Choice(list(CLIENTS)),
+    default=None,
+    help="Print the entry CLIENT's MCP config needs to start this bridge (with --http: to reach /mcp), "
+    "and on stderr the file it goes in.",
+)
 @click.pass_context
-def mcp(ctx: click.Context, over_http: bool, detach: bool, port: int | None, host: str | None) -> None:
+def mcp(
+    ctx: click.Context, over_http: bool, detach: bool, port: int | None, host: str | None, client: str | None
+) -> None:
     """MCP server for agents: stdio here, forwarding to the daemon's /mcp.
 
     \b
-    Agent config:  {"command": "qmd", "args": ["mcp"]}
-    or over HTTP:  http://localhost:8181/mcp  (the daemon serves it)
+    Agent config:  qmd mcp --print-config claude-desktop   (claude-code, cursor, vscode, codex)
+    or over HTTP:  http://localhost:8181/mcp  (the daemon serves it; --http --print-config CLIENT)
     `qmd mcp --http [--daemon]` is the original's spelling of `qmdd [--daemon]`.
     """
     if ctx.invoked_subcommand is not None:
+        return
+    if client is not None:
+        if detach or port is not None or host is not None:
+            raise click.UsageError(
+                "--daemon, --port and --host do not go with --print-config: it names the daemon QMD_PORT reaches"
+            )
+        text, note = client_config(client, ctx.obj.index, over_http=over_http)
+        click.echo(note, err=True)
+        click.echo(text)
         return
     if not over_http:
         if detach or port is not None or host is not None:
@@ -1742,6 +1906,33 @@ def daemon_restart(c: Ctx) -> None:
     click.echo(f"Started on http://{host}:{port} (PID {health['pid']})")
 
 
+@cli.command("ui")
+@click.option("--no-browser", is_flag=True, help="Only print the page's URL.")
+@pass_ctx
+def ui(c: Ctx, no_browser: bool) -> None:
+    """Open the daemon's search page in your browser (prints its URL when no browser opens).
+
+    With a token set (QMD_TOKEN or the token file) the URL carries a one-time ticket, good
+    for a minute, which the page trades for a cookie: the token itself never enters a URL.
+    """
+    import webbrowser
+    from urllib.parse import quote
+
+    if "Authorization" in c.daemon.headers:
+        url = c.daemon.url + c.call("POST", "/v1/ui/ticket")["path"]
+    else:
+        c.call("GET", "/health")  # started if need be, so the page answers
+        url = c.daemon.url + "/"
+    if c.index:
+        url += ("&" if "?" in url else "?") + f"index={quote(c.index)}"
+    if no_browser:
+        click.echo(url)
+    elif webbrowser.open(url):
+        click.echo(f"Opened in your browser: {url}")
+    else:
+        click.echo(f"No browser opened; visit {url}")
+
+
 @cli.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
@@ -1759,6 +1950,23 @@ def completion(shell: str) -> None:
     click.echo(script(cli, {}, "qmd", COMPLETE_VAR).source())
 
 
+def _negation_taken_for_option(e: click.UsageError) -> str | None:
+    """The argument a query command read as options although it is a lex negation: `-api`
+    (no option `-a`), or `-cats` (`-c ats`, leaving no query). `--foo` is a mistyped option."""
+    if e.ctx is None or not any(p.name == "query" for p in e.ctx.command.params):
+        return None
+    if isinstance(e, click.MissingParameter) and (e.param is None or e.param.name != "query"):
+        return None
+    names = {n for p in e.ctx.command.params for n in getattr(p, "opts", [])}
+    for arg in sys.argv[1:]:
+        if arg == "--":
+            break
+        negation = arg.startswith("-") and not arg.startswith("--") and arg not in names and not arg[2:].isdigit()
+        if negation and (isinstance(e, click.MissingParameter) or arg.startswith(getattr(e, "option_name", "-"))):
+            return arg
+    return None
+
+
 def main() -> None:
     """Entry point: user errors are one line on stderr, never a traceback."""
     try:
@@ -1766,10 +1974,9 @@ def main() -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
-    except click.NoSuchOption as e:
+    except (click.NoSuchOption, click.MissingParameter) as e:
         e.show()
-        if e.ctx is not None and any(p.name == "query" for p in e.ctx.command.params):
-            word = next((a for a in sys.argv[1:] if a.startswith(e.option_name)), e.option_name)
+        if (word := _negation_taken_for_option(e)) is not None and e.ctx is not None:
             click.echo(
                 f"A query that starts with '-' (a negation such as {word}) goes after '--': "
                 f"qmd {e.ctx.info_name} -- {word} …",

@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 from qmd.client import api
 from qmd.defaults import snippet_header
+from qmd.uri import with_range
 
 FORMATS = ("cli", "json", "csv", "md", "xml", "files")
 
@@ -400,6 +401,10 @@ def _explain_lines(explain: Mapping[str, Any]) -> list[str]:
     def listing(values: Sequence[float]) -> str:
         return ", ".join(num(v) for v in values) if values else "none"
 
+    if "cosine_distance" in explain:  # vector search: the nearest chunk's distance, and the score it makes
+        d, (first, last) = explain["cosine_distance"], explain["chunk_lines"]
+        score = f"score 1/(1+d) = {1 / (1 + d):.4f}"
+        return [f"Explain: cosine distance {d:.4f} to the chunk at lines {first}-{last}; {score}"]
     if "rrf" not in explain:  # keyword search: no fusion, no rerank, only which terms matched
         return [f"Explain: BM25 matched {explain.get('bm25_terms_matched', 0)} of {explain.get('terms', 0)} terms"]
     rrf = explain["rrf"]
@@ -545,7 +550,7 @@ def _search_cli(
     blocks = []
     for hit, ident in zip(hits, idents):
         matched = _has_match(hit)
-        location = f"{ident.name}:{hit['line']}" if matched else ident.name
+        location = with_range(ident.name, hit["line"]) if matched else ident.name
         abs_path = hit.get("abs_path")
         if style.links and abs_path:
             url = editor_link(abs_path, hit["line"] if matched else 1, style.editor_uri)
@@ -963,3 +968,21 @@ def render_coverage(collections: Sequence[api.Coverage]) -> str:
             lines.append(f"  ⚠ every file counts as pending vectors: {c['vectors_note']}")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n" if lines else "No collections yet.\n"
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def embed_progress_line(run: api.EmbedProgress) -> str:
+    """A running embed in one line (`qmd status`, `qmd embed --follow`): how far, how fast,
+    how long still, and whose it is."""
+    who = "qmd embed" if run["source"] == "embed" else "in the background"
+    if not run["documents_total"]:
+        return f"starting ({who}; {run['model']})"
+    eta = f" · ETA {_duration(run['eta_s'])}" if run["eta_s"] is not None and run["documents_done"] else ""
+    return (
+        f"{run['documents_done']}/{run['documents_total']} documents · {run['chunks_embedded']} chunks embedded · "
+        f"{run['chunks_per_s']:.1f} chunks/s{eta} ({who}; {run['model']})"
+    )

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from qmd.server.ingest.embed_job import EmbedReport
-    from qmd.server.ingest.indexer import Summary
+    from qmd.server.ingest.update import CollectionReport, UpdateReport
     from qmd.server.library import ExpandedQuery, Index, open
     from qmd.server.quality import BenchReport
     from qmd.server.search.discovery import KeyReport, MetadataReport, TypeReport
@@ -56,7 +56,8 @@ _EXPORTS = {
     "TypeReport": "qmd.server.search.discovery",
     "HybridOutcome": "qmd.server.search.hybrid",
     "Stage": "qmd.server.search.hybrid",
-    "Summary": "qmd.server.ingest.indexer",
+    "UpdateReport": "qmd.server.ingest.update",
+    "CollectionReport": "qmd.server.ingest.update",
     "EmbedReport": "qmd.server.ingest.embed_job",
     "BenchReport": "qmd.server.quality",
     "CollectionInfo": "qmd.server.status",
@@ -87,7 +88,8 @@ __all__ = [
     "TypeReport",
     "HybridOutcome",
     "Stage",
-    "Summary",
+    "UpdateReport",
+    "CollectionReport",
     "EmbedReport",
     "BenchReport",
     "CollectionInfo",

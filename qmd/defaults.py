@@ -27,6 +27,12 @@ CLI_STRUCTURED_RESULTS: Final = 20
 MCP_RESULTS: Final = 8
 """Results of the MCP `query` tool: enough to choose from, few enough for an agent's context."""
 
+VSEARCH_MIN_SCORE: Final = 0.0
+"""`vsearch`'s default floor: none, as for `search` and `query`. Where a similarity sits
+depends on the model (MiniLM's cosine for the right note of an eval query is 0.19-0.30; other
+embedders run higher), so a fixed floor empties correct answers under one model and keeps
+noise under another; the ranking is what every model shares."""
+
 
 def snippet_header(start: int, count: int, total_lines: int) -> str:
     """The unified-diff style hunk header, `@@ -start,count @@ (B before, A after)`, that says

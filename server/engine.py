@@ -10,6 +10,7 @@ return plain data and raise `errors.QmdError` subclasses for anything the caller
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -32,11 +33,11 @@ from qmd.server.config import (
     stored_path,
     validate_collection_name,
 )
-from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
+from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError, Unavailable
 from qmd.server.ingest import upkeep
-from qmd.server.ingest.embed_job import EmbedReport, embed_pending
+from qmd.server.ingest.embed_job import BackgroundStart, EmbedReport, EmbedTracker, embed_pending
 from qmd.server.ingest.indexer import Progress, Scope, Summary, index_collection, split_mask
-from qmd.server.ingest.update import run_update
+from qmd.server.ingest.update import ChangeLog, UpdateReport, run_update
 from qmd.server.ingest.watcher import Watcher
 from qmd.server.models.embedders import Embedder, EmbedderUnavailable
 from qmd.server.models.refs import RemoteRef
@@ -58,7 +59,7 @@ from qmd.server.search.keyword import search
 from qmd.server.search.pointers import DocumentText, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import QueryDoc
 from qmd.server.search.rerank import CosineScorer, Reranker
-from qmd.server.search.scope import resolve_scope
+from qmd.server.search.scope import resolve_scope, searchable
 from qmd.server.search.vector import VectorUnavailable
 from qmd.server.status import CollectionInfo, IndexStatus, VectorState
 from qmd.server.store import catalog
@@ -67,6 +68,8 @@ from qmd.server.store.db import IndexStore
 from qmd.server.store.documents import parse_virtual, safe_relpath
 from qmd.server.store.sqlite import open_store
 from qmd.server.text.chunking import ChunkStrategy
+
+log = logging.getLogger("qmd.engine")
 
 
 class Engine:
@@ -96,6 +99,13 @@ class Engine:
         self._update = threading.Lock()
         self._embed = threading.Lock()
         self._vector_states = status.VectorStates(self.store)
+        self.changes = ChangeLog()
+        """What every pass changed since each collection's last update report (`ingest.update`)."""
+        self.embeds = EmbedTracker()
+        """The running embed, whoever started it, and the last one's report."""
+        self._closing = threading.Event()
+        self._background: list[threading.Thread] = []
+        """Embeds `embed_in_background` started (they wait their turn on the embed lock)."""
         self.costs = CostModel()
         self.rerank_passage_chars = int(env_number("QMD_RERANK_PASSAGE_CHARS", RERANK_PASSAGE_CHARS, int))
         """Characters of each candidate's passage a reranker scores; its cost is about linear in them."""
@@ -148,6 +158,9 @@ class Engine:
         return None if self.paths.name == DEFAULT_INDEX else self.paths.name
 
     def close(self) -> None:
+        self._closing.set()
+        for t in self._background:
+            t.join(timeout=60)
         if self.watcher is not None:
             self.watcher.stop()
         if self._owns_worker:
@@ -180,6 +193,7 @@ class Engine:
             self.config.get(name)
             deleted = self.store.write(lambda conn: catalog.delete_collection(conn, name))
             self._save(self.config.without_collection(name))
+            self.changes.forget(name)
         self._watch_changed()
         return deleted
 
@@ -192,6 +206,7 @@ class Engine:
                 raise Conflict(f"Collection '{new}' already exists.")
             self.store.write(lambda conn: catalog.rename_collection(conn, old, new))
             self._save(cfg.without_collection(old).with_collection(replace(coll, name=new)))
+            self.changes.forget(old)
         self._watch_changed()
 
     def set_collection(
@@ -248,8 +263,9 @@ class Engine:
 
     # -- indexing -----------------------------------------------------------
 
-    def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> list[Summary]:
-        """Run each collection's hook, then re-index it (`ingest.update`).
+    def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> UpdateReport:
+        """Run each collection's hook, then re-index it, and report what changed since each
+        was last reported, the watcher's passes included (`ingest.update`).
 
         The config is read under the update lock, which removing or renaming a
         collection also takes: an update queued behind one sees the collection gone,
@@ -259,7 +275,7 @@ class Engine:
             self._mirror(cfg)
             gate = self.gate(cfg)
             colls = [cfg.get(n) for n in collections or list(cfg.collections)]
-            return run_update(self.store, colls, lambda kind, name: _held(gate, kind, name), progress)
+            return run_update(self.store, colls, lambda kind, name: _held(gate, kind, name), self.changes, progress)
 
     # -- watching -------------------------------------------------------------
 
@@ -287,7 +303,9 @@ class Engine:
                 return None
             self._mirror(cfg)
             with self.store.exclusive(f"update:{name}"):
-                return index_collection(self.store, coll, scope=scope)
+                summary = index_collection(self.store, coll, scope=scope)
+            self.changes.record(name, summary, watcher=True)
+            return summary
 
     def background_embedder(self) -> tuple[Embedder | None, str]:
         return self.models.background_embedder(self.usable_config())
@@ -301,10 +319,44 @@ class Engine:
         names = [n for n in collections if n in self.config.collections]
         if not names:
             return None
-        with self._embed, background_lane():
-            return embed_pending(
-                self.store, emb, collections=names, strategies=self.chunk_strategies(names), cancel=cancel
+        with self._embed, background_lane(), self.embeds.run("background", emb.uri, names, None) as seen:
+            report = embed_pending(
+                self.store,
+                emb,
+                collections=names,
+                strategies=self.chunk_strategies(names),
+                progress=seen,
+                cancel=cancel,
             )
+        if report.pending_before:  # a sweep that found nothing to embed leaves the last report be
+            self.embeds.finished("background", report)
+        return report
+
+    def embed_in_background(self, name: str) -> BackgroundStart:
+        """Start embedding a collection just added, as the watcher would at its first sweep a
+        few seconds later, so `qmd collection add` can say what it started, and `qmd embed
+        --follow` right after it has something to follow. Only where the watcher embeds by
+        itself: a daemon's, watching this collection, with a local model ready."""
+        coll = self.config.get(name)
+        emb, why = self.background_embedder()
+        settings = self.watcher.settings if self.watcher is not None else None
+        if settings is None or not settings.enabled or not settings.embed or not coll.watch:
+            return BackgroundStart(False, 0, None, "the daemon does not embed this collection by itself")
+        if emb is None or self.gate().blocks("path", name):
+            return BackgroundStart(False, 0, None, why or "untrusted project config")
+        pending = self.vector_state([name]).pending
+        if not pending:
+            return BackgroundStart(False, 0, emb.uri, "nothing to embed")
+        thread = threading.Thread(target=self._embed_added, args=(name,), name=f"qmd-embed-{name}", daemon=True)
+        self._background = [t for t in self._background if t.is_alive()] + [thread]
+        thread.start()
+        return BackgroundStart(True, pending, emb.uri, "")
+
+    def _embed_added(self, name: str) -> None:
+        try:
+            self.embed_watched([name], self._closing)
+        except Exception:  # vectors stay pending; `qmd embed` or the watcher's next pass retries
+            log.exception("embedding %s in the background failed", name)
 
     def _with_watch(self, info: CollectionInfo, embedding: str) -> CollectionInfo:
         coll = self.config.collections.get(info.name)
@@ -328,7 +380,7 @@ class Engine:
 
     def _query(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         cfg = self.config
-        resolve_scope(cfg, opts.collections)  # an unknown collection is the caller's error, before any model loads
+        searchable(cfg, opts.collections)  # no or an unknown collection is the caller's error, before any model loads
         check_chunk_strategy(opts.chunk_strategy)
         if opts.budget_ms is None and cfg.query_budget_ms is not None:  # index.yml's default; a request's own wins
             opts = replace(opts, budget_ms=cfg.query_budget_ms)
@@ -409,6 +461,8 @@ class Engine:
     def _embedder_or_why(self) -> tuple[Embedder | None, str]:
         """The embedder, or None and why not: what status, coverage and a query report
         instead of failing (keyword search still answers)."""
+        if self.store.vector_missing is not None:  # no model can help (Postgres without pgvector)
+            return None, self.store.vector_missing
         try:
             return self.embedder(), ""
         except EmbedderUnavailable as e:
@@ -431,6 +485,7 @@ class Engine:
 
     def vsearch(self, query: str, opts: SearchOptions = SearchOptions()) -> SearchOutcome:
         """Vector search; when it cannot run, keyword results with the reason (never silence)."""
+        searchable(self.config, opts.collections)  # before "vector search unavailable" for an empty index
         with self.worker.searching():
             try:
                 out = self._vector_or_raise(query, opts)
@@ -461,6 +516,8 @@ class Engine:
         if max_docs_per_batch < 1 or max_batch_bytes < 1:
             raise InvalidInput("--max-docs-per-batch and --max-batch-mb must be positive")
         check_chunk_strategy(chunk_strategy)
+        if self.store.vector_missing is not None:
+            raise Unavailable(f"cannot embed: {self.store.vector_missing}")
         with self._embed:
             emb = self.embedder(download=True, progress=progress)
             switched: list[str] = []
@@ -469,7 +526,11 @@ class Engine:
                     cfg, switched = self.config.with_chunk_strategy(collections, chunk_strategy)
                     if switched:
                         self._save(cfg)
-            with self.store.exclusive("embed"), background_lane():  # a query's calls go before the next batch
+            with (
+                self.store.exclusive("embed"),
+                background_lane(),  # a query's calls go before the next batch
+                self.embeds.run("embed", emb.uri, collections, progress) as seen,
+            ):
                 report = embed_pending(
                     self.store,
                     emb,
@@ -478,18 +539,27 @@ class Engine:
                     force=force,
                     max_docs_per_batch=max_docs_per_batch,
                     max_batch_bytes=max_batch_bytes,
-                    progress=progress,
+                    progress=seen,
                     cancel=cancel,
                 )
             report.switched = switched
+            self.embeds.finished("embed", report)
             return report
 
     # -- reading back -------------------------------------------------------
 
     def get(
-        self, name: str, *, from_line: int | None = None, max_lines: int | None = None, cwd: str | None = None
+        self,
+        name: str,
+        *,
+        from_line: int | None = None,
+        max_lines: int | None = None,
+        cwd: str | None = None,
+        full: bool = False,
     ) -> DocumentText:
-        return reading.get(self.store, self.config, name, self.paths.name, self.index_label, from_line, max_lines, cwd)
+        return reading.get(
+            self.store, self.config, name, self.paths.name, self.index_label, from_line, max_lines, cwd, full=full
+        )
 
     def multi_get(
         self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None, cwd: str | None = None
@@ -588,6 +658,7 @@ class Engine:
             vector=self.vector_state(),
             inference=self.worker.status(),
             warnings=self.gate().notes(),
+            embedding=self.embeds.running(),
         )
 
 

@@ -26,12 +26,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
+from qmd.defaults import VSEARCH_MIN_SCORE
 from qmd.paths import DEFAULT_INDEX, IndexPaths, cache_root
 from qmd.server.config import Config, ConfigFile, ConfigSource, Context, MemoryConfig, is_index_url
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput, Unavailable
 from qmd.server.ingest.embed_job import EmbedReport
-from qmd.server.ingest.indexer import Summary
+from qmd.server.ingest.update import UpdateReport
 from qmd.server.models.worker import WorkerClient
 from qmd.server.quality import BACKENDS, BenchReport, BenchSpec
 from qmd.server.search.discovery import MetadataOptions, MetadataReport
@@ -178,8 +179,9 @@ class Index:
 
     # -- indexing -------------------------------------------------------------------
 
-    def update(self, collections: Sequence[str] | None = None, *, progress: Progress | None = None) -> list[Summary]:
-        """Re-index (running each collection's update command first); incremental."""
+    def update(self, collections: Sequence[str] | None = None, *, progress: Progress | None = None) -> UpdateReport:
+        """Re-index (running each collection's update command first); incremental. The report
+        counts, per collection, what changed since its last report (seed 001's words)."""
         return self.engine.update(list(collections) if collections else None, progress=progress)
 
     def embed(
@@ -225,7 +227,7 @@ class Index:
         *,
         collections: Sequence[str] | None = None,
         limit: int = 5,
-        min_score: float = 0.3,
+        min_score: float = VSEARCH_MIN_SCORE,
         all: bool = False,  # noqa: A002 - the CLI's --all
         full: bool = False,
         filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
@@ -364,10 +366,13 @@ class Index:
 
     # -- retrieval ----------------------------------------------------------------------
 
-    def get(self, name: str, *, from_line: int | None = None, max_lines: int | None = None) -> DocumentText:
+    def get(
+        self, name: str, *, from_line: int | None = None, max_lines: int | None = None, full: bool = False
+    ) -> DocumentText:
         """A document by path (`notes/a.md`, `qmd://notes/a.md`) or docid (`#abc123`), or the
-        range a pointer names (`notes/a.md:41:4`: 4 lines from line 41)."""
-        return self.engine.get(name, from_line=from_line, max_lines=max_lines)
+        range a pointer names (`notes/a.md:41:4`: 4 lines from line 41); `full=True`: the
+        whole document whatever range the name carries."""
+        return self.engine.get(name, from_line=from_line, max_lines=max_lines, full=full)
 
     def multi_get(self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None) -> list[Retrieved]:
         """Documents by glob (`notes/2026-*.md`), comma-separated names or docids."""

@@ -46,7 +46,6 @@ from qmd.paths import IndexPaths
 from qmd.server.config import Collection, Config, validate_collection_name
 from qmd.server.errors import Conflict, InvalidInput, NotFound
 from qmd.server.ingest.embed_job import EmbedReport
-from qmd.server.ingest.indexer import Summary as IndexSummary
 from qmd.server.search.hybrid import DEFAULT_CANDIDATES, HybridOutcome, QueryOptions
 from qmd.server.search.pointers import Pointer, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import QueryDoc, parse_query
@@ -544,7 +543,7 @@ class BenchEngine(Protocol):
 
     def remove_collection(self, name: str) -> int: ...
 
-    def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> list[IndexSummary]: ...
+    def update(self, collections: list[str] | None = None, progress: Progress | None = None) -> object: ...
 
     def embed(
         self,

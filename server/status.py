@@ -15,7 +15,7 @@ from typing import Any
 
 from qmd.paths import IndexPaths
 from qmd.server.config import Collection, Config
-from qmd.server.ingest.embed_job import strategy_groups
+from qmd.server.ingest.embed_job import EmbedProgress, strategy_groups
 from qmd.server.ingest.upkeep import Orphans
 from qmd.server.ingest.watcher import Watcher, WatchInfo, off
 from qmd.server.models.embedders import Embedder
@@ -107,6 +107,8 @@ class IndexStatus:
     """The code grammars of `--chunk-strategy auto`: which load here, and why others do not."""
     warnings: list[str] = field(default_factory=list)
     """What of a project-local config is not used now, and why (`index.trust`)."""
+    embedding: EmbedProgress | None = None
+    """The embed running now (`qmd embed`'s or the watcher's), with its rate and ETA."""
 
 
 def collection_infos(store: IndexStore, cfg: Config) -> list[CollectionInfo]:
@@ -216,6 +218,7 @@ def index_status(
     inference: dict[str, Any],
     collections: list[CollectionInfo],
     warnings: list[str],
+    embedding: EmbedProgress | None,
 ) -> IndexStatus:
     """`qmd status`: the index's counts and versions with what the engine found."""
     with store.read() as conn:
@@ -236,6 +239,7 @@ def index_status(
         global_context=cfg.global_context,
         grammars=grammar_status(),
         warnings=warnings,
+        embedding=embedding,
     )
 
 

@@ -167,6 +167,20 @@ def test_bench_keyword_floors_on_the_eval_fixture(eval_env: Env) -> None:
     text = eval_env.ok("bench", str(EVAL_DIR / "example.json"))
     assert "exact-api" in text and "Summary:" in text and "skipped vector: vector search unavailable" in text
 
+    # seed 002's floor: met, then not, then named for a backend that could not run
+    fixture = str(EVAL_DIR / "example.json")
+    eval_env.ok("bench", fixture, "-b", "bm25", "--min-ndcg", "0.85", "--min-ndcg", "bm25=0.85")
+    high = eval_env.qmd("bench", fixture, "-b", "bm25", "--min-ndcg", "1")
+    assert high.returncode == 1 and f"✗ bm25: nDCG@10 {bm25['ndcg_at_10']:.3f} is below the floor 1.000" in high.stderr
+    skipped = eval_env.qmd("bench", fixture, "--min-ndcg", "0.5", "--min-ndcg", "vector=0.5")
+    assert (
+        skipped.returncode == 1
+        and skipped.stderr.strip() == "✗ vector: did not run, so its nDCG@10 floor 0.500 is not met"
+    )
+    for bad in ("2", "bm26=0.5", "x"):
+        r = eval_env.qmd("bench", fixture, "--min-ndcg", bad)
+        assert r.returncode == 2 and "--min-ndcg" in r.stderr and "Traceback" not in r.stderr
+
 
 @pytest.mark.slow
 def test_bench_errors_are_clear_and_change_nothing(eval_env: Env, tmp_path: Path) -> None:

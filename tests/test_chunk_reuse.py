@@ -54,7 +54,7 @@ def test_appending_a_line_re_embeds_only_the_changed_chunks(tmp_path: Path) -> N
         second = index.embed()
         assert second.chunks >= first.chunks
         assert second.embedded <= 2 and second.reused == second.chunks - second.embedded, second
-        assert f"{second.reused} unchanged chunks reused" in second.line()
+        assert f"· reused {second.reused} ·" in second.line()
         after = chunk_rows(index)
         shared = set(before) & set(after)
         assert len(shared) == second.reused

@@ -624,7 +624,7 @@ def test_embed_and_vsearch_through_the_cli(env: Env) -> None:
 
         r = env.qmd("embed", "--chunk-strategy", "auto")
         assert r.returncode == 0, r.stderr
-        assert "from 1 documents" in r.stdout and "Chunk strategy auto for code (saved in index.yml)" in r.stderr
+        assert "documents 1 ·" in r.stdout and "Chunk strategy auto for code (saved in index.yml)" in r.stderr
         saved = yaml.safe_load((env.config / "qmd" / "index.yml").read_text())
         assert saved["collections"]["code"]["chunk_strategy"] == "auto"
 
@@ -664,15 +664,15 @@ def test_embed_and_vsearch_through_the_cli(env: Env) -> None:
         assert yaml.safe_load((env.config / "qmd" / "index.yml").read_text()) == saved
 
         r = env.qmd("embed", "--chunk-strategy", "regex")
-        assert r.returncode == 0 and "from 1 documents" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == 0 and "documents 1 ·" in r.stdout, r.stdout + r.stderr
         regex_fp = env.json("status", "--json")["vector"]["spaces"]["regex"]
         assert regex_fp != auto_fp and space_chunks(env, regex_fp) != chunks
-        assert "from 0 documents" in env.ok("embed")
+        assert "documents 0 ·" in env.ok("embed")
         hit = env.json("vsearch", "add up the prices on a bill including tax", "--json")[0]
         assert hit["file"] == "qmd://code/billing.py"
 
         r = env.qmd("embed", "--chunk-strategy", "auto")  # its vectors are still in the auto space
-        assert "from 0 documents" in r.stdout and "0 pending" in r.stdout, r.stdout
+        assert "documents 0 ·" in r.stdout and "0 pending" in r.stdout, r.stdout
         assert env.json("status", "--json")["vector"]["pending"] == 0
     finally:
         d.stop()

@@ -263,11 +263,11 @@ def test_kill_mid_index_then_resume(env: Env) -> None:
             now = len(check_index(env, d, corpus, "big", converged=False))
             rounds.append(f"{'mid-index' if midway else 'after the index'} at {now}/{FILES}")
         assert any(r.startswith("mid-index") for r in rounds), rounds
-        summary = run_job(d, "/v1/update", {})["summaries"][0]
+        summary = run_job(d, "/v1/update", {})["report"]["collections"][0]
         assert summary["removed"] == 0
         assert len(check_index(env, d, corpus, "big", converged=True)) == FILES
-        again = run_job(d, "/v1/update", {})["summaries"][0]
-        assert (again["indexed"], again["updated"], again["removed"]) == (0, 0, 0), again
+        again = run_job(d, "/v1/update", {})["report"]["collections"][0]
+        assert (again["new"], again["updated"], again["removed"]) == (0, 0, 0), again
         meta = d.http.post("/v1/metadata", json={}).json()
         assert meta["with_metadata"] == FILES and meta["pending"] == 0, meta
     finally:
@@ -320,8 +320,8 @@ def test_kill_mid_update_after_edits_and_deletions(env: Env) -> None:
         assert any(r.startswith("mid-update") for r in rounds), rounds
         run_job(d, "/v1/update", {})
         assert len(check_index(env, d, corpus, "big", converged=True)) == len(corpus.current)
-        again = run_job(d, "/v1/update", {})["summaries"][0]
-        assert (again["indexed"], again["updated"], again["removed"]) == (0, 0, 0), again
+        again = run_job(d, "/v1/update", {})["report"]["collections"][0]
+        assert (again["new"], again["updated"], again["removed"]) == (0, 0, 0), again
         meta = d.http.post("/v1/metadata", json={}).json()
         assert meta["with_metadata"] == len(corpus.current) and meta["pending"] == 0, meta
     finally:

@@ -95,3 +95,29 @@ def test_every_section_the_code_cites_has_its_heading() -> None:
     headings = set(re.findall(r"^## §(\d+(?:\.\d+)*) ", (DOCS / "design" / "original.md").read_text(), re.M))
     assert cited, "the code cites the original's sections"
     assert not cited - headings, f"cited in the code, no heading in docs/design/original.md: {sorted(cited - headings)}"
+
+
+def code_defaults() -> dict[str, float]:
+    """Each variable's default where the code reads it as `("QMD_…", DEFAULT` (a number, or a
+    module constant set to one in the same file)."""
+    found: dict[str, float] = {}
+    for folder in ("qmd", "server"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            constants = dict(re.findall(r"^([A-Z_][A-Z0-9_]*)(?:: [^=\n]+)? = ([0-9][0-9_.]*)\s*$", text, re.M))
+            for var, value in re.findall(r"\"(QMD_[A-Z0-9_]+)\", ([A-Z0-9_.]+)\b", text):
+                number = constants.get(value, value).replace("_", "")
+                if re.fullmatch(r"[0-9]+(\.[0-9]+)?", number):
+                    found[var] = float(number)
+    return found
+
+
+def test_the_defaults_the_configuration_table_quotes_are_the_codes() -> None:
+    rows = re.findall(
+        r"^\| `(QMD_[A-Z0-9_]+)` \| [^|]+ \| `([0-9][0-9_.]*)` \|", (DOCS / "configuration.md").read_text(), re.M
+    )
+    code = code_defaults()
+    checked = {var: float(value) for var, value in rows if var in code}
+    assert len(checked) >= 8, f"too few defaults found to check: {checked}"
+    wrong = {var: (quoted, code[var]) for var, quoted in checked.items() if quoted != code[var]}
+    assert not wrong, f"docs/configuration.md quotes (documented, code) defaults that differ: {wrong}"

@@ -279,3 +279,5 @@ def test_results_carry_their_metadata_and_a_short_answer_says_why(corpus: Corpus
     assert any("could not be read" in w for w in out.warnings)
     plain = engine.search("alpha", SearchOptions(limit=200))
     assert plain.filter is None and not any("filter" in w for w in plain.warnings)
+    full = engine.search("alpha", SearchOptions(limit=1, filter=parse_filter(f)))
+    assert len(full.hits) == 1 and full.warnings == []  # a full answer has nothing to explain

@@ -457,7 +457,7 @@ def test_search_cli_plain(hits: list[dict[str, Any]]) -> None:
         "@@ -1,3 @@ (0 before, 0 after)\n"
         "# B\nnothing here\nbye\n"
         "\n\n"
-        "qmd://notes/gone.md?index=work:7 #0a0b0c\n"
+        "qmd://notes/gone.md:7?index=work #0a0b0c\n"
         "Title: Gone\n"
         "Score:  20%\n"
         "Explain: fts=[0.8920, 0.9070] vec=[none]\n"
@@ -622,7 +622,7 @@ def test_search_full_path_all_formats(hits: list[dict[str, Any]], tmp_path: Path
     assert warnings == [multi_warning]
     assert text.startswith("./notes/dir/a.md:42\n")
     assert "\n./notes/b.md\n" in text
-    assert "\nqmd://notes/gone.md?index=work:7 #0a0b0c\n" in text
+    assert "\nqmd://notes/gone.md:7?index=work #0a0b0c\n" in text
 
 
 def test_search_full_path_outside_cwd_and_single_warning(hits: list[dict[str, Any]], tmp_path: Path) -> None:

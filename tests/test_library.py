@@ -24,8 +24,8 @@ def test_library_page_example_runs(tmp_path: Path, notes: Path) -> None:
 
 def test_inline_collections_index_search_get(tmp_path: Path, notes: Path) -> None:
     with qmd.open(tmp_path / "i.sqlite", collections={"notes": {"path": str(notes)}}) as index:
-        [summary] = index.update()
-        assert summary.indexed == len(NOTES)
+        [summary] = index.update().collections
+        assert summary.new == len(NOTES)
         out = index.search("angel investors")
         top = out.hits[0]
         assert isinstance(top, qmd.Pointer)
@@ -135,8 +135,8 @@ def test_add_collection_ignore_leaves_files_out(tmp_path: Path, notes: Path) -> 
     with qmd.open(db, config=yml) as index:
         info = index.add_collection("notes", notes, pattern="**/*.md", ignore=["work/**", "ideas.md"])
         assert info.ignore == ["work/**", "ideas.md"] and info.pattern == "**/*.md"
-        [summary] = index.update()
-        assert summary.indexed == len(NOTES) - 2
+        [summary] = index.update().collections
+        assert summary.new == len(NOTES) - 2
         assert index.search("release").hits == [] and index.search("startup").hits[0].doc.path == "fundraising.md"
         assert index.add_collection("one", write(tmp_path / "one", {"a.md": "# A\n"}), ignore="x/**").ignore == [
             "x/**"

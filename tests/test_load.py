@@ -140,9 +140,9 @@ def test_sixteen_clients_during_a_full_index_and_an_embed(env: Env) -> None:
         for t in threads:
             t.start()
         time.sleep(1)
-        summaries = job(d, "/v1/update", {})["summaries"]
+        summaries = job(d, "/v1/update", {})["report"]["collections"]
         t_index = time.monotonic() - t0
-        assert sum(s["indexed"] for s in summaries) == BIG + SMALL
+        assert sum(s["new"] for s in summaries) == BIG + SMALL
         report = job(d, "/v1/embed", {"collections": ["small"]})["report"]
         t_embed = time.monotonic() - t0 - t_index
         assert report["documents"] == SMALL and report["pending_after"] == 0

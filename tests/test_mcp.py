@@ -180,7 +180,7 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
     assert query["properties"]["searches"]["items"]["properties"]["type"]["enum"] == ["lex", "vec", "hyde"]
     assert "required" not in query
     get = by_name["get"].input_schema
-    assert list(get["properties"]) == ["file", "fromLine", "maxLines", "lineNumbers"]
+    assert list(get["properties"]) == ["file", "fromLine", "maxLines", "full", "lineNumbers"]
     assert get["required"] == ["file"] and get["properties"]["lineNumbers"]["default"] is True
     multi = by_name["multi_get"].input_schema
     assert list(multi["properties"]) == ["pattern", "maxLines", "maxBytes", "lineNumbers"]
@@ -229,7 +229,7 @@ def test_query_returns_pointers_that_get_reads_back(shared: Daemon, mode: str) -
     assert top["context"] == GLOBAL_CONTEXT
     assert 0 < top["score"] <= 1 and round(top["score"], 2) == top["score"]
     assert top["snippet"].split("\n")[:3] == [
-        "@@ -6,4 @@ (5 before, 1 after)",
+        "@@ -6,4 @@ (5 before, 0 after)",
         "6: ",
         "7: Angel investors fund early startups.",
     ]
@@ -454,21 +454,21 @@ def test_get_reads_ranges_with_line_numbers(shared: Daemon) -> None:
         "5: ## Investors\n6: \n7: Angel investors fund early startups."
     )
     assert get_text(shared, {"file": "notes/fundraising.md:8"}) == (
-        "8: We raise money from angels and VCs.\n9: Keep the pitch deck short.\n10: "
+        "8: We raise money from angels and VCs.\n9: Keep the pitch deck short."
     )
     # Explicit arguments win over the suffix.
     assert get_text(shared, {"file": "notes/fundraising.md:1:2", "fromLine": 7, "maxLines": 1}) == (
         "7: Angel investors fund early startups."
     )
     assert get_text(shared, {"file": "qmd://notes/cooking/bread.md", "lineNumbers": False}) == (
-        "# Sourdough bread\n\nMix flour, water and salt.\nBake at 230C for 40 minutes.\n"
+        "# Sourdough bread\n\nMix flour, water and salt.\nBake at 230C for 40 minutes."
     )
 
 
 @pytest.mark.slow
 def test_get_past_the_end_is_an_error(shared: Daemon) -> None:
     message = error_of(tool(shared, "get", {"file": "notes/ideas.md:50:2"}))
-    assert message == "notes/ideas.md has 4 lines; line 50 is past the end"
+    assert message == "notes/ideas.md has 3 lines; line 50 is past the end"
 
 
 @pytest.mark.slow
@@ -511,13 +511,13 @@ def test_multi_get_by_glob_and_list(shared: Daemon) -> None:
     globbed = tool(shared, "multi_get", {"pattern": "cooking/*.md"})
     assert [r.uri for r in resources_of(globbed)] == ["qmd://notes/cooking/bread.md"]
     assert resources_of(globbed)[0].text.endswith(
-        "\n1: # Sourdough bread\n2: \n3: Mix flour, water and salt.\n4: Bake at 230C for 40 minutes.\n5: "
+        "\n1: # Sourdough bread\n2: \n3: Mix flour, water and salt.\n4: Bake at 230C for 40 minutes."
     )
     listed = tool(shared, "multi_get", {"pattern": "notes/fundraising.md, notes/ideas.md", "lineNumbers": False})
     assert [r.uri for r in resources_of(listed)] == ["qmd://notes/fundraising.md", "qmd://notes/ideas.md"]
     assert (
         resources_of(listed)[1].text
-        == f"<!-- Context: {GLOBAL_CONTEXT} -->\n\n# Ideas\n\nA startup that sells bread to investors.\n"
+        == f"<!-- Context: {GLOBAL_CONTEXT} -->\n\n# Ideas\n\nA startup that sells bread to investors."
     )
 
 
@@ -529,7 +529,7 @@ def test_multi_get_reports_errors_first_and_truncates(shared: Daemon) -> None:
     assert isinstance(first, types.TextContent)
     assert first.text.startswith("Errors:\nDocument not found: notes/nope.md")
     [doc] = resources_of(result)
-    assert doc.text.endswith("\n\n1: # Ideas\n\n[... truncated 3 more lines]")
+    assert doc.text.endswith("\n\n1: # Ideas\n\n[... truncated 2 more lines]")
 
 
 @pytest.mark.slow

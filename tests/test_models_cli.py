@@ -57,7 +57,7 @@ def test_pull_doctor_embed_with_hf_model(env: Env, hub: str, tmp_path: Path) -> 
         assert f"✓ present: {cached}" in env.ok("pull")
         doctor = env.ok("doctor")
         assert f"✓ embed: hf:test/minilm/{MODEL} (env)" in doctor and "bert" in doctor
-        assert "from 4 documents" in env.ok("embed")
+        assert "documents 4 ·" in env.ok("embed")
         assert env.json("vsearch", "sourdough bread", "--json")[0]["file"] == "qmd://notes/cooking/bread.md"
         assert "nothing pending" in env.ok("doctor")
     finally:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from qmd.client.formats import Style, context_line, render_document, render_multi_get, render_search
 from qmd.server.search.pointers import size_comparison, too_large_note
+from qmd.server.text.lines import file_lines
 
 PLAIN = Style(color=False, links=False)
 
@@ -222,8 +223,9 @@ def random_files(env: Env, daemon: Daemon, tmp_path: Path) -> dict[str, list[str
     }
     for i, lines in enumerate(files.values()):
         lines[0] = f"# first {i}"  # every file has text, and a search for "first" finds them all
-    files["f0.md"].append("")  # ends with a newline: its last line is empty
-    write(tmp_path / "rand", {name: "\n".join(lines) for name, lines in files.items()})
+        lines[-1] = lines[-1] or "last"  # an empty last line would be only a final line break
+    # f0 ends with a line break, which ends its last line and opens none (`wc -l`'s count)
+    write(tmp_path / "rand", {name: "\n".join(lines) + "\n" * (name == "f0.md") for name, lines in files.items()})
     env.ok("collection", "add", str(tmp_path / "rand"), "--name", "rand")
     env.ok("context", "add", "/", "Global KB")
     env.ok("context", "add", "qmd://rand", "Eval docs")
@@ -257,7 +259,7 @@ def test_cli_numbers_exactly_the_window(env: Env, random_files: dict[str, list[s
 @pytest.mark.slow
 def test_cli_notes_and_contexts(env: Env, random_files: dict[str, list[str]]) -> None:
     lines = random_files["f0.md"]
-    size = len("\n".join(lines).encode())
+    size = len(("\n".join(lines) + "\n").encode())  # f0 ends with a line break
     (entry,) = env.json("multi-get", "qmd://rand/f0.md", "--max-bytes", str(size - 1), "--json")
     assert entry["skipped"] and entry["reason"].startswith(f"File too large ({size} bytes > {size - 1} bytes)")
     files = env.ok("multi-get", "qmd://rand/*.md", "--files").splitlines()
@@ -267,3 +269,11 @@ def test_cli_notes_and_contexts(env: Env, random_files: dict[str, list[str]]) ->
     hits = env.ok("search", "first", "--files").splitlines()
     assert hits and all(line.endswith(',"Global KB | Eval docs"') for line in hits)
     assert "Context: Global KB | Eval docs\nScore:" in env.ok("search", "first")
+
+
+@pytest.mark.parametrize(
+    ("body", "lines"),
+    [("a\nb\n", ["a", "b"]), ("a\nb", ["a", "b"]), ("a\n\n", ["a", ""]), ("", [""]), ("\n", [""])],
+)
+def test_a_final_line_break_opens_no_line(body: str, lines: list[str]) -> None:
+    assert file_lines(body) == lines

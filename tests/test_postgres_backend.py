@@ -247,6 +247,12 @@ def test_without_pgvector_keyword_search_answers_and_vectors_are_announced(postg
         assert index.search("fundraising").hits
         status = index.status()
         assert status.sqlite_vec is None and not status.vector.available
+        # every surface of the missing extension names the SQL that fixes it
+        assert "`CREATE EXTENSION vector;`" in status.vector.message
+        answer = index.vsearch("fundraising")
+        assert answer.degraded and "`CREATE EXTENSION vector;`" in answer.warnings[0]
+        with pytest.raises(Unavailable, match="cannot embed: .*`CREATE EXTENSION vector;`"):
+            index.embed()
 
 
 def test_a_collection_held_by_another_daemon_is_waited_for_then_refused(

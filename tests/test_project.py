@@ -102,7 +102,8 @@ def test_init_makes_a_project_that_every_command_inside_it_adopts(env: Env, daem
     # the user's own index is another one, and --index wins inside the tree
     assert env.json("status", "--json")["collections"] == []
     assert env.json("--index", "index", "status", "--json", cwd=sub)["collections"] == []
-    assert env.ok("search", "zanzibar", "--files", cwd=env.home).strip() == ""
+    outside = env.qmd("search", "zanzibar", "--files", cwd=env.home)
+    assert outside.returncode == 1 and "no collections to search" in outside.stderr
 
 
 def test_init_refuses_a_folder_that_is_a_project_or_not_a_folder(env: Env, daemon: Daemon) -> None:

@@ -74,7 +74,7 @@ def test_remote_embed_search_switch_and_server_down(env: Env, model: Path, tmp_p
         try:
             env.ok("collection", "add", str(notes), "--name", "notes")
             out = env.ok("embed")  # a local endpoint needs no key
-            assert "from 4 documents" in out and "0 pending" in out, out
+            assert "documents 4 ·" in out and "0 pending" in out, out
             assert env.json("vsearch", "sourdough bread", "--json")[0]["file"] == "qmd://notes/cooking/bread.md"
             hits = env.json("vsearch", "who funds early startups", "--json")
             assert hits[0]["file"] == "qmd://notes/fundraising.md"

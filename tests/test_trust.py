@@ -73,9 +73,9 @@ def approve(e: Engine) -> trust.Approval:
 
 def test_an_untrusted_hook_never_runs_and_in_project_indexing_continues(engine: Engine, tmp_path: Path) -> None:
     events: list[dict] = []
-    [summary] = engine.update(progress=events.append)
+    [summary] = engine.update(progress=events.append).collections
     assert not (tmp_path / "hook-ran").exists()
-    assert summary.indexed == 2  # `path: .` is the project folder, wherever it was cloned
+    assert summary.new == 2  # `path: .` is the project folder, wherever it was cloned
     assert summary.warnings[0] == (
         "skipped: update command of collection docs (untrusted project config; run 'qmd trust')"
     )
@@ -87,7 +87,7 @@ def test_approval_runs_the_hook_and_any_edit_asks_again(engine: Engine, project:
     approved = approve(engine)
     assert approved.root == str(project)
     assert approved.items == (f"update command of collection docs: touch {tmp_path / 'hook-ran'}",)
-    [summary] = engine.update()
+    [summary] = engine.update().collections
     assert (tmp_path / "hook-ran").exists() and not summary.warnings
     assert engine.status().warnings == []
 
@@ -118,7 +118,7 @@ def test_a_collection_outside_the_project_is_neither_indexed_nor_watched(home: P
     e = Engine(IndexPaths.for_project(root))
     try:
         events: list[dict] = []
-        summaries = e.update(progress=events.append)
+        summaries = e.update(progress=events.append).collections
         assert [s.collection for s in summaries] == ["docs"]
         gated = [ev for ev in events if ev["event"] == "gated"]
         assert gated == [
@@ -134,7 +134,7 @@ def test_a_collection_outside_the_project_is_neither_indexed_nor_watched(home: P
         watch = next(c.watch for c in e.status().collections if c.name == "secrets")
         assert watch is not None and watch.mode == "off" and "outside the project" in watch.reason
         approve(e)
-        assert [s.collection for s in e.update()] == ["docs", "secrets"]
+        assert [s.collection for s in e.update().collections] == ["docs", "secrets"]
         assert e.search("secrets").hits
     finally:
         e.close()
@@ -282,6 +282,11 @@ def test_no_terminal_update_skips_the_hook_and_says_so(env: Env, daemon: Daemon)
     assert "skipped: update command of collection docs (untrusted project config; run 'qmd trust')" in r.stderr
     assert "skipped: collection secrets at" in r.stderr and "Running update command" not in r.stdout
     assert "Indexed: 2 new" in r.stdout
+    # never "all updated" over the collection left out, in text or JSON
+    assert "All collections updated" not in r.stdout
+    assert "⚠ 1 of 2 collections updated" in r.stdout and "1 not, as said above" in r.stdout
+    report = env.json("update", "--json", cwd=repo)
+    assert list(report["not_updated"]) == ["secrets"] and "outside the project" in report["not_updated"]["secrets"]
     assert env.ok("search", "zanzibar", "--files", cwd=repo).strip() == ""  # the outside folder was not read
     status = env.ok("status", cwd=repo)
     assert "⚠ skipped: update command of collection docs" in status

@@ -314,7 +314,7 @@ def test_edit_after_embedding_then_cleanup_leaves_no_orphans(env: Env, model: Pa
         assert env.json("status", "--json")["vector"]["orphan_chunks"] == 0
         (notes / "raft.md").write_text(f"# raft\n\n{_para('leader election')}\n")
         (notes / "gossip.md").unlink()
-        [summary] = _job(d, "/v1/update")["summaries"]  # seed 001's names in the reports
+        [summary] = _job(d, "/v1/update")["report"]["collections"]  # seed 001's names in the reports
         assert (summary["discovered"], summary["updated"], summary["removed"]) == (2, 1, 1)
         vector = env.json("status", "--json")["vector"]
         # the old versions' chunks are orphans, never counted as embedded

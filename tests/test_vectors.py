@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -82,7 +83,7 @@ def test_vsearch_scores_and_min_score(embedded: tuple[Env, Daemon]) -> None:
     raw = d.http.post("/v1/vector", json={"query": "sourdough bread baking", "limit": 3, "min_score": 0}).json()
     assert raw["results"][0]["path"] == "cooking/bread.md"
     scores = [h["score"] for h in raw["results"]]
-    assert scores == sorted(scores, reverse=True) and all(-1 <= s <= 1 for s in scores)
+    assert scores == sorted(scores, reverse=True) and all(1 / 3 <= s <= 1 for s in scores)
     assert env.ok("vsearch", "sourdough", "--min-score", "0.99") == "No results found above minimum score threshold.\n"
 
 
@@ -135,12 +136,12 @@ def test_incremental_shared_content_rename(env: Env, model: Path, notes: Path, t
     d = start(env, model)
     try:
         env.ok("collection", "add", str(notes), "--name", "notes")
-        assert "from 4 documents" in env.ok("embed")
-        assert "Embedded 0 chunks from 0 documents" in env.ok("embed")
+        assert "documents 4 ·" in env.ok("embed")
+        assert "Embedded: documents 0 · chunks 0 · embedded 0" in env.ok("embed")
         (notes / "ideas.md").write_text("# Ideas\n\nA bakery that delivers croissants by drone.\n")
         env.ok("update")
         assert "1 documents pending" in env.ok("status")
-        assert "from 1 documents" in env.ok("embed")
+        assert "documents 1 ·" in env.ok("embed")
         twin = write(tmp_path / "twin", {"copy.md": NOTES["cooking/bread.md"]})
         env.ok("collection", "add", str(twin), "--name", "twin")
         # Content embedded already is searchable in its new collection as soon as it is
@@ -149,7 +150,7 @@ def test_incremental_shared_content_rename(env: Env, model: Path, notes: Path, t
         assert [h["file"] for h in env.json("vsearch", "sourdough bread", "--json", "-c", "twin")] == [
             "qmd://twin/copy.md"
         ]
-        assert "Embedded 0 chunks from 0 documents" in env.ok("embed")  # same content: no new vectors
+        assert "Embedded: documents 0 · chunks 0 · embedded 0" in env.ok("embed")  # same content: no new vectors
         env.ok("collection", "rename", "twin", "recipes")
         assert env.json("vsearch", "sourdough bread", "--json", "-c", "recipes")[0]["file"] == "qmd://recipes/copy.md"
         (notes / "cooking" / "bread.md").unlink()
@@ -172,7 +173,7 @@ def test_fingerprint_change_never_mixes(env: Env, model: Path, notes: Path) -> N
         assert "vector search unavailable — 4 documents pending" in env.ok("status")
         r = env.qmd("vsearch", "sourdough")
         assert "showing keyword results instead" in r.stderr
-        assert "from 4 documents" in env.ok("embed")
+        assert "documents 4 ·" in env.ok("embed")
         assert "nothing pending" in env.ok("status")
         assert env.json("vsearch", "sourdough bread", "--json")[0]["file"] == "qmd://notes/cooking/bread.md"
     finally:
@@ -231,7 +232,7 @@ def test_daemon_killed_mid_embed_resumes(env: Env, model: Path, tmp_path: Path) 
         before = d.http.get("/v1/status").json()["vector"]
         assert before["embedded_chunks"] >= 10 and 0 < before["pending"] < 60
         out = env.ok("embed")
-        assert f"from {before['pending']} documents" in out and "0 pending" in out
+        assert f"documents {before['pending']} ·" in out and "0 pending" in out
     finally:
         d.stop()
 
@@ -263,10 +264,10 @@ def test_force_one_collection_leaves_others(env: Env, model: Path, notes: Path, 
         other = write(tmp_path / "other", {"a.md": "# A\n\nalpha notes\n", "b.md": "# B\n\nbeta notes\n"})
         env.ok("collection", "add", str(notes), "--name", "notes")
         env.ok("collection", "add", str(other), "--name", "other")
-        assert "from 6 documents" in env.ok("embed")
-        assert "from 2 documents" in env.ok("embed", "-f", "-c", "other")
+        assert "documents 6 ·" in env.ok("embed")
+        assert "documents 2 ·" in env.ok("embed", "-f", "-c", "other")
         assert "nothing pending" in env.ok("status")
-        assert "from 6 documents" in env.ok("embed", "-f")
+        assert "documents 6 ·" in env.ok("embed", "-f")
     finally:
         d.stop()
 
@@ -285,10 +286,15 @@ def test_worker_killed_between_queries_restarts(embedded: tuple[Env, Daemon]) ->
 
 
 @pytest.mark.slow
-def test_vsearch_refuses_explain(embedded: tuple[Env, Daemon]) -> None:
-    _, d = embedded
-    r = d.http.post("/v1/vector", json={"query": "bread", "explain": True})
-    assert r.status_code == 400 and "explain is not available for vector search" in r.json()["error"]
+def test_vsearch_explains_each_score(embedded: tuple[Env, Daemon]) -> None:
+    """`--explain` means the same on every search command: how each score was made."""
+    env, d = embedded
+    hits = d.http.post("/v1/vector", json={"query": "bread", "explain": True}).json()["results"]
+    assert hits and all(h["explain"]["chunk_lines"][0] <= h["line"] <= h["explain"]["chunk_lines"][1] for h in hits)
+    assert all(abs(h["score"] - 1 / (1 + h["explain"]["cosine_distance"])) < 0.006 for h in hits)  # 2-dp scores
+    text = env.ok("vsearch", "bread", "--explain")
+    assert re.search(r"Explain: cosine distance \d\.\d{4} to the chunk at lines \d+-\d+; score 1/\(1\+d\) = ", text)
+    assert d.http.post("/v1/vector", json={"query": "bread"}).json()["results"][0].get("explain") is None
 
 
 # -- the in-memory index (fast: no model) -------------------------------------------------

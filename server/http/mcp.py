@@ -70,6 +70,7 @@ from qmd.server.search.hybrid import primary_text
 from qmd.server.store.documents import split_range
 from qmd.server.store.sqlite import utcnow
 from qmd.server.text.pages import describe_pages
+from qmd.uri import with_range
 from qmd.version import __version__
 
 log = logging.getLogger("qmd.mcp")
@@ -185,8 +186,9 @@ write lex/vec/hyde lines (by default only a model trained for it does: a general
 model's measured no gain). All lists are fused (RRF) and the best passages reranked \
 (by default by a model trained to rank only; `rerank: true` also with a general model). \
 `score` = fusion blended with rerank, 0-1: `fusion` is how strongly the searches agree \
-(1 = first everywhere), `rerank` the reranker's relevance (null if not scored). Threshold on \
-`score` around 0.3 to drop weak pointers.
+(1 = first everywhere), `rerank` the reranker's relevance (null if not scored). `fusion` is \
+relative to this query's lists, so without `rerank` any query's first result scores near 1, \
+relevant or not; `minScore: 0.3` then drops results only one search found, below its top few.
 
 At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
 (default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
@@ -262,7 +264,7 @@ def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
     blocks.extend(_result_text(r) for r in results)
     if results:
         first = out.hits[0]
-        example = f"{results[0].file}:{first.start_line}:{first.end_line - first.start_line + 1}"
+        example = with_range(results[0].file, first.start_line, first.end_line - first.start_line + 1)
         blocks.append(
             "These are pointers, not sources. Before citing one, read its range with `get` "
             f'(e.g. get file="{example}"), widen it if the passage is cut off, and cite file:lines. '
@@ -280,7 +282,7 @@ def _result_text(r: ResultOut) -> str:
     under the global one) goes on indented lines without the blank ones, so no blank
     line splits the block."""
     page = "" if r.page is None else f" (page {r.page}, lines {r.page_lines})"
-    lines = [f"{r.docid} {round(r.score * 100)}% {r.file}:{r.lines}{page} - {r.title}"]
+    lines = [f"{r.docid} {round(r.score * 100)}% {with_range(r.file, r.lines)}{page} - {r.title}"]
     if r.context and (parts := [line.strip() for line in r.context.splitlines() if line.strip()]):
         lines.append("Context: " + "\n  ".join(parts))
     if r.metadata:
@@ -293,13 +295,13 @@ def run_get(engine: Engine, args: GetRequest) -> types.CallToolResult:
     """One document, or the exact range a pointer named: by a result's `file`, a path,
     a docid, or the percent-encoded `qmd://` URI of a document this server returned."""
     try:
-        doc = engine.get(args.file, from_line=args.from_line, max_lines=args.max_lines)
+        doc = engine.get(args.file, from_line=args.from_line, max_lines=args.max_lines, full=args.full)
     except NotFound as e:
         decoded = unquote(args.file) if args.file.startswith(URI_SCHEME) else args.file
         if decoded == args.file:
             return _tool_error(_not_found_message(split_range(args.file)[0], e))
         try:  # an embedded resource's URI (`qmd://notes/a%20b.md`), as `resources/read` takes it
-            doc = engine.get(decoded, from_line=args.from_line, max_lines=args.max_lines)
+            doc = engine.get(decoded, from_line=args.from_line, max_lines=args.max_lines, full=args.full)
         except NotFound:
             return _tool_error(_not_found_message(split_range(args.file)[0], e))
     display = doc.doc.display_path
@@ -532,7 +534,8 @@ before stating a fact from it, widen it if the passage is cut off, and cite file
 
 Tips:
   - Results name files as `qmd://collection/path` URIs; pass one back to `get` as it is.
-  - Use `minScore: 0.5` to filter low-confidence results.
+  - A score ranks results within one answer; without a reranker it is not a confidence: \
+read the top results rather than dropping them by score.
   - Results include a `context` field describing the content type."""
 
 

@@ -33,11 +33,12 @@ from fastapi.responses import StreamingResponse
 from qmd.server import trust
 from qmd.server.config import Context, init_project
 from qmd.server.engine import Engine
-from qmd.server.errors import InvalidInput, NotFound, QmdError
+from qmd.server.errors import NotFound, QmdError
 from qmd.server.http.wire import (
     CLI_SNIPPET_CHARS,
     ApprovalOut,
     ApprovalsOut,
+    BackgroundEmbedRequest,
     BenchRequest,
     CleanupRequest,
     CliGetRequest,
@@ -61,6 +62,7 @@ from qmd.server.http.wire import (
     CoverageOut,
     DaemonOut,
     DocumentOut,
+    EmbedProgressOut,
     EmbedRequest,
     Health,
     HitOut,
@@ -99,7 +101,7 @@ from qmd.server.http.wire import (
     trust_out,
 )
 from qmd.server.indexes import linked_index
-from qmd.server.ingest.update import summary_dict
+from qmd.server.ingest.embed_job import BackgroundStart
 from qmd.server.quality import parse_fixture
 from qmd.server.quality import render as render_bench
 from qmd.server.search.discovery import render_key_names, render_overview
@@ -361,14 +363,16 @@ def stream_job(
 
 @router.post("/v1/update", **STREAM)
 def update(body: UpdateRequest, request: Request) -> StreamingResponse:
-    """Streams NDJSON events: `collection`, `hook`, `progress`, `summary`, then `done`
-    (or `error`). Names are checked before the stream starts, so a typo is a 404."""
+    """Streams NDJSON events: `collection`, `hook`, `progress`, `summary` (a collection's
+    report), then `done` with the whole report (or `error`). Each collection's counts are
+    what changed since its last report, the watcher's passes included. Names are checked
+    before the stream starts, so a typo is a 404."""
     e = engine_of(request)
     for name in body.collections or []:
         e.config.get(name)
 
     def run(progress: Callable[[dict], None], _cancel: threading.Event) -> dict:
-        return {"summaries": [summary_dict(s) for s in e.update(body.collections, progress=progress)]}
+        return {"report": e.update(body.collections, progress=progress).as_json()}
 
     return stream_job(request, "update", run)
 
@@ -391,9 +395,29 @@ def embed(body: EmbedRequest, request: Request) -> StreamingResponse:
             progress=progress,
             cancel=cancel,
         )
-        return {"report": {**asdict(report), "truncated_count": report.truncated_count, "line": report.line()}}
+        return {"report": report.as_json()}
 
     return stream_job(request, "embed", run)
+
+
+@router.post("/v1/embed/background", response_model=BackgroundStart, **CLI_ANSWER)
+def embed_in_background(body: BackgroundEmbedRequest, request: Request) -> BackgroundStart:
+    """Start embedding a collection just added where the watcher would embed it anyway (its
+    first sweep, seconds later): how many documents, with which model, or why not."""
+    return engine_of(request).embed_in_background(body.collection)
+
+
+@router.get("/v1/embed/progress", response_model=EmbedProgressOut, **CLI_ANSWER)
+def embed_progress(request: Request) -> EmbedProgressOut:
+    """The embed running now (`qmd embed`'s or the watcher's background one), with its
+    rate and ETA, and the last finished one's report: what `qmd embed --follow` polls."""
+    e = engine_of(request)
+    last = e.embeds.last()
+    return EmbedProgressOut(
+        running=e.embeds.running(),
+        last_source=last[0] if last else None,
+        last=last[1].as_json() if last else None,
+    )
 
 
 @router.post("/v1/cleanup", **STREAM)
@@ -503,8 +527,6 @@ def doctor(request: Request) -> Doctor:
 
 @router.post("/v1/vector", response_model=SearchResponse, **CLI_ANSWER)
 async def cli_vsearch(body: SearchRequest, request: Request) -> SearchResponse:
-    if body.explain:
-        raise InvalidInput("explain is not available for vector search: use 'qmd query --explain'")
     e = engine_of(request)
     return await on_model_thread(lambda: search_response(e.vsearch(body.query, body.options()), e.config.editor_uri))
 
@@ -540,7 +562,9 @@ def engine_for(request: Request, name: str) -> Iterator[Engine]:
 @router.post("/v1/get", response_model=DocumentOut, **CLI_ANSWER)
 def get(body: CliGetRequest, request: Request) -> DocumentOut:
     with engine_for(request, body.file) as e:
-        return document_answer(e.get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd))
+        return document_answer(
+            e.get(body.file, from_line=body.from_line, max_lines=body.max_lines, cwd=body.cwd, full=body.full)
+        )
 
 
 @router.post("/v1/multi-get", response_model=MultiGetOut, **CLI_ANSWER)

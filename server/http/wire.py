@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, MAX_QUERY_CHARS, MCP_RESULTS, RESULTS
 from qmd.server.config import Context, unstorable
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
+from qmd.server.ingest.embed_job import EmbedProgress, EmbedSource
 from qmd.server.ingest.upkeep import CACHE_MAX_AGE_DAYS, Coverage
 from qmd.server.quality import BACKENDS, BenchSpec
 from qmd.server.search import discovery
@@ -296,6 +297,9 @@ class GetRequest(Request):
     )
     from_line: int | None = Field(None, ge=1, description="First line to return (wins over the suffix).")
     max_lines: int | None = Field(None, ge=1, description="Number of lines (wins over the suffix).")
+    full: bool = Field(
+        False, description="The whole document, whatever line range `file` names (not with from_line/max_lines)."
+    )
     line_numbers: bool = Field(True, description="Prefix each line with its number.")
 
 
@@ -872,6 +876,22 @@ class StatusOut(IndexStatus):
 
     collections: list[CollectionOut]
     daemon: DaemonOut = field(kw_only=True)
+
+
+class BackgroundEmbedRequest(Request):
+    """`qmd collection add`: embed the collection just added in the background, now."""
+
+    collection: str = Field(min_length=1)
+
+
+class EmbedProgressOut(Response):
+    """`GET /v1/embed/progress` (`qmd embed --follow`): the embed running now, whoever started
+    it, and the report of the last one that finished since the daemon started."""
+
+    running: EmbedProgress | None
+    last_source: EmbedSource | None
+    last: dict[str, Any] | None
+    """The last report as `qmd embed --json` prints it (`EmbedReport.as_json`)."""
 
 
 class CollectionsOut(Response):

@@ -14,12 +14,15 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
 from qmd.server.models.embedders import Embedder
 from qmd.server.store import vectors
 from qmd.server.store.db import Connection, IndexStore
+from qmd.server.store.sqlite import utcnow
 from qmd.server.text.chunking import DEFAULT_CHUNK_STRATEGY, Chunk, ChunkStrategy
 from qmd.server.text.code_chunks import language_for
 
@@ -36,7 +39,7 @@ class EmbedReport:
 
     documents: int = 0
     chunks: int = 0
-    """Chunks of the documents this run took up: `embedded` + `skipped`."""
+    """Chunks of the documents this run took up: `embedded` + `skipped` + `reused`."""
     embedded: int = 0
     """Chunks whose vectors this run wrote, counted from the batches committed, not from the plan."""
     skipped: int = 0
@@ -65,12 +68,103 @@ class EmbedReport:
         return len(self.truncated)
 
     def line(self) -> str:
+        """Seed 001's counters, then the run's speed and what is left."""
         rate = self.embedded / self.seconds if self.seconds else 0.0
-        reused = f", {self.reused} unchanged chunks reused" if self.reused else ""
         return (
-            f"Embedded {self.embedded} chunks from {self.documents} documents in {self.seconds:.1f}s "
-            f"({rate:.1f} chunks/s{reused}); {self.pending_after} pending"
+            f"Embedded: documents {self.documents} · chunks {self.chunks} · embedded {self.embedded} · "
+            f"skipped {self.skipped} · reused {self.reused} · clipped {self.truncated_count} "
+            f"({self.seconds:.1f}s, {rate:.1f} chunks/s); {self.pending_after} pending"
         )
+
+    def as_json(self) -> dict[str, Any]:
+        """The report on the wire (`done`, `--json`, the last run in `/v1/embed/progress`)."""
+        return {**asdict(self), "truncated_count": self.truncated_count, "line": self.line()}
+
+
+EmbedSource = Literal["embed", "background"]
+"""Who started an embed: `qmd embed` (or the library), or the daemon in the background (for
+what the watcher indexed, or a collection just added)."""
+
+
+@dataclass(frozen=True)
+class EmbedProgress:
+    """A running embed as `qmd status` and `qmd embed --follow` show it."""
+
+    source: EmbedSource
+    model: str
+    collections: list[str] | None
+    """The collections it embeds (None: all)."""
+    started_at: str
+    documents_done: int
+    documents_total: int
+    """Documents it found pending when it started (0 until it has counted them)."""
+    chunks_embedded: int
+    chunks_per_s: float
+    eta_s: float | None
+    """Seconds left at the rate so far (None before the first document is done)."""
+
+
+@dataclass(frozen=True)
+class BackgroundStart:
+    """What `collection add` started: the documents the daemon embeds in the background and
+    with which model, or why it embeds nothing (`reason`)."""
+
+    started: bool
+    documents: int
+    model: str | None
+    reason: str
+
+
+class EmbedTracker:
+    """The engine's running embed (the embed lock keeps it to one at a time) and the report
+    of the last one that finished, for status and `--follow`, whoever started them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: EmbedProgress | None = None
+        self._last: tuple[EmbedSource, EmbedReport] | None = None
+
+    def running(self) -> EmbedProgress | None:
+        with self._lock:
+            return self._running
+
+    def last(self) -> tuple[EmbedSource, EmbedReport] | None:
+        with self._lock:
+            return self._last
+
+    @contextmanager
+    def run(
+        self, source: EmbedSource, model: str, collections: list[str] | None, progress: Progress | None
+    ) -> Iterator[Callable[[dict], None]]:
+        """Track one embed: yields the progress callback to give `embed_pending` (which also
+        passes each event on to `progress`); `finished` records its report."""
+        with self._lock:
+            self._running = EmbedProgress(source, model, collections, utcnow(), 0, 0, 0, 0.0, None)
+
+        def seen(ev: dict) -> None:
+            if ev.get("event") == "progress":
+                with self._lock:
+                    if self._running is not None:
+                        self._running = replace(
+                            self._running,
+                            documents_done=ev["done"],
+                            documents_total=ev["total"],
+                            chunks_embedded=ev["chunks"],
+                            chunks_per_s=ev["chunks_per_s"],
+                            eta_s=ev["eta_s"],
+                        )
+            if progress is not None:
+                progress(ev)
+
+        try:
+            yield seen
+        finally:
+            with self._lock:
+                self._running = None
+
+    def finished(self, source: EmbedSource, report: EmbedReport) -> None:
+        with self._lock:
+            self._last = (source, report)
 
 
 @dataclass(frozen=True)
@@ -132,6 +226,8 @@ def embed_pending(
     total = sum(len(g.pending) for g in groups)
     report.pending_before = total
     done_docs = 0
+    if progress:  # the total before the first document is done: a long first batch shows it
+        progress({"event": "progress", "done": 0, "total": total, "chunks": 0, "chunks_per_s": 0.0, "eta_s": None})
 
     def document_done() -> None:
         nonlocal done_docs

@@ -40,6 +40,7 @@ from qmd.server.search.querydoc import QueryDoc, SubQueryType
 from qmd.server.search.rerank import NOT_BY_DEFAULT, SCORING, CosineScorer, Reranker, reranks
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
+from qmd.server.search.vector import vector_score
 from qmd.server.store import llm_cache
 from qmd.server.store.db import IndexStore
 from qmd.server.store.documents import DocRow, fetch_ids
@@ -280,9 +281,6 @@ class HybridQuery:
         stages = run.stages
         out = HybridOutcome(hits=[], stages=stages, budget_ms=opts.budget_ms)
         scope = scope_of(self.config, opts.collections, opts.filter, dialect=self.store.dialect)
-        if not scope.collections:
-            out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
-            return out
         with self.store.read() as conn:
             out.filter = filter_report(conn, scope)
         lists: list[RankedList] = []
@@ -516,7 +514,7 @@ class HybridQuery:
                 if h.doc_id not in vec_hits or h.distance < vec_hits[h.doc_id].distance:
                     vec_hits[h.doc_id] = h
             lists.append(
-                RankedList("vec", sub.kind, sub.text, sub.weight, [(h.doc_id, 1.0 - h.distance) for h in hits])
+                RankedList("vec", sub.kind, sub.text, sub.weight, [(h.doc_id, vector_score(h.distance)) for h in hits])
             )
             if sub.kind != "original":
                 expansion_lists.append(len(lists) - 1)
@@ -637,6 +635,8 @@ class HybridQuery:
             by_collection.setdefault(run.docs[c.doc_id].collection, []).append(c.doc_id)
         nearest = leg.nearest(qvec, by_collection)
         ids = [c.doc_id for c in candidates if c.doc_id in nearest]
+        # the cosine, not `vector_score`: clipped, it is an absolute relevance in [0, 1] for the
+        # blend, where 1/(1 + d) would give every candidate at least 1/3 and reorder the blend
         raw = [1.0 - nearest[d].distance for d in ids]
         detail = (
             f"cosine: the embedder's similarity to each candidate's nearest chunk"

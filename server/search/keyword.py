@@ -75,9 +75,6 @@ def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, i
     if not lexq.positives:
         out.warnings.append("the query has no searchable terms (only negations, punctuation or nothing)")
         return out
-    if not scope.collections:
-        out.warnings.append("no collections to search: add one with 'qmd collection add <folder>'")
-        return out
     fetch = ALL_LIMIT if opts.all_results else max(50, 2 * opts.limit)
     hits = lexical_hits(store, lexq, scope, fetch)
     with store.read() as conn:

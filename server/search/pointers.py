@@ -12,7 +12,6 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from qmd.defaults import CLI_RESULTS, snippet_header
 from qmd.server.config import Config
@@ -22,6 +21,7 @@ from qmd.server.search.snippets import best_passage
 from qmd.server.store.documents import DocRow
 from qmd.server.text.frontmatter import Metadata
 from qmd.server.text.pages import Pages, PageSpan
+from qmd.uri import file_uri
 
 
 @dataclass(frozen=True)
@@ -166,11 +166,6 @@ def size_comparison(size: int, limit: int) -> str:
 def too_large_note(size: int, limit: int) -> str:
     """Why a document over a byte limit was left out: `File too large (… > …)`."""
     return f"File too large ({size_comparison(size, limit)})"
-
-
-def file_uri(collection: str, path: str, index_name: str | None) -> str:
-    uri = f"qmd://{collection}/{path}"
-    return uri + f"?index={quote(index_name)}" if index_name else uri
 
 
 def document_ref(doc: DocRow, config: Config, index_name: str | None) -> DocumentRef:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qmd.paths import DEFAULT_INDEX
 from qmd.server.config import Config
 from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.search.pointers import (
@@ -19,7 +20,6 @@ from qmd.server.search.pointers import (
     answer_bytes,
     cap_text,
     document_ref,
-    file_uri,
     too_large_note,
 )
 from qmd.server.store import catalog
@@ -33,7 +33,9 @@ from qmd.server.store.documents import (
     safe_relpath,
     split_range,
 )
+from qmd.server.text.lines import file_lines
 from qmd.server.text.pages import Pages, split_page
+from qmd.uri import file_uri
 
 
 def get(
@@ -45,20 +47,23 @@ def get(
     from_line: int | None = None,
     max_lines: int | None = None,
     cwd: str | None = None,
+    *,
+    full: bool = False,
 ) -> DocumentText:
     """A document or a line range of it. `name` may end in `:from[:count]`;
     explicit `from_line` / `max_lines` win over that suffix. A paged document (PDF)
     may be addressed by page, `report.pdf#page=3:10:5`: lines counted within that
     page, read from the same body, so both spellings of a pointer read the same text.
+    `full` widens a pointer to its whole document (the seed's `get FILE --full`), so an
+    agent can pass a result's `file:line` as it is.
     `index` is the name of the index read, `label` the one its links carry."""
-    linked = link_index(name)
-    if linked is not None and linked != index:  # never the same path in the wrong index
-        raise InvalidInput(
-            f"{name} is a link into index '{linked}', and this request is served by '{index}': "
-            "ask that index for it (qmd get follows such links itself)"
-        )
+    _same_index(name, index)
     name, suffix_from, suffix_count = split_range(name)
     name, page = split_page(name)
+    if full:
+        if from_line is not None or max_lines is not None:
+            raise InvalidInput("--full shows the whole document: drop --from and -l/--lines")
+        suffix_from = suffix_count = page = None
     from_line = from_line if from_line is not None else suffix_from
     max_lines = max_lines if max_lines is not None else suffix_count
     if max_lines is not None and max_lines < 1:
@@ -66,7 +71,7 @@ def get(
     with store.read() as conn:
         doc = find_document(conn, cfg, name, cwd)
     ref = document_ref(doc, cfg, label)
-    lines = doc.body.split("\n")
+    lines = file_lines(doc.body)
     pages = Pages.of(doc.path, doc.body)
     first, last, where = 1, len(lines), f"{ref.display_path} has {len(lines)} lines"
     if page is not None:
@@ -83,6 +88,16 @@ def get(
     end = last if max_lines is None else min(last, start - 1 + max_lines)
     spans = pages.spans(start, end) if pages is not None else ()
     return DocumentText(ref, start, end, len(lines), "\n".join(lines[start - 1 : end]), spans)
+
+
+def _same_index(name: str, index: str | None) -> None:
+    """Refuse a link into another index: the same path there is another document."""
+    linked = link_index(name)
+    if linked is not None and linked != index:
+        raise InvalidInput(
+            f"{name} is a link into index '{linked}', and this request is served by '{index or DEFAULT_INDEX}': "
+            "ask that index for it (qmd get follows such links itself)"
+        )
 
 
 def multi_get(
@@ -107,6 +122,7 @@ def multi_get(
             docs = []
             for name in names:
                 try:
+                    _same_index(name, label)
                     docs.append(find_document(conn, cfg, name, cwd))
                 except QmdError as e:
                     items.append(Retrieved(name, None, skipped=True, reason=e.message))
@@ -118,7 +134,8 @@ def multi_get(
     for doc in docs:
         ref = document_ref(doc, cfg, label)
         size = len(doc.body.encode("utf-8"))
-        total = doc.body.count("\n") + 1
+        lines = file_lines(doc.body)
+        total = len(lines)
         if size > max_bytes:
             items.append(
                 Retrieved(ref.file, ref, size, skipped=True, reason=too_large_note(size, max_bytes), total_lines=total)
@@ -134,9 +151,8 @@ def multi_get(
             continue
         # The body is exactly the file's first lines: what was cut is a count beside it,
         # never a note inside it that numbering would take for a line of the file.
-        body, cut = doc.body, 0
-        if max_lines is not None and total > max_lines:
-            body, cut = "\n".join(doc.body.split("\n", max_lines)[:max_lines]), total - max_lines
+        cut = 0 if max_lines is None else max(0, total - max_lines)
+        body = "\n".join(lines[: total - cut])
         items.append(Retrieved(ref.file, ref, size, body, total_lines=total, truncated_lines=cut))
     return items
 

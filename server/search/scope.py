@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qmd.server.config import Config
+from qmd.server.errors import NotFound
 from qmd.server.search.filters import Filter, filter_sql
 from qmd.server.store import metadata
 from qmd.server.store.db import Connection
@@ -34,11 +35,26 @@ def resolve_scope(config: Config, collections: list[str] | None) -> list[str]:
     return config.default_names()
 
 
+def searchable(config: Config, collections: list[str] | None) -> list[str]:
+    """`resolve_scope` for a search, which cannot run over nothing: an empty scope is the
+    caller's error (404), not an empty answer that looks like "nothing matched"."""
+    names = resolve_scope(config, collections)
+    if names:
+        return names
+    if not config.collections:
+        raise NotFound("no collections to search: add one with 'qmd collection add <folder>'")
+    raise NotFound(
+        f"no collection is searched by default (includeByDefault is off for all {len(config.collections)}):"
+        " name one with -c NAME"
+    )
+
+
 def scope_of(
     config: Config, collections: list[str] | None, f: Filter | None = None, *, dialect: Dialect = SQLITE
 ) -> Scope:
-    """`dialect`: the index's (`IndexStore.dialect`), which the filter is compiled for."""
-    names = resolve_scope(config, collections)
+    """A search's scope (see `searchable`). `dialect`: the index's (`IndexStore.dialect`),
+    which the filter is compiled for."""
+    names = searchable(config, collections)
     if f is None:
         return Scope(names)
     sql, params = filter_sql(f, "d", dialect=dialect)
@@ -69,21 +85,24 @@ def filter_report(conn: Connection, scope: Scope) -> FilterReport | None:
 
 
 def filter_warnings(report: FilterReport | None, returned: int, limit: int) -> list[str]:
-    """What a filtered answer must say: documents the filter could not see, and why a
-    short list is short."""
+    """What a filtered answer must say: documents the filter could not see yet (they may
+    hold better answers until `qmd update` reads them), and why a short list is short.
+    Documents whose metadata was rejected stay so until fixed: `qmd status` lists them,
+    and an answer mentions them only when it is short."""
     if report is None:
         return []
     out = []
+    short = returned < limit
     if report.pending:
         out.append(
             f"{report.pending} documents in scope are pending metadata extraction and cannot match a filter;"
             " run 'qmd update'"
         )
-    if report.rejected:
+    if report.rejected and short:
         out.append(
             f"{report.rejected} documents in scope have metadata that could not be read and cannot match a filter;"
             " 'qmd status' says which and why"
         )
-    if returned < limit and report.eligible < limit:
+    if short and report.eligible < limit:
         out.append(f"the filter admits {report.eligible} of {report.documents} documents")
     return out

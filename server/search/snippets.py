@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qmd.server.text.lines import file_lines
+
 BEFORE = 1
 AFTER = 3
 
@@ -41,7 +43,7 @@ def best_passage(
     inclusive) keeps the search inside a region, e.g. the chunk a vector search
     matched; with no term there, the passage opens the region. `bounds` is a region
     the passage itself never leaves (a PDF page, which a pointer names)."""
-    lines = body.split("\n")
+    lines = file_lines(body)
     needles = [t.lower() for t in terms if t]
     extra = [t.lower() for t in intent_terms if t and t.lower() not in needles]
     lo, hi = (
@@ -80,7 +82,7 @@ def passage_window(body: str, passage: Passage, max_chars: int, within: tuple[in
     the text a reranker reads for a candidate, cheap to score and about one topic.
     `within` (1-based, inclusive) keeps it inside a region holding the passage's best
     line, e.g. the function it is in, so the window never reads into the next one."""
-    lines = body.split("\n")
+    lines = file_lines(body)
     first, last = (0, len(lines)) if within is None else (within[0] - 1, within[1])
     lo, hi = max(first, passage.start_line - 1), min(last, passage.end_line)
     size = sum(len(line) + 1 for line in lines[lo:hi])

@@ -24,6 +24,14 @@ class VectorUnavailable(Unavailable):
     """Vector search cannot run (no embedder, no vectors yet); the message says why."""
 
 
+def vector_score(distance: float) -> float:
+    """The public score of a cosine distance d (0 to 2): the seed's 1/(1 + d), in [1/3, 1].
+    A raw cosine is negative for unrelated text, so `min_score 0` dropped results; this
+    never is, and being monotone in d it ranks exactly as the distance does. Rounding can
+    put d a hair below 0 for a text equal to the query, hence the clamp."""
+    return 1.0 / (1.0 + max(distance, 0.0))
+
+
 def vector_search(
     store: IndexStore,
     config: Config,
@@ -33,8 +41,8 @@ def vector_search(
     opts: SearchOptions,
     index_name: str | None,
 ) -> SearchOutcome:
-    """Nearest documents by cosine similarity (score = 1 − cosine distance), each
-    pointing at the line range of its nearest chunk; per collection, then merged."""
+    """Nearest documents by cosine distance (scored by `vector_score`), each pointing at
+    the line range of its nearest chunk; per collection, then merged."""
     scope = scope_of(config, opts.collections, opts.filter, dialect=store.dialect)
     terms = parse_lex(query).terms
     out = SearchOutcome(hits=[], terms=terms)
@@ -43,7 +51,7 @@ def vector_search(
     with store.read() as conn:
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
         out.filter = filter_report(conn, scope)
-    scored = [(h, 1.0 - h.distance) for h in ranked if h.doc_id in docs]
+    scored = [(h, vector_score(h.distance)) for h in ranked if h.doc_id in docs]
     kept = [(h, sc) for h, sc in scored if sc >= opts.min_score]
     out.below_min_score = bool(scored) and not kept
     if not opts.all_results:
@@ -59,6 +67,11 @@ def vector_search(
                 index_name=index_name,
                 max_len=opts.max_len,
                 lines_within=(h.start_line, h.end_line),
+                explain=(
+                    {"cosine_distance": round(h.distance, 6), "chunk_lines": [h.start_line, h.end_line]}
+                    if opts.explain
+                    else None
+                ),
             )
             for h, sc in kept
         ),

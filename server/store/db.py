@@ -116,6 +116,11 @@ class IndexStore(Protocol):
         ...
 
     @property
+    def vector_missing(self) -> str | None:
+        """Why this index cannot hold vectors, with what fixes it; None when it can."""
+        ...
+
+    @property
     def sqlite_version(self) -> str: ...
 
     @property

@@ -21,6 +21,7 @@ from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from qmd.server.store import metadata
 from qmd.server.store.db import Connection, sqlite3
 from qmd.server.text.frontmatter import Metadata
+from qmd.uri import index_name
 
 _DOCID_RE = re.compile(r"^[0-9a-fA-F]{6,64}$")
 _VIRTUAL_RE = re.compile(r"^qmd://([^/]+)/?(.*)$")
@@ -53,16 +54,25 @@ def parse_virtual(raw: str) -> tuple[str, str] | None:
 
 
 def link_index(raw: str) -> str | None:
-    """The index a `qmd://collection/path?index=NAME[:from[:count]]` link names, as
-    written there (a named index, or `project:/root`); None for a link without one."""
+    """The index a `qmd://collection/path[:from[:count]]?index=LABEL` link names (a named
+    index, or a project's `project:/root`, `project:~/root`: returned as its index's
+    name, `qmd.uri.index_name`); None for a link without one. The range may also follow
+    the query (`?index=work:2`), as earlier versions printed it."""
     if not raw.strip().startswith(("qmd:", "//")) or "?" not in raw:
         return None
-    query = parse_qs(re.sub(r"(:\d+){1,2}$", "", raw.split("?", 1)[1]))  # a `:from[:count]` suffix
-    return query.get("index", [None])[0] or None
+    query = parse_qs(re.sub(r"(:\d+){1,2}$", "", raw.split("?", 1)[1]))
+    label = query.get("index", [None])[0]
+    return index_name(label) if label else None
 
 
 def split_range(name: str) -> tuple[str, int | None, int | None]:
-    """`path:from:count` / `path:from` suffixes (spec §16.2) → (name, from, count)."""
+    """`path:from:count` / `path:from` suffixes (spec §16.2) → (name, from, count); in a
+    link with a query the range sits before it (`qmd://w/a.md:3:2?index=w`)."""
+    base, sep, query = name.partition("?")
+    if sep and base.startswith(("qmd:", "//")):
+        path, first, count = split_range(base)
+        if first is not None:
+            return path + sep + query, first, count
     parts = name.rsplit(":", 2)
     if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
         return parts[0], int(parts[1]), int(parts[2])
@@ -228,7 +238,9 @@ def similar_paths(conn: Connection, config: Config, query: str, limit: int = 5) 
 
 def _not_found(conn: Connection, config: Config, raw: str, rel: str) -> NotFound:
     for coll in config.collections.values():
-        rule = next((g for g in coll.ignore if wglob.globmatch(rel, g, flags=MATCH_FLAGS)), None)
+        # `notes/Archive/old.md` names collection `notes` as `qmd://notes/Archive/old.md` does
+        inner = {rel, rel.removeprefix(f"{coll.name}/")}
+        rule = next((g for g in coll.ignore for p in inner if wglob.globmatch(p, g, flags=MATCH_FLAGS)), None)
         if rule is not None:
             return NotFound(
                 f"Document is excluded by ignore rule: {raw} (collection {coll.name}, rule {rule})", similar=[]
@@ -239,7 +251,9 @@ def _not_found(conn: Connection, config: Config, raw: str, rel: str) -> NotFound
 
 
 def is_comma_list(pattern: str) -> bool:
-    return "," in pattern and not any(ch in pattern for ch in "*?{")
+    """Names joined by commas, not a glob: a link's `?index=` is not a wildcard."""
+    names = [name.split("?index=", 1)[0] for name in pattern.split(",")]
+    return "," in pattern and not any(ch in name for name in names for ch in "*?{")
 
 
 def glob_documents(conn: Connection, config: Config, pattern: str) -> list[DocRow]:

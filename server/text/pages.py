@@ -8,6 +8,8 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from qmd.server.text.lines import file_lines
+
 PAGE_BREAK = "\f"
 """The line between two pages of a paged body (a form feed: no page's text holds one)."""
 PAGED_EXTENSIONS = frozenset({"pdf"})
@@ -41,7 +43,7 @@ class Pages:
         name = path.rsplit("/", 1)[-1]
         if "." not in name or name.rsplit(".", 1)[-1].lower() not in PAGED_EXTENSIONS:
             return None
-        lines = body.split("\n")
+        lines = file_lines(body)
         starts = [1] + [i + 2 for i, line in enumerate(lines) if line == PAGE_BREAK]
         return cls(tuple(starts), len(lines))
 
