@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon, Env
+from conftest import Daemon, Env, write
 
 from qmd.settings import DAEMON_SETTINGS, SECRET_SETTINGS, daemon_settings, differences
 
@@ -49,6 +49,8 @@ def test_a_setting_the_running_daemon_ignores_is_said_once_and_restart_applies_i
 
         same = env.qmd("status", env={"QMD_EMBED_API_KEY": key, "QMD_WATCH_SWEEP_S": "600"})
         assert same.returncode == 0 and warnings(same.stderr) == []
+        notes = write(env.base / "notes", {"a.md": "# A\n\nanything at all\n"})  # something to search
+        env.ok("collection", "add", str(notes), "--name", "notes", env={"QMD_EMBED_API_KEY": key})
 
         changed = {
             "QMD_EMBED_MODEL": "/models/other.gguf",
