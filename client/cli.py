@@ -1925,6 +1925,8 @@ def ui(c: Ctx, no_browser: bool) -> None:
         url = c.daemon.url + "/"
     if c.index:
         url += ("&" if "?" in url else "?") + f"index={quote(c.index)}"
+    elif c.daemon.project is not None:  # inside a project, its own index, as every command here
+        url += ("&" if "?" in url else "?") + f"project={quote(str(c.daemon.project))}"
     if no_browser:
         click.echo(url)
     elif webbrowser.open(url):

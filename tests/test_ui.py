@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -504,3 +505,19 @@ def test_qmd_ui_opens_the_browser_or_prints_the_url(env: Env, daemon: Daemon, tm
 def test_qmd_ui_without_a_daemon_is_a_clean_error(env: Env) -> None:
     r = env.qmd("ui", "--no-browser", env={"QMD_NO_AUTOSTART": "1"})
     assert r.returncode != 0 and "no qmd daemon answers" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_inside_a_project_qmd_ui_opens_the_projects_index(env: Env, daemon: Daemon, page: Page) -> None:
+    """As every command run inside a project serves its `.qmd/` index, so does the page."""
+    repo = write(env.home / "café repo", {"README.md": "# Widget\n\nThe zanzibar widget manual.\n"})
+    env.ok("init", cwd=repo)
+    env.ok("update", cwd=repo)
+    url = env.ok("ui", "--no-browser", cwd=repo).strip()
+    assert url == f"{env.url}/?project={quote(str(repo))}"
+    page.get(url)
+    page.click("#q")
+    page.keys("zanzibar")
+    assert page.results_for("zanzibar") == [
+        (h["file"], h["lines"]) for h in env.json("search", "zanzibar", "--json", cwd=repo)
+    ]
+    page.wait(lambda: "project=" in page.driver.current_url, "the project kept in the URL")

@@ -80,7 +80,7 @@ def ticket(request: Request) -> Ticket:
 
 
 @router.get(LOGIN_PATH)
-def login(request: Request, ticket: str = "", index: str = "") -> Response:
+def login(request: Request, ticket: str = "", index: str = "", project: str = "") -> Response:
     """Open without the token (`auth.OPEN_PATHS`): a ticket is good once, for a minute, so
     the URL `qmd ui` opened is worthless in the browser's history."""
     tickets = _tickets(request)
@@ -93,7 +93,8 @@ def login(request: Request, ticket: str = "", index: str = "") -> Response:
             headers=HEADERS,
         )
     del tickets[match]
-    response = RedirectResponse(f"/?{urlencode({'index': index})}" if index else "/", status_code=303, headers=HEADERS)
+    named = {k: v for k, v in (("index", index), ("project", project)) if v}  # the index the page serves
+    response = RedirectResponse(f"/?{urlencode(named)}" if named else "/", status_code=303, headers=HEADERS)
     response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
     return response
 

@@ -33,10 +33,15 @@ function el(tag, props = {}, ...children) {
 
 // -- the API --------------------------------------------------------------------
 
+/** A header value as the CLI sends one: the UTF-8 bytes, each a Latin-1 character. */
+const latin1 = (text) => String.fromCharCode(...new TextEncoder().encode(text));
+
 function request(method, path, body, signal) {
   const headers = { Accept: "application/json" };
   const index = params().get("index");
   if (index) headers["x-qmd-index"] = index;
+  const project = params().get("project"); // a project's own index, named by its folder
+  if (project) headers["x-qmd-project"] = latin1(project);
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const payload = body === undefined ? undefined : JSON.stringify(body);
   return fetch(path, { method, headers, body: payload, signal, credentials: "same-origin" });
