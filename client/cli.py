@@ -1916,17 +1916,17 @@ def ui(c: Ctx, no_browser: bool) -> None:
     for a minute, which the page trades for a cookie: the token itself never enters a URL.
     """
     import webbrowser
-    from urllib.parse import quote
+    from urllib.parse import quote, urlencode
 
     if "Authorization" in c.daemon.headers:
         url = c.daemon.url + c.call("POST", "/v1/ui/ticket")["path"]
     else:
         c.call("GET", "/health")  # started if need be, so the page answers
         url = c.daemon.url + "/"
-    if c.index:
-        url += ("&" if "?" in url else "?") + f"index={quote(c.index)}"
-    elif c.daemon.project is not None:  # inside a project, its own index, as every command here
-        url += ("&" if "?" in url else "?") + f"project={quote(str(c.daemon.project))}"
+    # the index every command here serves: a named one, else the project's own
+    named = {"index": c.index} if c.index else {"project": str(c.daemon.project)} if c.daemon.project else {}
+    if named:
+        url += ("&" if "?" in url else "?") + urlencode(named, safe="/", quote_via=quote)
     if no_browser:
         click.echo(url)
     elif webbrowser.open(url):

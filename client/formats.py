@@ -402,9 +402,8 @@ def _explain_lines(explain: Mapping[str, Any]) -> list[str]:
         return ", ".join(num(v) for v in values) if values else "none"
 
     if "cosine_distance" in explain:  # vector search: the nearest chunk's distance, and the score it makes
-        d, (first, last) = explain["cosine_distance"], explain["chunk_lines"]
-        score = f"score 1/(1+d) = {1 / (1 + d):.4f}"
-        return [f"Explain: cosine distance {d:.4f} to the chunk at lines {first}-{last}; {score}"]
+        d, (first, last), score = explain["cosine_distance"], explain["chunk_lines"], explain["score"]
+        return [f"Explain: cosine distance {d:.4f} to the chunk at lines {first}-{last}; score 1/(1+d) = {score:.4f}"]
     if "rrf" not in explain:  # keyword search: no fusion, no rerank, only which terms matched
         return [f"Explain: BM25 matched {explain.get('bm25_terms_matched', 0)} of {explain.get('terms', 0)} terms"]
     rrf = explain["rrf"]

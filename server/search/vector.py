@@ -68,7 +68,11 @@ def vector_search(
                 max_len=opts.max_len,
                 lines_within=(h.start_line, h.end_line),
                 explain=(
-                    {"cosine_distance": round(h.distance, 6), "chunk_lines": [h.start_line, h.end_line]}
+                    {
+                        "cosine_distance": round(h.distance, 6),
+                        "chunk_lines": [h.start_line, h.end_line],
+                        "score": round(sc, 6),  # unrounded by the answer's 2 dp, for the trace
+                    }
                     if opts.explain
                     else None
                 ),
