@@ -58,8 +58,8 @@ METADATA_OBJECTS = {
     ("index", "idx_metadata_value"),
     ("index", "idx_metadata_folded"),
 }
-LATER_OBJECTS = METADATA_OBJECTS | {("index", "idx_content_vectors_chunk_key")}
-"""What migrations after the first release add (3: metadata, 6: chunk keys)."""
+LATER_OBJECTS = METADATA_OBJECTS | {("index", "idx_content_vectors_chunk_key"), ("table", "chunkless_contents")}
+"""What migrations after the first release add (3: metadata, 6: chunk keys, 7: chunkless contents)."""
 VECTOR_TABLES = ("vector_spaces", "content_vectors", "vector_collection_ids", "vector_rows")
 
 

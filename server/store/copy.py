@@ -46,7 +46,7 @@ TABLES: tuple[tuple[str, str, str], ...] = (
         "rowid",
     ),
     ("store_config", "key, value", "key"),
-    ("skipped_files", "collection, path, reason, seen_at", "collection, path"),
+    ("skipped_files", "collection, path, reason, seen_at, size, mtime_ns", "collection, path"),
     ("collection_runs", "collection, updated_at, summary", "collection"),
     ("llm_cache", "hash, result, created_at, model", "hash"),
     ("vector_spaces", "id, fingerprint, model, dims, created_at", "id"),
@@ -56,6 +56,7 @@ TABLES: tuple[tuple[str, str, str], ...] = (
         " embed_fingerprint, embedded_at, embedding, chunk_key",
         "id",
     ),
+    ("chunkless_contents", "space_id, hash", "space_id, hash"),
     ("vector_collection_ids", "id, name", "id"),
     ("vector_rows", "id, space_id, chunk_id, collection_id", "id"),
 )

@@ -200,7 +200,19 @@ as ``num``, so a filter compares each the way SQLite does (`filters.filter_sql`)
 keeps a number's JSON text, so 3 and 3.0 read back as written. A string may be 4,096
 characters, past a btree entry's limit: it is unique by its md5 and found by a hash index."""
 
-MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3, METADATA_V4)
+SKIPS_CHUNKLESS_V5 = """
+ALTER TABLE skipped_files ADD COLUMN size bigint;
+ALTER TABLE skipped_files ADD COLUMN mtime_ns bigint;
+CREATE TABLE chunkless_contents (
+    space_id bigint NOT NULL REFERENCES vector_spaces(id) ON DELETE CASCADE,
+    hash text COLLATE "C" NOT NULL,
+    PRIMARY KEY (space_id, hash)
+);
+"""
+"""SQLite's migration 7 (`schema._v7_skip_memory_and_chunkless`): a skipped file's size
+and mtime, and the contents a space's chunker cut into no chunk."""
+
+MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3, METADATA_V4, SKIPS_CHUNKLESS_V5)
 
 
 def reach(url: str, **settings: Any) -> psycopg.Connection[Any]:

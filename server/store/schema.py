@@ -89,6 +89,14 @@ FTS_TABLE = (
     f" USING fts5(filepath, title, body, tokenize='porter unicode61'{_FTS_OPTIONS})"
 )
 
+CHUNKLESS_TABLE = """
+CREATE TABLE IF NOT EXISTS chunkless_contents (
+    space_id INTEGER NOT NULL REFERENCES vector_spaces(id) ON DELETE CASCADE,
+    hash TEXT NOT NULL,
+    PRIMARY KEY (space_id, hash)
+)"""
+"""Contents a space's chunker cut into no chunk: complete in that space with no vector."""
+
 # One space per embedder fingerprint; vec0 tables (`vectors_s<space id>`) are made per
 # space when it is first used, by `vectors.ensure_space`.
 VECTOR_TABLES = """
@@ -222,6 +230,18 @@ def _v6_chunk_keys(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v7_skip_memory_and_chunkless(conn: sqlite3.Connection) -> None:
+    """A skipped file keeps the size and mtime it was skipped at, so an unchanged one is not
+    read again by every update and sweep; and a content that cuts into no chunk at all (a
+    note of nothing but headings, seeds/001) is recorded per space as embedded, instead of
+    staying pending for want of a chunk row. Older skips have neither: read once more."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(skipped_files)")}
+    for name in ("size", "mtime_ns"):
+        if name not in columns:
+            conn.execute(f"ALTER TABLE skipped_files ADD COLUMN {name} INTEGER")
+    conn.execute(CHUNKLESS_TABLE)
+
+
 MIGRATIONS: list[Migration] = [
     _v1_first_release,
     _v2_vector_tables,
@@ -229,6 +249,7 @@ MIGRATIONS: list[Migration] = [
     _v4_reread_loaded_files,
     _v5_cache_models,
     _v6_chunk_keys,
+    _v7_skip_memory_and_chunkless,
 ]
 """MIGRATIONS[N - 1] takes an index from version N - 1 to N; append, never edit."""
 

@@ -115,6 +115,7 @@ def drop_space(conn: Connection, space: Space) -> None:
     tables_of(conn).drop(space)
     conn.execute("DELETE FROM vector_rows WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM content_vectors WHERE space_id = ?", (space.id,))
+    conn.execute("DELETE FROM chunkless_contents WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM vector_spaces WHERE id = ?", (space.id,))
 
 
@@ -131,6 +132,7 @@ def forget_hashes(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
             _delete_rows(conn, space, rows)
             conn.execute("DELETE FROM vector_rows WHERE chunk_id = ?", (chunk,))
         dropped += conn.execute("DELETE FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)).rowcount
+        conn.execute("DELETE FROM chunkless_contents WHERE space_id = ? AND hash = ?", (space.id, h))
     return dropped
 
 
@@ -218,13 +220,26 @@ def write_document(
 
 
 def complete_hashes(conn: Connection, space: Space) -> set[str]:
+    """Contents embedded in full in this space: every chunk has its vector, or the chunker
+    cut the content into none (`mark_chunkless`)."""
     return {
         r[0]
         for r in conn.execute(
-            "SELECT hash FROM content_vectors WHERE space_id = ? GROUP BY hash HAVING COUNT(*) = MAX(total_chunks)",
-            (space.id,),
+            "SELECT hash FROM content_vectors WHERE space_id = ? GROUP BY hash HAVING COUNT(*) = MAX(total_chunks)"
+            " UNION SELECT hash FROM chunkless_contents WHERE space_id = ?",
+            (space.id, space.id),
         )
     }
+
+
+def mark_chunkless(conn: Connection, space: Space, hashes: Iterable[str]) -> None:
+    """Record contents the chunker cut into no chunk (a note of nothing but headings:
+    seeds/001) as embedded in this space, so they are not pending for ever; keyword
+    search still finds them."""
+    conn.executemany(
+        "INSERT INTO chunkless_contents(space_id, hash) VALUES (?, ?) ON CONFLICT DO NOTHING",
+        [(space.id, h) for h in dict.fromkeys(hashes)],
+    )
 
 
 def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
@@ -353,7 +368,9 @@ def orphan_hashes(conn: Connection, space: Space) -> list[str]:
     return [
         r[0]
         for r in conn.execute(
-            f"SELECT hash FROM content_vectors cv WHERE space_id = ? AND NOT {_HELD} GROUP BY hash", (space.id,)
+            f"SELECT hash FROM content_vectors cv WHERE space_id = ? AND NOT {_HELD} GROUP BY hash"
+            f" UNION SELECT hash FROM chunkless_contents cv WHERE space_id = ? AND NOT {_HELD}",
+            (space.id, space.id),
         )
     ]
 
