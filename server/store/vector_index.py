@@ -6,7 +6,7 @@ that here. So each searched (space, collection) partition gets, in memory:
 
 1. a sign-bit code per vector (unit vector minus the partition's mean; RaBitQ's estimator
    without its rotation), scored against the query quantized to 4 bits: AND + popcount over
-   64-bit words, column by column (2 ms at 100k), for a shortlist of ~1/32 of the rows;
+   64-bit words, column by column (2 ms at 100k), for a shortlist of ~1/16 of the rows;
 2. an int8 copy of each unit vector (per-vector scale), ranking that shortlist (<1 ms);
 3. then `rescore`: `vec_distance_cosine` in SQLite on the best 2k, the function vec0
    computes, so the distances are the very ones an exact vec0 KNN returns, and a row
@@ -25,12 +25,15 @@ factors), 46 MB per 100k vectors (52 MB allocated, room for appends), against 15
 float32 copy; nothing for a partition never searched, and it goes with the Store.
 
 Freshness: a snapshot is tagged with `Store.generation`, bumped after every committed
-write. A search that finds the generation moved reads the partition's signature (row
-count, sums of row and chunk ids) in one read transaction with what follows: unchanged, the
-snapshot is retagged; rows appended past its last (the embed job's batches) are read and
-written past its end in place; anything else (removals, a reused row id) is found by
-diffing the (row, chunk) pairs. All under the partition's lock; a published snapshot never
-changes, so concurrent readers need no lock.
+write. A search that finds the generation moved reads `vector_rows`' marks (the epoch, which
+every deletion of vector rows changes, and the largest row id: `vector_tables.Marks`) in one
+read transaction with what follows. The same epoch: the rows past the snapshot's top (the
+embed job's batches) are read and written past its end in place, so the first search after
+a batch reads that batch, at any size. A new epoch: the partition's signature (row count,
+sums of row and chunk ids); unchanged, the snapshot is retagged; rows appended past its
+last are appended; anything else (removals, a reused row id) is found by diffing the (row,
+chunk) pairs. All under the partition's lock; a published snapshot never changes, so
+concurrent readers need no lock.
 
 Cold start: a partition's first search starts a background build (its own connection) and
 is answered by vec0's exact KNN, as is every search until the build is in, and while a
@@ -52,6 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from qmd.server.store.db import sqlite3
+from qmd.server.store.vector_tables import Marks, marks
 
 if TYPE_CHECKING:
     from qmd.server.store.sqlite import Store
@@ -72,9 +76,11 @@ class Space(Protocol):
 
 QUERY_BITS = 4
 """The query's quantization for the sign-bit pass: 3 bits lost a point of recall@10 at 300k."""
-SHORTLIST_SHARE = 32
-"""The sign-bit pass keeps 1/32 of a partition (at least `MIN_SHORTLIST`): recall@10 of
-the whole pipeline was 0.998-1.0 on random vectors at 10k-300k (bench/bench_vectors.py)."""
+SHORTLIST_SHARE = 16
+"""The sign-bit pass keeps 1/16 of a partition (at least `MIN_SHORTLIST`). 1/32 gave recall@10
+0.998-1.0 on uniform int8 draws at 10k-300k (bench/bench_vectors.py) but 0.979 on Gaussian
+ones at 100k (8 chunks a document, 100 queries), where 1/16 gave 0.997 for 3 ms more at
+p50 (22.6 against 19.5 ms, interleaved, load ~7; bench/bench_scale.py's vectors)."""
 MIN_SHORTLIST = 2048
 """Also the largest partition searched by the exact pass alone (under 1 ms at this size)."""
 MIN_RESCORED = 64
@@ -166,10 +172,12 @@ def _room(rows: int) -> int:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One partition's coded rows as of `generation` (the first `size` of `columns`)."""
+    """One partition's coded rows as of `generation` (the first `size` of `columns`), read
+    when `vector_rows` stood at `marks`."""
 
     generation: int
     signature: tuple[int, float, float]
+    marks: Marks
     mean: F32
     columns: _Columns
     size: int
@@ -192,33 +200,33 @@ class Snapshot:
     def nbytes(self) -> int:
         return self.columns.nbytes + self.mean.nbytes
 
-    def plus(self, added: Coded, generation: int) -> Snapshot:
+    def plus(self, added: Coded, generation: int, now: Marks) -> Snapshot:
         """This snapshot and `added` rows: in place when nothing was appended past it and
         there is room, else in new columns."""
         n = self.size + len(added.row_ids)
         signature = _sum(self.signature, added.signature())
         if self.columns.used == self.size and self.columns.capacity >= n:
             self.columns.append(added)
-            return Snapshot(generation, signature, self.mean, self.columns, n)
-        return _snapshot(generation, self.mean, [self.rows(), added])
+            return Snapshot(generation, signature, now, self.mean, self.columns, n)
+        return _snapshot(generation, now, self.mean, [self.rows(), added])
 
-    def minus(self, keep: npt.NDArray[np.bool_], added: Coded, generation: int) -> Snapshot:
+    def minus(self, keep: npt.NDArray[np.bool_], added: Coded, generation: int, now: Marks) -> Snapshot:
         """The kept rows and `added`, in new columns."""
-        return _snapshot(generation, self.mean, [self.rows(keep), added])
+        return _snapshot(generation, now, self.mean, [self.rows(keep), added])
 
 
 def _sum(a: tuple[int, float, float], b: tuple[int, float, float]) -> tuple[int, float, float]:
     return a[0] + b[0], a[1] + b[1], a[2] + b[2]
 
 
-def _snapshot(generation: int, mean: F32, parts: Sequence[Coded]) -> Snapshot:
+def _snapshot(generation: int, now: Marks, mean: F32, parts: Sequence[Coded]) -> Snapshot:
     rows = sum(len(p.row_ids) for p in parts)
     columns = _Columns(len(mean), _room(rows))
     signature = (0, 0.0, 0.0)
     for p in parts:
         columns.append(p)
         signature = _sum(signature, p.signature())
-    return Snapshot(generation, signature, mean, columns, rows)
+    return Snapshot(generation, signature, now, mean, columns, rows)
 
 
 _SIGNATURE_SQL = "SELECT count(*), total(id), total(chunk_id) FROM vector_rows WHERE space_id = ? AND collection_id = ?"
@@ -396,29 +404,33 @@ def nearest(
 
 
 def _refreshed(conn: sqlite3.Connection, space: Space, cid: int, snap: Snapshot, generation: int) -> Snapshot | None:
-    """`snap` brought up to the partition as `conn` sees it now, in one read transaction: the
-    same rows (a write elsewhere) cost one signature read; rows appended past its last (the
-    embed job's batches) are read and appended; anything else (removals, a reused row id) is
-    found by diffing the (row, chunk) pairs. None: more than `INLINE` rows to read."""
+    """`snap` brought up to the partition as `conn` sees it now, in one read transaction. No
+    row deleted since (the same epoch: `vector_tables.Marks`): nothing past its top is a
+    retag, else the partition's rows past it (the embed job's batches) are appended, read from
+    the row id index whatever the partition's size. After a deletion, a signature read: the
+    same rows cost no more; rows appended past its last are appended; anything else
+    (removals, a reused row id) is found by diffing the (row, chunk) pairs. None: more than
+    `INLINE` rows to read."""
     own = not conn.in_transaction
     if own:
         conn.execute("BEGIN")
     try:
-        now = _signature(conn, space.id, cid)
-        if now == snap.signature:
-            return replace(snap, generation=generation)
-        if now[0] == 0:  # emptied (its space dropped, its collection removed): free the memory
-            return _snapshot(generation, snap.mean, [])
-        top = int(snap.row_ids.max()) if snap.size else 0
-        (above,) = conn.execute(
-            "SELECT count(*) FROM vector_rows WHERE space_id = ? AND collection_id = ? AND id > ?",
-            (space.id, cid, top),
-        ).fetchone()
-        if above > INLINE:
+        now = marks(conn, "vector_rows")
+        if now.epoch == snap.marks.epoch:
+            if now.top <= snap.marks.top:
+                return replace(snap, generation=generation)
+            added = _past(conn, space, cid, snap, snap.marks.top)
+            return None if added is None else snap.plus(added, generation, now)
+        signature = _signature(conn, space.id, cid)
+        if signature == snap.signature:
+            return replace(snap, generation=generation, marks=now)
+        if signature[0] == 0:  # emptied (its space dropped, its collection removed): free the memory
+            return _snapshot(generation, now, snap.mean, [])
+        added = _past(conn, space, cid, snap, int(snap.row_ids.max()) if snap.size else 0)
+        if added is None:
             return None
-        added = _read(conn, space, cid, snap.mean, "AND vr.id > ?", top)
-        if _sum(snap.signature, added.signature()) == now:
-            return snap.plus(added, generation)
+        if _sum(snap.signature, added.signature()) == signature:
+            return snap.plus(added, generation, now)
         row_ids, chunk_ids = _pairs(conn, space, cid)
         current = _pair_keys(row_ids, chunk_ids)
         held = _pair_keys(snap.row_ids, snap.chunk_ids)
@@ -428,10 +440,19 @@ def _refreshed(conn: sqlite3.Connection, space: Space, cid: int, snap: Snapshot,
         added = _read(
             conn, space, cid, snap.mean, "AND vr.id IN (SELECT value FROM json_each(?))", json.dumps(missing.tolist())
         )
-        return snap.minus(np.isin(held, current), added, generation)
+        return snap.minus(np.isin(held, current), added, generation, now)
     finally:
         if own:
             conn.execute("COMMIT")
+
+
+def _past(conn: sqlite3.Connection, space: Space, cid: int, snap: Snapshot, top: int) -> Coded | None:
+    """The partition's rows past row id `top`, coded; None when more than `INLINE`."""
+    (above,) = conn.execute(
+        "SELECT count(*) FROM vector_rows WHERE space_id = ? AND collection_id = ? AND id > ?",
+        (space.id, cid, top),
+    ).fetchone()
+    return None if above > INLINE else _read(conn, space, cid, snap.mean, "AND vr.id > ?", top)
 
 
 class _Partition:
@@ -538,7 +559,8 @@ class VectorIndex:
             conn.execute("PRAGMA query_only = 1")
             conn.execute("BEGIN")  # one snapshot of the partition for the read and its signature
             try:
-                return _snapshot(generation, (mean := _mean(conn, space, cid)), [_read(conn, space, cid, mean)])
+                now = marks(conn, "vector_rows")
+                return _snapshot(generation, now, (mean := _mean(conn, space, cid)), [_read(conn, space, cid, mean)])
             finally:
                 conn.execute("COMMIT")
         finally:

@@ -13,6 +13,7 @@ pg_vectors.py (and psycopg) only when a Postgres connection asks.
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +22,9 @@ from qmd.server.store.db import Connection, sqlite3
 from qmd.server.store.metadata import DocFilter
 
 MAX_K = 4096
+EPOCH_KEY = "vector_epoch"
+"""The `store_config` row that changes whenever rows of `content_vectors` or `vector_rows`
+are deleted (`new_epoch`)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,33 @@ class VecHit:
     end_pos: int
     start_line: int
     end_line: int
+
+
+@dataclass(frozen=True)
+class Marks:
+    """Where a table of rows that are only ever appended or deleted stood, read in O(log n):
+    while `epoch` is the same no row was deleted, so ids only grew (a new row gets the largest
+    id plus one) and the rows past `top` are all that is new. What lets a cache of the table
+    read only what changed (`vectors.complete_hashes`, the in-memory index's refresh)."""
+
+    epoch: str | None
+    top: int
+
+
+def marks(conn: Connection, table: str) -> Marks:
+    """`table`'s marks now (`content_vectors` or `vector_rows`)."""
+    row = conn.execute("SELECT value FROM store_config WHERE key = ?", (EPOCH_KEY,)).fetchone()
+    (top,) = conn.execute(f"SELECT max(id) FROM {table}").fetchone()
+    return Marks(row[0] if row else None, int(top or 0))
+
+
+def new_epoch(conn: Connection) -> None:
+    """Say that vector rows were deleted (writer only): caches keyed by `Marks` start over.
+    Random, not counted, so an index copied or emptied never repeats a value."""
+    conn.execute(
+        "INSERT INTO store_config(key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (EPOCH_KEY, uuid.uuid4().hex),
+    )
 
 
 class FirstPass(Protocol):

@@ -18,6 +18,13 @@ protocol (`vector_tables.VectorTables`, as httpx's transports sit behind `BaseTr
 an HNSW index, the same cosine distance). `tables_of` picks one per connection, the only
 place that asks which backend it is, and imports pg_vectors only then, so a SQLite-only
 daemon never loads psycopg. Everything else here is the same SQL on both.
+
+Bookkeeping costs what changed, not the index (issue 34): on SQLite, an embed with nothing
+to do skips the partition sync (`_changes`: TEMP triggers count the writer's changes to the
+tables it reads), and which contents are complete is a per-content tally that reads only
+the rows past the largest id it has seen (`_tallied`), valid while no vector row is deleted
+(every deletion sets a new epoch: `vector_tables.Marks`). Postgres, which other daemons may
+write, reads it all each time.
 """
 
 from __future__ import annotations
@@ -25,15 +32,25 @@ from __future__ import annotations
 import array
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
-from qmd.server.store.db import Connection, sqlite3
+from qmd.server.store.db import Connection, snapshot, sqlite3
 from qmd.server.store.metadata import DocFilter, ids_sql
 from qmd.server.store.sqlite import utcnow
 from qmd.server.store.vector_tables import MAX_K as MAX_K  # the most rows a search reads, for its callers
-from qmd.server.store.vector_tables import FirstPass, Space, VecHit, VectorTables, widened
+from qmd.server.store.vector_tables import (
+    FirstPass,
+    Marks,
+    Space,
+    VecHit,
+    VectorTables,
+    marks,
+    new_epoch,
+    widened,
+)
 
 if TYPE_CHECKING:
     from qmd.server.store.vector_index import VectorIndex
@@ -108,6 +125,7 @@ def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> S
     ).fetchone()
     space = Space(int(row[0]), fingerprint, model, dims)
     create_space_table(conn, space)
+    new_epoch(conn)  # every index with vectors has its own epoch, so no two indexes share one
     return space
 
 
@@ -117,6 +135,7 @@ def drop_space(conn: Connection, space: Space) -> None:
     conn.execute("DELETE FROM content_vectors WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM chunkless_contents WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM vector_spaces WHERE id = ?", (space.id,))
+    new_epoch(conn)
 
 
 def forget_hashes(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
@@ -133,6 +152,8 @@ def forget_hashes(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
             conn.execute("DELETE FROM vector_rows WHERE chunk_id = ?", (chunk,))
         dropped += conn.execute("DELETE FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)).rowcount
         conn.execute("DELETE FROM chunkless_contents WHERE space_id = ? AND hash = ?", (space.id, h))
+    if dropped:
+        new_epoch(conn)
     return dropped
 
 
@@ -190,12 +211,13 @@ def write_document(
 ) -> None:
     """Store one content hash's chunk vectors (all of them, or the next batch of them)."""
     now = utcnow()
+    replaced = 0
     for c in chunks:
         # a replaced row gets a new id, as SQLite's INSERT OR REPLACE gave it: the search rows
         # of the old one are dropped by the next reconciliation (`sync_partitions`)
-        conn.execute(
+        replaced += conn.execute(
             "DELETE FROM content_vectors WHERE space_id = ? AND hash = ? AND seq = ?", (space.id, content_hash, c.seq)
-        )
+        ).rowcount
         conn.execute(
             "INSERT INTO content_vectors(space_id, hash, seq, pos, end_pos, start_line, end_line, tokens,"
             " clipped, total_chunks, embed_fingerprint, embedded_at, embedding, chunk_key)"
@@ -217,19 +239,110 @@ def write_document(
                 c.key,
             ),
         )
+    if replaced:
+        new_epoch(conn)
+
+
+@dataclass
+class _Tally:
+    """One space's `content_vectors` counted per content as of some snapshot: (chunks written,
+    chunks it has) by hash, and the complete ones. What `complete_hashes` and `count_spaces`
+    derive from; brought up to date by reading the rows past `marks.top` only, so the first
+    vector search after an embed batch reads that batch, not the index (1M chunks take ~1 s
+    to group)."""
+
+    marks: Marks
+    chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    complete: set[str] = field(default_factory=set)
+
+    def add(self, rows: Iterable[tuple[str, int, int]]) -> None:
+        """Count (hash, chunks, total) rows in."""
+        for h, n, total in rows:
+            had, most = self.chunks.get(h, (0, 0))
+            now = (had + n, max(most, total))
+            self.chunks[h] = now
+            if now[0] == now[1]:
+                self.complete.add(h)
+            else:
+                self.complete.discard(h)
+
+    def copy(self) -> _Tally:
+        return _Tally(self.marks, dict(self.chunks), set(self.complete))
+
+
+_TALLIES: dict[tuple[str, int, str], _Tally] = {}
+"""By index file, space id and fingerprint: shared by the daemon's reader threads."""
+_TALLIES_LOCK = threading.Lock()
+T = TypeVar("T")
+
+
+def _tallied(conn: Connection, space: Space, use: Callable[[_Tally], T]) -> T:
+    """`use` of the space's tally as `conn` sees it (call inside one snapshot with what else
+    the caller reads). A cached tally is used where its marks say it holds the rows of `conn`'s
+    snapshot or fewer (the same epoch, so nothing was deleted since, and a top no higher): the
+    rows past its top are read and counted in. Only the daemon's readers (`query_only`: they
+    see committed rows) write the cache; the writer, which may see its own uncommitted rows,
+    counts on a copy. Postgres counts from scratch each time."""
+    key = _tally_key(conn, space)
+    now = marks(conn, "content_vectors")
+    if key is None:
+        return use(_count(conn, space, now))
+    cacheable = bool(conn.execute("PRAGMA query_only").fetchone()[0])
+    with _TALLIES_LOCK:
+        cached = _TALLIES.get(key)
+        if cached is not None and cached.marks == now:
+            return use(cached)
+        if cached is None or cached.marks.epoch != now.epoch or cached.marks.top > now.top:
+            tally = _count(conn, space, now)
+        else:
+            tally = cached if cacheable else cached.copy()
+            try:
+                tally.add(
+                    conn.execute(
+                        # `+space_id`: the rows past the top by rowid, not the space's whole hash index
+                        "SELECT hash, 1, total_chunks FROM content_vectors WHERE id > ? AND +space_id = ?",
+                        (cached.marks.top, space.id),
+                    )
+                )
+            except BaseException:
+                _TALLIES.pop(key, None)  # half counted
+                raise
+            tally.marks = now
+        if cacheable:
+            _TALLIES[key] = tally
+        return use(tally)
+
+
+def _tally_key(conn: Connection, space: Space) -> tuple[str, int, str] | None:
+    """The cache key of a SQLite index file's space; None for Postgres or an in-memory index."""
+    if not isinstance(conn, sqlite3.Connection):
+        return None
+    path = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+    return (path, space.id, space.fingerprint) if path else None
+
+
+def _count(conn: Connection, space: Space, now: Marks) -> _Tally:
+    """The tally from scratch: one walk of the space's hash index."""
+    tally = _Tally(now)
+    tally.add(
+        conn.execute(
+            "SELECT hash, COUNT(*), MAX(total_chunks) FROM content_vectors WHERE space_id = ? GROUP BY hash",
+            (space.id,),
+        )
+    )
+    return tally
+
+
+def _chunkless(conn: Connection, space: Space) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT hash FROM chunkless_contents WHERE space_id = ?", (space.id,))}
 
 
 def complete_hashes(conn: Connection, space: Space) -> set[str]:
     """Contents embedded in full in this space: every chunk has its vector, or the chunker
     cut the content into none (`mark_chunkless`)."""
-    return {
-        r[0]
-        for r in conn.execute(
-            "SELECT hash FROM content_vectors WHERE space_id = ? GROUP BY hash HAVING COUNT(*) = MAX(total_chunks)"
-            " UNION SELECT hash FROM chunkless_contents WHERE space_id = ?",
-            (space.id, space.id),
-        )
-    }
+    with snapshot(conn):
+        chunkless = _chunkless(conn, space)
+        return _tallied(conn, space, lambda t: t.complete | chunkless)
 
 
 def mark_chunkless(conn: Connection, space: Space, hashes: Iterable[str]) -> None:
@@ -277,7 +390,12 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     (embedded chunk, collection holding that content), drop rows whose collection no
     longer holds it. The reconciliation at the end of an embed run (documents removed,
     moved or copied since their batch was written); rows for new vectors are added as
-    each batch commits (`add_partitions`). Returns (added, removed)."""
+    each batch commits (`add_partitions`). Skipped when none of the tables it reads changed
+    since it last ran on this connection (`_changes`): what an embed with nothing to do pays.
+    Returns (added, removed)."""
+    changes = _changes(conn)
+    if changes is not None and _synced(conn, space) == changes:
+        return 0, 0
     complete = complete_hashes(conn, space)
     wanted: set[tuple[int, int]] = set()
     pairs = conn.execute("SELECT DISTINCT collection, hash FROM documents WHERE active = 1").fetchall()
@@ -297,6 +415,8 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     removed = [rid for key, rid in have.items() if key not in wanted]
     _delete_rows(conn, space, removed)
     conn.executemany("DELETE FROM vector_rows WHERE id = ?", [(rid,) for rid in removed])
+    if removed:
+        new_epoch(conn)
     added: list[tuple[int, int, bytes]] = []
     for chunk, cid in wanted - have.keys():
         emb = conn.execute("SELECT embedding FROM content_vectors WHERE id = ?", (chunk,)).fetchone()[0]
@@ -306,19 +426,74 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
         ).fetchone()[0]
         added.append((int(rid), cid, emb))
     insert_space_rows(conn, space, added)
+    if (after := _changes(conn)) is not None:  # its own rows included
+        conn.execute(
+            "INSERT OR REPLACE INTO temp.qmd_vector_synced VALUES (?, ?, ?, ?)", (space.id, space.fingerprint, *after)
+        )
     return len(added), len(removed)
+
+
+_WATCHED = {
+    "documents": ("INSERT", "DELETE", "UPDATE OF collection, hash, active"),
+    **{
+        table: ("INSERT", "DELETE", "UPDATE")
+        for table in ("content_vectors", "chunkless_contents", "vector_rows", "vector_collection_ids")
+    },
+}
+"""What `sync_partitions` reads, and the changes to it that can move its answer."""
+
+
+def _changes(conn: Connection) -> tuple[int, int] | None:
+    """A mark of the tables `sync_partitions` reads as `conn` sees them, on SQLite: rows of them
+    this connection changed (counted by TEMP triggers, made on first use and gone with the
+    connection, so the index's schema is untouched) and `PRAGMA data_version` (which moves when
+    another connection commits). None on Postgres, where another daemon may write unseen."""
+    if not isinstance(conn, sqlite3.Connection):
+        return None
+    if conn.execute("SELECT 1 FROM temp.sqlite_master WHERE name = 'qmd_vector_changes'").fetchone() is None:
+        conn.execute("CREATE TEMP TABLE qmd_vector_changes(n INTEGER NOT NULL)")
+        conn.execute("INSERT INTO temp.qmd_vector_changes VALUES (0)")
+        conn.execute(
+            "CREATE TEMP TABLE qmd_vector_synced(space_id INTEGER, fingerprint TEXT, changes INTEGER,"
+            " version INTEGER, PRIMARY KEY (space_id, fingerprint))"
+        )
+        for table, events in _WATCHED.items():
+            for i, event in enumerate(events):
+                conn.execute(
+                    f"CREATE TEMP TRIGGER qmd_vector_{table}_{i} AFTER {event} ON main.{table}"
+                    " BEGIN UPDATE qmd_vector_changes SET n = n + 1; END"
+                )
+    (n,) = conn.execute("SELECT n FROM temp.qmd_vector_changes").fetchone()
+    (version,) = conn.execute("PRAGMA data_version").fetchone()
+    return int(n), int(version)
+
+
+def _synced(conn: Connection, space: Space) -> tuple[int, int] | None:
+    """`_changes` as the last `sync_partitions` of the space on this connection left them."""
+    row = conn.execute(
+        "SELECT changes, version FROM temp.qmd_vector_synced WHERE space_id = ? AND fingerprint = ?",
+        (space.id, space.fingerprint),
+    ).fetchone()
+    return (int(row[0]), int(row[1])) if row else None
 
 
 def pending_hashes(conn: Connection, space: Space | None, collections: Iterable[str] | None = None) -> set[str]:
     """Active content in scope without a complete set of vectors in this space."""
     names = list(collections) if collections is not None else None
-    q = "SELECT DISTINCT hash FROM documents WHERE active = 1"
-    args: list[str] = []
-    if names is not None:
-        q += f" AND collection IN ({','.join('?' * len(names))})"
-        args = names
-    active = {r[0] for r in conn.execute(q, args)}
-    return active - complete_hashes(conn, space) if space else active
+    with snapshot(conn):
+        active = _active(conn, names)
+        if space is None:
+            return active
+        return _tallied(conn, space, lambda t: active - t.complete) - _chunkless(conn, space)
+
+
+def _active(conn: Connection, collections: list[str] | None) -> set[str]:
+    """Contents the active documents (of these collections) hold. Deduplicated here: SQLite's
+    DISTINCT walks the hash index and looks each row up, 2-3x the table scan (125k documents)."""
+    q = "SELECT hash FROM documents WHERE active = 1"
+    if collections is not None:
+        q += f" AND collection IN ({','.join('?' * len(collections))})"
+    return {r[0] for r in conn.execute(q, collections or [])}
 
 
 _HELD = "EXISTS (SELECT 1 FROM documents d WHERE d.hash = cv.hash AND d.active = 1)"
@@ -344,23 +519,32 @@ def count_vectors(conn: Connection, space: Space | None) -> VectorCounts:
 
 def count_spaces(conn: Connection, used: Sequence[Space]) -> VectorCounts:
     """`VectorCounts` over the spaces in use (one per chunk strategy the collections use):
-    the others' contents are stale. One walk of each space's hash index, with one probe
-    of `documents` per content, tells embedded chunks from orphaned ones."""
-    embedded = orphans = 0
-    for space in used:
-        held, orphaned = conn.execute(
-            "SELECT COALESCE(SUM(n) FILTER (WHERE held AND n = total), 0), COALESCE(SUM(n) FILTER (WHERE NOT held), 0)"
-            f" FROM (SELECT COUNT(*) AS n, MAX(total_chunks) AS total, {_HELD} AS held"
-            " FROM content_vectors cv WHERE space_id = ? GROUP BY hash)",
-            (space.id,),
-        ).fetchone()
-        embedded += held
-        orphans += orphaned
-    ids = [s.id for s in used]
-    stale = conn.execute(
-        f"SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id NOT IN ({','.join('?' * len(ids))})", ids
-    ).fetchone()[0]
+    the others' contents are stale. Each space's tally (`_tallied`: on SQLite, the rows since
+    it was last counted) against the contents active documents hold tells embedded chunks
+    from orphaned ones."""
+    with snapshot(conn):
+        held = _active(conn, None) if used else set()
+        embedded = orphans = 0
+        for space in used:
+            space_embedded, space_orphans = _tallied(conn, space, lambda t: _split(t, held))
+            embedded += space_embedded
+            orphans += space_orphans
+        ids = [s.id for s in used]
+        stale = conn.execute(
+            f"SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id NOT IN ({','.join('?' * len(ids))})", ids
+        ).fetchone()[0]
     return VectorCounts(embedded_chunks=embedded, stale_contents=stale, orphan_chunks=orphans)
+
+
+def _split(tally: _Tally, held: set[str]) -> tuple[int, int]:
+    """(chunks of complete contents an active document holds, chunks of contents none holds)."""
+    embedded = orphans = 0
+    for h, (n, total) in tally.chunks.items():
+        if h not in held:
+            orphans += n
+        elif n == total:
+            embedded += n
+    return embedded, orphans
 
 
 def orphan_hashes(conn: Connection, space: Space) -> list[str]:
