@@ -563,6 +563,9 @@ def init_project(root: Path, models: dict[str, str]) -> NewProject:
     ]
     text = "\n".join(lines)
     Config.from_yaml(yaml.safe_load(text), folder / PROJECT_CONFIGS[0], root)  # what is written reads back
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):  # a dangling link too
+        what = f"a symbolic link (to {os.readlink(folder)})" if folder.is_symlink() else "not a folder"
+        raise Conflict(f"{folder} is {what}: a project keeps its config in a folder of its own; remove it, then init")
     folder.mkdir(exist_ok=True)
     ignore = folder / ".gitignore"
     if not ignore.exists():

@@ -12,9 +12,10 @@ otherwise it is skipped, in-project indexing carries on, and the answer says wha
 skipped. Any edit of a gated item changes the fingerprint and so asks again. The user's
 own `~/.config/qmd/*.yml` is never gated (its engine has no project root).
 
-The project's index files (`index_files`) are not gated items: they are refused outright
-when the project made them anything but qmd's own (a link to another program's database,
-a FIFO), because no approval makes writing through one safe.
+The project's index files (`index_file_states`) are not gated items: they are refused
+outright when the project made them anything but qmd's own (a link to another program's
+database, a FIFO), because no approval makes writing through one safe. `qmd trust` lists
+them with their state, so what a clone planted in `.qmd/` is seen, not only refused.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal
 
-from qmd.paths import PROJECT_DIR, IndexPaths, config_root, private_dir, project_config
+from qmd.paths import PROJECT_DIR, IndexPaths, config_root, file_kind, private_dir, project_config
 from qmd.server.config import Config, ConfigFile, write_whole
 from qmd.server.errors import Conflict, Forbidden, InvalidInput, QmdError
 from qmd.server.models.refs import ROLES, parse_model_ref, resolve_model
@@ -286,9 +288,53 @@ def gate(config: Config, root: Path, config_dir: Path, trust: TrustFile) -> Gate
     )
 
 
-def index_files(paths: IndexPaths) -> tuple[Path, ...]:
-    """Every file a project's index lives in: the database and SQLite's side files."""
-    return (paths.db, *(Path(f"{paths.db}{suffix}") for suffix in SIDE_FILES))
+BENCH_CACHE = "bench"
+"""The folder in a project's `.qmd` where `qmd bench` keeps its indexes (server/quality.py)."""
+
+FileState = Literal["ok", "missing", "refused"]
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One path a project's index is kept in, as it is now: qmd's own (`ok`: a regular
+    file, or a folder, of this user's), `missing` (made when needed), or `refused` (a link,
+    another kind of file, another user's: never written through, and every command says so)."""
+
+    path: str
+    role: str
+    """What qmd keeps there: `folder`, `index`, its SQLite side files, `bench cache`."""
+    state: FileState
+    why: str
+    """Why it is refused ('' otherwise)."""
+
+
+def index_file_states(paths: IndexPaths) -> list[IndexFile]:
+    """The project's `.qmd` folder, index, side files and bench cache, each as `lstat`
+    finds it (never through a link), for `qmd trust` and the refusal's answer."""
+    folder = paths.db.parent
+    wanted = [
+        (folder, "folder", True),
+        (paths.db, "index", False),
+        *((Path(f"{paths.db}{suffix}"), f"index {suffix[1:]}", False) for suffix in SIDE_FILES),
+        (folder / BENCH_CACHE, "bench cache", True),
+    ]
+    return [IndexFile(str(path), role, *_state(path, is_folder)) for path, role, is_folder in wanted]
+
+
+def _state(path: Path, is_folder: bool) -> tuple[FileState, str]:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing", ""
+    except OSError as e:
+        return "refused", f"it cannot be looked at: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        return "refused", f"a symbolic link (to {os.readlink(path)})"
+    if not (stat.S_ISDIR(st.st_mode) if is_folder else stat.S_ISREG(st.st_mode)):
+        return "refused", f"{file_kind(st.st_mode)}, not {'a folder' if is_folder else 'a regular file'}"
+    if st.st_uid != os.geteuid():
+        return "refused", f"it belongs to another user (uid {st.st_uid})"
+    return "ok", ""
 
 
 def own_project_index(paths: IndexPaths) -> None:
@@ -306,7 +352,7 @@ def own_project_index(paths: IndexPaths) -> None:
             )
         own_files(paths.db, create=False)
     except Forbidden as e:
-        raise Forbidden(e.message, files=[str(p) for p in index_files(paths)]) from None
+        raise Forbidden(e.message, files=[asdict(f) for f in index_file_states(paths)]) from None
 
 
 ApprovalState = Literal["current", "changed", "no project"]

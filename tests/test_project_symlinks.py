@@ -106,7 +106,9 @@ def test_the_http_answer_is_a_403_naming_the_files(env: Env, daemon: Daemon) -> 
     r = daemon.http.get("/v1/status", headers={"x-qmd-project": str(repo)})
     assert r.status_code == 403, r.text
     assert "index.sqlite-shm" in r.json()["error"]
-    assert str(repo / ".qmd" / "index.sqlite") in r.json()["files"]
+    files = {f["path"]: f for f in r.json()["files"]}
+    assert files[str(repo / ".qmd" / "index.sqlite-shm")]["state"] == "refused"
+    assert files[str(repo / ".qmd" / "index.sqlite")]["state"] == "missing"
     assert daemon.http.get("/v1/status").status_code == 200
 
 

@@ -29,6 +29,7 @@ REPORT_KEYS = {
     "unchanged",
     "removed",
     "skipped",
+    "remembered",
     "watcher",
     "loaders",
     "warnings",

@@ -10,6 +10,7 @@ import pty
 import select
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from qmd.server import trust
 from qmd.server.config import Config, init_project
 from qmd.server.engine import Engine
 from qmd.server.errors import Conflict, InvalidInput
+from qmd.server.ingest.indexer import Pace
 from qmd.server.models.refs import DEFAULT_MODELS
 
 CUSTOM_EMBED = "hf:someone/evil-GGUF/evil.gguf"
@@ -129,7 +131,7 @@ def test_a_collection_outside_the_project_is_neither_indexed_nor_watched(home: P
                 "(untrusted project config; run 'qmd trust')",
             }
         ]
-        assert e.index_watched("secrets", None) is None
+        assert e.index_watched("secrets", None, Pace(threading.Event())) is None
         assert e.search("secrets").hits == []
         watch = next(c.watch for c in e.status().collections if c.name == "secrets")
         assert watch is not None and watch.mode == "off" and "outside the project" in watch.reason

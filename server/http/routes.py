@@ -486,8 +486,10 @@ def pull(body: PullRequest, request: Request) -> StreamingResponse:
 
 @router.get("/v1/trust", response_model=TrustOut, **CLI_ANSWER)
 def trust_status(request: Request) -> TrustOut:
-    """The request's project config: its gated items, and which are trusted now."""
-    return trust_out(engine_of(request).gate())
+    """The request's project config: its gated items, and which are trusted now; and its
+    index files, each with its state."""
+    e = engine_of(request)
+    return trust_out(e.gate(), trust.index_file_states(e.paths) if e.paths.project_root is not None else [])
 
 
 @router.post("/v1/trust", response_model=ApprovalOut, **CLI_ANSWER)

@@ -17,8 +17,8 @@ import os
 import re
 import stat
 import subprocess
+import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Set
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -73,6 +73,37 @@ def split_mask(mask: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+# -- pacing ---------------------------------------------------------------------
+
+
+class Cancelled(Exception):
+    """A paced walk or pass stopped by its `cancel` event (the daemon shutting down)."""
+
+
+class Pace:
+    """Background work (the watcher's polls and sweeps) in short slices, each followed by a
+    rest, so that a tree of millions of files takes at most `share` of a core and the GIL,
+    and `/health`, searches and status answer between slices; `cancel` stops it at the next
+    step, not at the end of the walk."""
+
+    def __init__(self, cancel: threading.Event, slice_s: float = 0.02, share: float = 0.25) -> None:
+        self.cancel = cancel
+        self.slice_s = slice_s
+        self.rest_factor = 1 / share - 1
+        self.started = time.monotonic()
+
+    def step(self) -> None:
+        """One unit of work is done: rest if the slice is used up; raise Cancelled once asked to stop."""
+        if self.cancel.is_set():
+            raise Cancelled
+        worked = time.monotonic() - self.started
+        if worked < self.slice_s:
+            return
+        if self.cancel.wait(worked * self.rest_factor):
+            raise Cancelled
+        self.started = time.monotonic()
+
+
 # -- discovery ----------------------------------------------------------------
 
 
@@ -109,6 +140,10 @@ class Walk:
     # are kept, as an unreadable file's are, not pruned as deleted. ("" is the root,
     # whose failure leaves the walk empty, which never prunes anyway.)
     unlisted: list[str] = field(default_factory=list)
+
+
+def _no_step() -> None:
+    """An unpaced walk's step: nothing to wait for."""
 
 
 def _inside(real: str, real_root: str) -> bool:
@@ -173,10 +208,11 @@ def _within(rel: str, paths: Set[str]) -> bool:
     return any("/".join(parts[:n]) in paths for n in range(1, len(parts) + 1))
 
 
-def discover(coll: Collection, scope: Scope | None = None) -> Walk:
+def discover(coll: Collection, scope: Scope | None = None, pace: Pace | None = None) -> Walk:
     """List the collection's files (those in `scope` only, when given): masks and ignores
     applied, dot- and built-in folders pruned, symlinked folders not followed, file
-    symlinks kept only when they resolve inside the root."""
+    symlinks kept only when they resolve inside the root. With `pace`, a step per entry."""
+    step = pace.step if pace is not None else _no_step
     walk = Walk()
     root = coll.root
     if not root.is_dir():
@@ -196,6 +232,7 @@ def discover(coll: Collection, scope: Scope | None = None) -> Walk:
         )
 
     def consider(on_disk: str, abs_path: str) -> None:
+        step()
         if not rules.wants(on_disk):
             return
         rel = display_rel(on_disk)
@@ -226,6 +263,7 @@ def discover(coll: Collection, scope: Scope | None = None) -> Walk:
 
     def tree(top: str) -> None:
         for dirpath, dirnames, filenames in os.walk(top, onerror=unlistable, followlinks=False):
+            step()
             dirnames[:] = sorted(d for d in dirnames if rules.enters(d))
             reldir = os.path.relpath(dirpath, root)
             reldir = "" if reldir == "." else reldir.replace(os.sep, "/") + "/"
@@ -350,6 +388,19 @@ def _read_bytes(found: Found, limit: int) -> tuple[Found, bytes]:
 # -- one collection -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SkipStat:
+    """A file skipped for what it holds, as it was then: while its size and mtime stay these,
+    it is not read again (a PDF that took its whole parse budget to be skipped would
+    otherwise cost that on every `qmd update` and every watcher sweep). Kept with its row
+    in `skipped_files`, so a restarted daemon remembers it too."""
+
+    size: int
+    mtime_ns: int
+    remembered: bool
+    """Skipped again without a read: its row keeps the time the skip was decided."""
+
+
 @dataclass
 class Summary:
     collection: str
@@ -368,6 +419,13 @@ class Summary:
     loaded: dict[str, int] = field(default_factory=dict)
     """Files read this run (new or changed), per loader (seed 001: what each loader did;
     what each could not read is in `skipped`, with its reason)."""
+    skip_stats: dict[str, SkipStat] = field(default_factory=dict)
+    """Of `skipped`, the files skipped for what they hold, as they were (the rest carry none)."""
+
+    @property
+    def remembered(self) -> int:
+        """Skipped files not read again, unchanged since their skip."""
+        return sum(s.remembered for s in self.skip_stats.values())
 
     def line(self) -> str:
         return (
@@ -503,9 +561,8 @@ class _Plan:
     """A scoped pass that would deactivate every active document: a full walk decides instead."""
 
 
-def _plan(store: IndexStore, coll: Collection, scope: Scope | None) -> _Plan:
-    """Walk the collection (or the scope) and set what it found against the index's rows."""
-    walk = discover(coll, scope)
+def _plan(store: IndexStore, coll: Collection, scope: Scope | None, walk: Walk) -> _Plan:
+    """Set what the walk of the collection (or the scope) found against the index's rows."""
     existing, active = _existing(store, coll.name, scope)
     seen = {f.rel for f in walk.files}
     unlisted = frozenset(walk.unlisted)
@@ -543,24 +600,33 @@ def _empty_walk_warning(coll: Collection, walk: Walk, scope: Scope | None, activ
 
 
 def index_collection(
-    store: IndexStore, coll: Collection, progress: Progress | None = None, scope: Scope | None = None
+    store: IndexStore,
+    coll: Collection,
+    progress: Progress | None = None,
+    scope: Scope | None = None,
+    *,
+    pace: Pace | None = None,
+    walk: Walk | None = None,
 ) -> Summary:
     """Bring the index in line with the collection's files on disk: all of them, or only
     the paths `scope` covers (the watcher's pass over what changed). A scoped pass that
     would leave the collection without a document walks all of it instead, so the
-    empty-walk rule decides, as for `qmd update`. Two steps: plan from the walk and the
-    rows, then apply (read, write, prune, record the run)."""
+    empty-walk rule decides, as for `qmd update`. Two steps: plan from the walk (`walk`,
+    when the caller walked already, outside its locks) and the rows, then apply (read,
+    write, prune, record the run). A pass `pace` cancels stops between files: what it wrote
+    stays, and it prunes nothing."""
     t0 = time.monotonic()
-    plan = _plan(store, coll, scope)
+    plan = _plan(store, coll, scope, walk if walk is not None else discover(coll, scope, pace))
     summary = Summary(coll.name, skipped=list(plan.skipped), files=len(plan.files))
     if plan.empty_walk is not None:
         summary.warnings.append(plan.empty_walk)
     else:
-        _write_files(store, coll.name, plan, summary, _ticker(progress, coll.name, len(plan.files), t0))
+        tick = _ticker(progress, coll.name, len(plan.files), t0)
+        _write_files(store, coll.name, plan, summary, tick, pace.step if pace is not None else _no_step)
         # Before a rewalk too, as the scoped pass always did.
         summary.metadata_extracted = _extract_pending(store, coll.name)
         if plan.rewalk:
-            return index_collection(store, coll, progress)
+            return index_collection(store, coll, progress, pace=pace)
         summary.removed += len(plan.deleted)
         summary.orphans_cleaned = store.write(partial(_finish, gone=plan.deleted))
     summary.seconds = time.monotonic() - t0
@@ -569,57 +635,63 @@ def index_collection(
 
 
 def _write_files(
-    store: IndexStore, collection: str, plan: _Plan, summary: Summary, tick: Callable[[int], None]
+    store: IndexStore,
+    collection: str,
+    plan: _Plan,
+    summary: Summary,
+    tick: Callable[[int], None],
+    step: Callable[[], None],
 ) -> None:
     """Apply the plan to its files: unchanged ones are only counted, the others are read
-    and their writes queued; returns once every write is committed."""
+    and their writes queued; returns (or is cancelled by `step`) once every write queued
+    is committed."""
     batches = _Batches(store, collection)
     limit = max_file_bytes()
-    skips = _SKIPS.setdefault(store, {}).setdefault(collection, {})
-    for done, item in enumerate(plan.files, 1):
-        if item.kind == "unchanged":
-            summary.unchanged += 1
-        else:
-            _read(item, limit, batches, summary, skips)
-        tick(done)
-    batches.drain()
+    skips = _recorded_skips(store, collection)
+    try:
+        for done, item in enumerate(plan.files, 1):
+            step()
+            if item.kind == "unchanged":
+                summary.unchanged += 1
+            else:
+                _read(item, limit, batches, summary, skips)
+            tick(done)
+    finally:
+        batches.drain()
 
 
-@dataclass(frozen=True)
-class _Skipped:
-    """A file skipped for what it holds, as it was then."""
-
-    size: int
-    mtime_ns: int
-    reason: str
-
-
-_SKIPS: weakref.WeakKeyDictionary[IndexStore, dict[str, dict[str, _Skipped]]] = weakref.WeakKeyDictionary()
-"""Each open index's skipped files by collection and path. A file skipped for what it holds
-is not read again while its size and mtime stay as they were: a PDF that took its whole
-parse budget to be skipped would otherwise cost that again on every `qmd update` and every
-watcher pass. In memory, so a daemon's restart reads each once more."""
+def _recorded_skips(store: IndexStore, collection: str) -> dict[tuple[str, int, int], str]:
+    """The reasons of the collection's recorded skips that carry a size and mtime, by
+    (path, size, mtime)."""
+    with store.read() as conn:
+        rows = conn.execute(
+            "SELECT path, size, mtime_ns, reason FROM skipped_files"
+            " WHERE collection = ? AND size IS NOT NULL AND mtime_ns IS NOT NULL",
+            (collection,),
+        ).fetchall()
+    return {(path, size, mtime_ns): reason for path, size, mtime_ns, reason in rows}
 
 
-def _read(item: _Planned, limit: int, batches: _Batches, summary: Summary, skips: dict[str, _Skipped]) -> None:
+def _read(
+    item: _Planned, limit: int, batches: _Batches, summary: Summary, skips: Mapping[tuple[str, int, int], str]
+) -> None:
     """Load a file its stat could not clear and queue the write its content calls for. A
     file that cannot be indexed is a skip and leaves the index, unless it merely could not
-    be read: then its previous version stays."""
+    be read: then its previous version stays. One skipped before as it is now is not read."""
     found = item.found
+    remembered = skips.get((found.rel, found.size, found.mtime_ns))
     try:
-        known = skips.get(found.rel)
-        if known is not None and (known.size, known.mtime_ns) == (found.size, found.mtime_ns):
-            raise Skip(known.reason)
+        if remembered is not None:
+            raise Skip(remembered)
         loaded = load_file(found, limit)
     except Skip as s:
         summary.skipped.append((found.rel, s.reason))
         if not s.keep:
-            skips[found.rel] = _Skipped(found.size, found.mtime_ns, s.reason)
+            summary.skip_stats[found.rel] = SkipStat(found.size, found.mtime_ns, remembered is not None)
             if item.old is not None and item.old.active:
                 summary.removed += 1
                 batches.add(("deactivate", item.old.id))
         return
-    skips.pop(found.rel, None)
     summary.loaded[loaded.loader] = summary.loaded.get(loaded.loader, 0) + 1
     summary.bytes_read += loaded.nbytes
     batches.add(_write_for(item, loaded, summary), loaded.nbytes)
@@ -786,20 +858,33 @@ def _finish(conn: Connection, gone: list[int]) -> int:
 
 def _record_run(store: IndexStore, summary: Summary, *, walk_empty: bool, scope: Scope | None = None) -> None:
     """Record the run's report; its skipped files replace those recorded for the paths it
-    walked (all of them, or those in `scope`)."""
+    walked (all of them, or those in `scope`), each with the size and mtime it was skipped
+    at. A skip remembered without a read keeps its `seen_at`: when the file was last read."""
 
     def fn(conn: Connection) -> None:
         now = utcnow()
         if not walk_empty:
+            kept = {p for p, _ in summary.skipped}
             recorded = conn.execute("SELECT path FROM skipped_files WHERE collection = ?", (summary.collection,))
             conn.executemany(
                 "DELETE FROM skipped_files WHERE collection = ? AND path = ?",
-                [(summary.collection, p) for (p,) in recorded.fetchall() if scope is None or scope.covers(p)],
+                [
+                    (summary.collection, p)
+                    for (p,) in recorded.fetchall()
+                    if p not in kept and (scope is None or scope.covers(p))
+                ],
             )
+        rows = []
+        for p, r in summary.skipped:
+            skip = summary.skip_stats.get(p)
+            size, mtime_ns = (skip.size, skip.mtime_ns) if skip is not None else (None, None)
+            rows.append((summary.collection, p, r, now, size, mtime_ns, int(skip is not None and skip.remembered)))
         conn.executemany(
-            "INSERT INTO skipped_files(collection, path, reason, seen_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (collection, path) DO UPDATE SET reason = excluded.reason, seen_at = excluded.seen_at",
-            [(summary.collection, p, r, now) for p, r in summary.skipped],
+            "INSERT INTO skipped_files(collection, path, reason, seen_at, size, mtime_ns) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (collection, path) DO UPDATE SET reason = excluded.reason, size = excluded.size,"
+            " mtime_ns = excluded.mtime_ns,"
+            " seen_at = CASE WHEN ? = 1 THEN skipped_files.seen_at ELSE excluded.seen_at END",
+            rows,
         )
         conn.execute(
             "INSERT INTO collection_runs(collection, updated_at, summary) VALUES (?, ?, ?)"

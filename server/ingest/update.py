@@ -105,6 +105,8 @@ class CollectionReport:
     unchanged: int
     removed: int
     skipped: list[SkippedFile]
+    remembered: int
+    """Of `skipped`, the files not read again: unchanged since they were skipped."""
     watcher: Changes
     loaders: dict[str, int]
     """Files this update read, per loader."""
@@ -126,6 +128,7 @@ class CollectionReport:
             unchanged=s.unchanged,
             removed=everything.removed,
             skipped=[SkippedFile(p, r) for p, r in s.skipped],
+            remembered=s.remembered,
             watcher=watcher,
             loaders=dict(s.loaded),
             warnings=list(s.warnings),

@@ -50,7 +50,7 @@ from qmd.server.models.registry import Models
 from qmd.server.store import catalog, llm_cache, vectors
 from qmd.server.store import copy as index_copy
 from qmd.server.store.catalog import delete_orphan_content
-from qmd.server.store.db import Connection, IndexStore, Vacuum
+from qmd.server.store.db import Connection, IndexStore, Vacuum, not_an_index
 from qmd.server.store.sqlite import open_store
 from qmd.server.text.chunking import CHUNK_STRATEGIES
 
@@ -429,6 +429,8 @@ def copy_ends(here: str, source: str, destination: str) -> tuple[str, str]:
         )
     if not is_index_url(src) and not Path(src).exists():
         raise NotFound(f"there is no index at {src}")
+    if not is_index_url(src) and (why := not_an_index(Path(src))) is not None:
+        raise InvalidInput(f"{src} is not a qmd index ({why}): nothing was copied, and it was not changed")
     return src, dst
 
 

@@ -1,9 +1,11 @@
 """The watcher: the daemon keeps every watched collection's index fresh as its files change.
 
-Each watched collection has a listener thread running watchfiles' Rust backend (inotify,
-or polling when watches cannot be added or `QMD_WATCH_POLL=1`) over its folder. What it hears
-is filtered by the indexer's own `Rules` (mask, ignore globs, dot-names, built-in folders)
-and queued as changed paths. One pass thread waits for a collection's queue to go quiet
+Each watched collection has a listener thread running watchfiles' Rust backend (inotify)
+over its folder, or, when watches cannot be added or `QMD_WATCH_POLL=1`, a poller of its
+own that scans the folder in paced slices (`Pace`): a polled tree as large as `/` costs a
+bounded share of a core and never keeps `/health`, searches or status from answering.
+What it hears is filtered by the indexer's own `Rules` (mask, ignore globs, dot-names,
+built-in folders) and queued as changed paths. One pass thread waits for a collection's queue to go quiet
 (`QMD_WATCH_QUIET_MS`, or `QMD_WATCH_MAX_WAIT_MS` during a long burst), then runs the
 indexer over just those paths through the engine's update lock, so a `git checkout` of
 10,000 files is a pass or two, never 10,000, and never races `qmd update`. Renames and
@@ -12,7 +14,9 @@ atomic saves need nothing special: a pass looks at each queued path as it is on 
 A folder that vanishes (unmounted, moved away) is never pruned: the scoped pass keeps the
 empty-walk rule, and the listener waits for the folder to come back, then sweeps it. A
 sweep (a whole-collection incremental pass) also runs at start, catching what changed
-while the daemon was down, and every `QMD_WATCH_SWEEP_S`, for what the OS dropped.
+while the daemon was down, and every `QMD_WATCH_SWEEP_S`, for what the OS dropped. Sweeps
+and passes are paced too, walk before taking the update lock, and stop at their next step
+when the daemon does (SIGTERM never waits for a walk of a large tree).
 
 The watcher never runs a collection's `update` command: a saved file must not run a shell
 command. Documents it changed (and, after a sweep, any still pending) are embedded on a
@@ -33,7 +37,7 @@ from typing import Literal, Protocol
 
 from qmd.server.config import Collection
 from qmd.server.errors import InvalidInput
-from qmd.server.ingest.indexer import Rules, Scope, Summary
+from qmd.server.ingest.indexer import Cancelled, Pace, Rules, Scope, Summary
 from qmd.server.store.sqlite import utcnow
 
 log = logging.getLogger("qmd.watcher")
@@ -46,8 +50,8 @@ class Watched(Protocol):
         """The collections to listen to now, as the config says (InvalidInput if it cannot be read)."""
         ...
 
-    def index_watched(self, name: str, scope: Scope | None) -> Summary | None:
-        """One pass over a collection's `scope` (None: all of it); None when it is gone."""
+    def index_watched(self, name: str, scope: Scope | None, pace: Pace) -> Summary | None:
+        """One pass over a collection's `scope` (None: all of it), at `pace`; None when it is gone."""
         ...
 
     def embed_watched(self, collections: list[str], cancel: threading.Event) -> object:
@@ -92,6 +96,12 @@ RECONCILE_S = 2.0
 """How often the config is compared with the watches (a hand edit of index.yml)."""
 ROOT_CHECK_MS = 1000
 """How often a listener checks that its folder is still the one it watches."""
+POLL_SHARE = 0.25
+"""The share of a core (and of the GIL) a poller's scan may take: it runs forever."""
+PASS_SHARE = 0.5
+"""The share a pass over a polled collection may take: its sweeps can cover a tree as large
+as `/`. A pass over a watched one runs flat out (a save is searchable sooner, a checkout
+indexed at full speed; searches already answer between its writes), only cancellable."""
 STEP_MS = 50
 """watchfiles' step, and the longest it groups changes: a steady stream (a checkout) reaches
 the queue every ~2 steps, so a quiet period of 3 steps or more is never found between two of
@@ -214,6 +224,15 @@ class _Watch:
         self.wake()
 
     def _listen(self) -> None:
+        """The listener thread: one that dies says so in status (`off (stopped: …)`),
+        instead of looking as if it were still starting."""
+        try:
+            self._listen_until_stopped()
+        except Exception as e:
+            log.exception("watcher: the listener of %s stopped", self.root)
+            self._trouble(f"stopped: {type(e).__name__}: {e}; restart the daemon to watch it again")
+
+    def _listen_until_stopped(self) -> None:
         # watchfiles' own backend rather than `watchfiles.watch`, whose generator adds the
         # watches only when first resumed: status must not say "watching" before they are.
         from watchfiles._rust_notify import RustNotify, WatchfilesRustInternalError
@@ -229,10 +248,13 @@ class _Watch:
             if restarted:  # what changed while nothing listened is found by walking
                 self.request_sweep()
             restarted = True
+            if polling:
+                self._poll(ident)
+                continue
             try:
                 # Permission errors are not ignored: watchfiles then also swallows the watch
                 # limit, leaving folders silently unwatched where polling would see them.
-                with RustNotify([self.root], False, polling, self.settings.poll_ms, True, False) as notify:
+                with RustNotify([self.root], False, False, self.settings.poll_ms, True, False) as notify:
                     self._trouble("", live=True)
                     while not self.stop.is_set():
                         try:
@@ -255,11 +277,6 @@ class _Watch:
             except FileNotFoundError:  # gone between the check and the watch
                 self.stop.wait(ROOT_CHECK_MS / 1000)
             except OSError as e:
-                if polling:
-                    self._trouble(f"the folder cannot be watched, even by polling: {e}")
-                    log.warning("cannot watch %s: %s", self.root, e)
-                    self.stop.wait(self.settings.sweep_s)
-                    continue
                 # inotify's watch limit (fs.inotify.max_user_watches, ENOSPC), its instance
                 # limit, or a folder inotify may not watch: polling needs none of them.
                 polling = True
@@ -271,6 +288,54 @@ class _Watch:
             finally:
                 with self.lock:
                     self.live = False
+
+    def _poll(self, ident: tuple[int, int]) -> None:
+        """Poll the folder until it is replaced or the watch stops: each scan lists it anew
+        (size and mtime of each file the rules take) and queues what differs from the last.
+        Not watchfiles' poller, which scans the whole tree at start holding the GIL (minutes
+        for a folder such as `/`, with nothing else answering) and then rescans it
+        flat out; here a scan is `Pace`d, and the next starts `poll_ms` after it ends."""
+        known: dict[str, tuple[int, int]] | None = None
+        self._trouble("", live=True)
+        try:
+            while not self.stop.is_set():
+                seen = self._scan(Pace(self.stop, share=POLL_SHARE))
+                if known is not None:
+                    self._heard([rel for rel in seen.keys() | known.keys() if seen.get(rel) != known.get(rel)])
+                known = seen
+                if _identity(self.root) != ident or self.stop.wait(self.settings.poll_ms / 1000):
+                    return
+        except Cancelled:
+            return
+        finally:
+            with self.lock:
+                self.live = False
+
+    def _scan(self, pace: Pace) -> dict[str, tuple[int, int]]:
+        """(size, mtime) of every file under the root the rules take, by relative path (as
+        on disk); folders that cannot be listed are passed over (the sweep reports them)."""
+        seen: dict[str, tuple[int, int]] = {}
+        folders = [""]
+        while folders:
+            reldir = folders.pop()
+            try:
+                with os.scandir(os.path.join(self.root, reldir) if reldir else self.root) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            for entry in entries:
+                pace.step()
+                rel = reldir + entry.name
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if Rules.enters(entry.name):
+                            folders.append(rel + "/")
+                    elif self.rules.wants(rel):
+                        st = entry.stat(follow_symlinks=False)
+                        seen[rel] = (st.st_size, st.st_mtime_ns)
+                except OSError:
+                    continue
+        return seen
 
     def _set(self, mode: WatchMode, reason: str) -> None:
         with self.lock:
@@ -366,7 +431,7 @@ class Watcher:
             t.start()
 
     def stop(self) -> None:
-        """Stop listening, let a pass in flight finish, cancel background embedding."""
+        """Stop listening, cancel a pass in flight (at its next step) and background embedding."""
         self._stop.set()
         self._wake.set()
         self._embed_wake.set()
@@ -452,7 +517,10 @@ class Watcher:
     def _pass(self, name: str, w: _Watch, scope: Scope | None, paths: int) -> None:
         t0 = time.monotonic()
         try:
-            summary = self.engine.index_watched(name, scope)
+            share = PASS_SHARE if w.mode == "polling" else 1.0
+            summary = self.engine.index_watched(name, scope, Pace(self._stop, share=share))
+        except Cancelled:  # stopping: what the pass wrote stays, and the next start sweeps
+            summary = None
         except Exception:  # the daemon keeps serving; the next change or sweep tries again
             log.exception("watcher: indexing %s failed", name)
             summary = None

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from qmd.server.store.dialect import POSTGRES, SQLITE, Dialect
@@ -42,6 +43,7 @@ __all__ = [
     "Writer",
     "dialect_of",
     "is_postgres",
+    "not_an_index",
     "snapshot",
     "sqlite3",
 ]
@@ -258,3 +260,23 @@ class Writer(Generic[C]):
         if self._writer is not None:
             self._writer.join(timeout=30)
         return True
+
+
+def not_an_index(path: Path) -> str | None:
+    """Why the SQLite file at `path` is no qmd index (None when it is one), found read-only:
+    opening it as an index migrates it, so another program's database, or any file SQLite
+    accepts (an empty one), would have qmd's tables written into it."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as e:
+        return f"it cannot be opened: {e}"
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as e:
+        return f"not an SQLite database: {e}"
+    finally:
+        conn.close()
+    if not version or "documents" not in tables or "store_collections" not in tables:
+        return "an SQLite database without qmd's tables" if tables else "an empty file or database"
+    return None

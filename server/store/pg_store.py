@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
@@ -197,6 +197,14 @@ each running update's lock hold one more each."""
 POOL_WAIT_S = 30.0
 """How long a read waits for a free connection before it is refused."""
 
+POOL_PROBE_S = 2.0
+"""How long a read waits for a connection before it asks whether the server answers at all
+(`PROBE_CONNECT_S` more at most): a server that is down is told at once, as unreachable,
+rather than after `POOL_WAIT_S` as a busy pool."""
+
+PROBE_CONNECT_S = 2
+"""libpq's connect_timeout for that question (whole seconds)."""
+
 
 def _settings() -> dict[str, Any]:
     # the application name tells a daemon waiting for a lock who holds it (`PgStore.exclusive`)
@@ -338,8 +346,8 @@ class PgStore(Writer[PgConnection]):
             yield held
             return
         try:
-            with self._pool.connection(timeout=POOL_WAIT_S) as raw:
-                self._local.conn = conn = PgConnection(raw)
+            with ExitStack() as stack:
+                self._local.conn = conn = PgConnection(self._checkout(stack))
                 try:
                     yield conn
                 finally:
@@ -356,6 +364,20 @@ class PgStore(Writer[PgConnection]):
             ) from None
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres index {self.location}: {str(e).strip()}") from None
+
+    def _checkout(self, stack: ExitStack) -> psycopg.Connection[Any]:
+        """A pooled connection, returned when `stack` closes. One not free within
+        `POOL_PROBE_S` is waited for only while the server answers a connection of its own:
+        when it does not, the pool is not busy but cut off (a stopped server, a lost
+        network), and the read fails now, saying so."""
+        try:
+            return stack.enter_context(self._pool.connection(timeout=POOL_PROBE_S))
+        except PoolTimeout:
+            try:
+                pg.reach(self.url, **{**_settings(), "connect_timeout": PROBE_CONNECT_S}).close()
+            except Unavailable as e:
+                raise Unavailable(f"{e.message}; every read fails until it answers again") from None
+        return stack.enter_context(self._pool.connection(timeout=POOL_WAIT_S - POOL_PROBE_S))
 
     @contextmanager
     def exclusive(self, what: str) -> Iterator[None]:
