@@ -50,3 +50,30 @@ def with_range(file: str, *numbers: int | str) -> str:
         return file + suffix
     base, sep, query = file.partition("?")
     return f"{base}{suffix}{sep}{query}"
+
+
+def is_link(name: str) -> bool:
+    """Whether `name` is a `qmd://` link (also spelt `qmd:c/p` or `//c/p`), whose `?` opens
+    a query, where in a path on disk it is a character of the name."""
+    return name.startswith(("qmd:", "//"))
+
+
+def section_in_query(name: str) -> bool:
+    """Whether a link's section anchor follows its query, as in a URL (`…?index=w#intro`):
+    a query names no file, so that `#` can only be an anchor."""
+    return is_link(name) and "#" in name.partition("?")[2]
+
+
+def split_section(name: str) -> tuple[str, str | None]:
+    """`notes/a.md#getting-started` → (`notes/a.md`, `getting-started`): the section a name
+    points into, or None. The anchor may sit where a range does, before a link's query
+    (`qmd://w/a.md#intro?index=w`), or after it, as in a URL (`…?index=w#intro`). A docid's
+    own `#` (`#abc123`) and a page (`#page=3`) are not sections."""
+    base, sep, query = name.partition("?") if is_link(name) else (name, "", "")
+    if "#" in query:
+        query, anchor = query.rsplit("#", 1)
+        return base + sep + query, anchor
+    at = base.rfind("#")
+    if at <= 0 or base[at + 1 :].startswith("page="):
+        return name, None
+    return base[:at] + sep + query, base[at + 1 :]

@@ -214,12 +214,15 @@ class Index:
         all: bool = False,  # noqa: A002 - the CLI's --all
         full: bool = False,
         filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
+        fuzzy: bool = False,
     ) -> SearchOutcome:
         """Keyword (BM25) search: `.hits` are pointers, best first. `filter` is the
         metadata filter of every surface (a JSON-shaped dict); each hit's `.metadata`
-        holds its document's."""
+        holds its document's. `fuzzy`: a word no document holds is searched as its nearest
+        indexed word, and `.warnings` says so (`searched 'kubernetes' for 'kubernets'`)."""
         scope = list(collections) if collections else None
-        return self.engine.search(query, SearchOptions(scope, limit, min_score, all, full, filter=_filter(filter)))
+        opts = SearchOptions(scope, limit, min_score, all, full, filter=_filter(filter), fuzzy=fuzzy)
+        return self.engine.search(query, opts)
 
     def vsearch(
         self,
@@ -253,10 +256,11 @@ class Index:
         explain: bool = False,
         filter: Mapping[str, Any] | None = None,  # noqa: A002 - the surfaces' `filter`
         chunk_strategy: ChunkStrategy | None = None,
+        fuzzy: bool = False,
     ) -> HybridOutcome:
         """The hybrid query: a plain `query` (expanded by the generate model) or a query
         document, or typed `searches` (`[("lex", "…"), ("vec", "…")]`). `.stages` says
-        what ran, what was skipped and why."""
+        what ran, what was skipped and why; `fuzzy` corrects keyword typos as `search` does."""
         if (query is None) == (searches is None):
             raise InvalidInput("give either 'query' (text or a query document) or 'searches' (typed sub-queries)")
         doc = parse_query(query, intent) if query is not None else typed_query(list(searches or ()), intent)
@@ -271,6 +275,7 @@ class Index:
             explain=explain,
             filter=_filter(filter),
             chunk_strategy=chunk_strategy,
+            fuzzy=fuzzy,
         )
         return self.engine.query(doc, opts)
 
@@ -371,7 +376,8 @@ class Index:
     ) -> DocumentText:
         """A document by path (`notes/a.md`, `qmd://notes/a.md`) or docid (`#abc123`), or the
         range a pointer names (`notes/a.md:41:4`: 4 lines from line 41); `full=True`: the
-        whole document whatever range the name carries."""
+        whole document whatever range the name carries; `notes/a.md#getting-started` (a
+        heading's GitHub anchor, or its text): that section whole."""
         return self.engine.get(name, from_line=from_line, max_lines=max_lines, full=full)
 
     def multi_get(self, pattern: str, *, max_bytes: int = 65536, max_lines: int | None = None) -> list[Retrieved]:

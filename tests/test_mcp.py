@@ -172,6 +172,7 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
         "budgetMs",
         "filter",
         "chunkStrategy",
+        "fuzzy",
     ]
     assert query["properties"]["limit"]["default"] == 8
     assert query["properties"]["budgetMs"]["default"] == 4000

@@ -250,6 +250,6 @@ def test_the_schema_migrates_once_and_refuses_a_newer_one(pg_url: str) -> None:
 def test_a_prefix_range_ends_where_its_strings_end() -> None:
     """The prefix's upper bound in the C collation's code-point order: past the last
     character's successor, skipping the surrogates no text holds; none past U+10FFFF."""
-    from qmd.server.search.lexical_pg import _successor
+    from qmd.server.search.lexical import successor
 
-    assert _successor("ab") == "ac" and _successor("a\ud7ff") == "a\ue000" and _successor("a\U0010ffff") is None
+    assert successor("ab") == "ac" and successor("a\ud7ff") == "a\ue000" and successor("a\U0010ffff") is None

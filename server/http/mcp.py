@@ -455,7 +455,9 @@ TOOLS: dict[str, ToolSpec] = {
                 description="Read a document, or the line range a search result points at: its `file` "
                 '(a `qmd://` URI) with the range, `file="qmd://notes/a.md:41:4"` reads 4 lines from line 41 '
                 "(`notes/a.md:41:4` and a docid `#abc123` work too); a PDF's page and its lines: "
-                '`file="qmd://docs/r.pdf#page=3:10:5"`. Lines are numbered so they can be cited.',
+                '`file="qmd://docs/r.pdf#page=3:10:5"`; a markdown section whole, to widen a pointer to the '
+                'section it sits in: `file="qmd://notes/a.md#getting-started"` (the heading\'s GitHub anchor '
+                "or its text). Lines are numbered so they can be cited.",
                 input_schema=tool_schema(GetRequest),
                 annotations=_READ_ONLY,
             ),
@@ -524,7 +526,8 @@ Retrieval:
   - `get` — single document by a result's `file` (`qmd://collection/path`), a path or docid (#abc123). \
 Supports a line-range suffix: `qmd://notes/file.md:100` (from line 100) or `qmd://notes/file.md:100:40` \
 (40 lines from line 100). A PDF's results name a page too: \
-`file.pdf#page=3:10:5` reads 5 lines from line 10 of page 3, the same text as the result's own range.
+`file.pdf#page=3:10:5` reads 5 lines from line 10 of page 3, the same text as the result's own range. \
+A markdown section whole: `qmd://notes/file.md#getting-started` (a heading's GitHub anchor, or its text).
   - `multi_get` — batch retrieve by glob (`journals/2025-05*.md`), comma-separated list, or docids (#abc123).
 
 Citing:

@@ -33,7 +33,7 @@ from qmd.server.models.worker import wait_at_most
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
 from qmd.server.search.filters import Filter
 from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
-from qmd.server.search.keyword import lexical_hits
+from qmd.server.search.keyword import fuzzed, lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
@@ -94,6 +94,8 @@ class QueryOptions:
     chunk_strategy: ChunkStrategy | None = None
     """How candidates are cut to pick the passage each is reranked on (`--chunk-strategy`);
     None: each collection's own (index.yml), the strategy its vectors were made with."""
+    fuzzy: bool = False
+    """Keyword lines search a word no document holds as its nearest indexed word (search/typos.py)."""
 
 
 class Skipped(NamedTuple):
@@ -265,9 +267,12 @@ class HybridQuery:
         self.passage_chars = passage_chars
         self._qvecs: dict[str, Sequence[float]] = {}
         """Each embedded sub-query's vector by its text (one query per instance): cosine reranking reuses one."""
+        self._typos: list[str] | None = None
+        """`--fuzzy`: the notes of the words corrected in this query's keyword searches."""
 
     def run(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         clock = _Clock(opts.budget_ms)
+        self._typos = [] if opts.fuzzy else None
         primary = primary_text(doc)
         run = _Run(
             opts=opts,
@@ -313,7 +318,7 @@ class HybridQuery:
             run.docs = fetch_ids(conn, [c.doc_id for c in candidates])
         run.candidates = [c for c in candidates if c.doc_id in run.docs]
         self._shape(run, self._rerank(run), out)
-        out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit)
+        out.warnings += filter_warnings(out.filter, len(out.hits), opts.limit) + (self._typos or [])
         out.warnings = list(dict.fromkeys(out.warnings))
         out.elapsed_ms = clock.elapsed_ms()
         return out
@@ -424,6 +429,8 @@ class HybridQuery:
 
     def _fts(self, text: str, scope: Scope) -> list:
         lexq = parse_lex(text)
+        if self._typos is not None:
+            lexq = fuzzed(self.store, lexq, self._typos)
         if not lexq.positives:
             return []
         t = time.perf_counter()

@@ -14,6 +14,7 @@ from qmd.server.errors import InvalidInput
 from qmd.server.search.lexical import LexHit, LexQuery, parse_lex, search_fts
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
+from qmd.server.search.typos import correct
 from qmd.server.store.db import Connection, IndexStore, sqlite3
 from qmd.server.store.documents import DocRow, fetch_ids
 from qmd.server.store.metadata import ids_sql
@@ -48,6 +49,16 @@ def _search(conn: Connection, query: LexQuery, collection: str, fetch: int, scop
     return search_pg(raw(conn), query, fetch, collection=collection, doc_ids=eligible)
 
 
+def fuzzed(store: IndexStore, query: LexQuery, notes: list[str]) -> LexQuery:
+    """`query` as `--fuzzy` searches it: a word no document holds replaced by its nearest
+    indexed word (search/typos.py), and the note saying so added to `notes` once, however
+    many of a hybrid query's lines had that word."""
+    with store.read() as conn:
+        query, fixed = correct(conn, query)
+    notes += [c.note for c in fixed if c.note not in notes]
+    return query
+
+
 def lexical_hits(store: IndexStore, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
     with store.read() as conn:
         best: dict[int, LexHit] = {}
@@ -67,7 +78,10 @@ def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, i
         raise InvalidInput("limit must be at least 1")
     scope = scope_of(config, opts.collections, opts.filter, dialect=store.dialect)
     lexq = parse_lex(query)
-    out = SearchOutcome(hits=[], terms=lexq.terms)
+    out = SearchOutcome(hits=[])
+    if opts.fuzzy:
+        lexq = fuzzed(store, lexq, out.warnings)
+    out.terms = lexq.terms
     if lexq.truncated:
         out.warnings.append(
             f"query has more than {len(lexq.positives)} terms; only the first {len(lexq.positives)} were searched"

@@ -70,6 +70,7 @@ __all__ = [
     "LexHit",
     "LexQuery",
     "STOP_WORDS",
+    "FtsVocabulary",
     "common_tail",
     "hit_score",
     "identifier_tokens",
@@ -80,6 +81,8 @@ __all__ = [
     "resolve_prefixes",
     "resolve_prefixes_by",
     "search_fts",
+    "successor",
+    "words",
 ]
 
 # The intent stop list of spec §15.1 plus the one-letter words it filters by length, less the
@@ -116,7 +119,7 @@ def _has_token(word: str) -> bool:
     return any(unicodedata.category(ch)[0] in "LN" and ch not in _SQLITE_SEPARATOR_LETTERS for ch in word)
 
 
-def _words(text: str) -> list[str]:
+def words(text: str) -> list[str]:
     """Split ``text`` into sanitised lowercase words, the way the index tokenized the same text.
 
     Any character that is not a word character separates words, so ``node.js``,
@@ -155,13 +158,13 @@ def _parse_items(query: str) -> list[_Item]:
         negated = m.group(1) is not None
         phrase, term = m.group(2), m.group(3)
         text = phrase if phrase is not None else term
-        words = _words(text)
-        if not words:
+        found = words(text)
+        if not found:
             continue
-        plain = term is not None and len(words) == 1 and not CJK_RUN.search(term)
-        expr = f'"{words[0]}"*' if plain else '"' + " ".join(words) + '"'
-        stop_word = plain and not negated and words[0] in STOP_WORDS
-        items.append(_Item(expr, tuple(words), negated, stop_word))
+        plain = term is not None and len(found) == 1 and not CJK_RUN.search(term)
+        expr = f'"{found[0]}"*' if plain else '"' + " ".join(found) + '"'
+        stop_word = plain and not negated and found[0] in STOP_WORDS
+        items.append(_Item(expr, tuple(found), negated, stop_word))
     return items
 
 
@@ -366,6 +369,55 @@ def hit_score(bm25: float, idfs: Sequence[float]) -> float:
     Every idf can read 0 for a hit when a write lands between the item counts and the ranking
     (sixteen clients during a full index did it): the sum is floored as each idf is, never 0."""
     return min(1.0, abs(bm25) / ((K1 + 1) * max(sum(idfs), _IDF_FLOOR)))
+
+
+def successor(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix` (code-point order:
+    the ``C`` collation's, and FTS5's, which compares UTF-8 bytes), or None when there is none."""
+    last = ord(prefix[-1])
+    if last == 0x10FFFF:
+        return None
+    following = 0xE000 if last + 1 == 0xD800 else last + 1  # no text holds a surrogate
+    return prefix[:-1] + chr(following)
+
+
+class FtsVocabulary:
+    """The terms of ``documents_fts``, through ``fts5vocab`` tables made in the reading
+    connection's ``temp`` schema (nothing is written to the index, so no migration): 'row'
+    for terms and their document counts, 'instance' for where a term is."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        if not conn.execute("SELECT 1 FROM temp.sqlite_master WHERE name = 'qmd_vocab'").fetchone():
+            (query_only,) = conn.execute("PRAGMA query_only").fetchone()
+            conn.execute("PRAGMA query_only = 0")  # a reader's guard; the temp schema is its own
+            try:
+                conn.execute("CREATE VIRTUAL TABLE temp.qmd_vocab USING fts5vocab(main, documents_fts, 'row')")
+                conn.execute("CREATE VIRTUAL TABLE temp.qmd_places USING fts5vocab(main, documents_fts, 'instance')")
+            finally:
+                conn.execute(f"PRAGMA query_only = {int(query_only)}")
+
+    def _range(self, prefix: str) -> tuple[str, list[object]]:
+        upper = successor(prefix)
+        if upper is None:
+            return "term >= ?", [prefix]
+        return "term >= ? AND term < ?", [prefix, upper]
+
+    def has_prefix(self, prefix: str) -> bool:
+        where, params = self._range(prefix)
+        return self.conn.execute(f"SELECT 1 FROM temp.qmd_vocab WHERE {where} LIMIT 1", params).fetchone() is not None
+
+    def with_initial(self, initial: str) -> list[str]:
+        where, params = self._range(initial)
+        return [t for (t,) in self.conn.execute(f"SELECT term FROM temp.qmd_vocab WHERE {where}", params)]
+
+    def frequency(self, term: str) -> int:
+        row = self.conn.execute("SELECT doc FROM temp.qmd_vocab WHERE term = ?", (term,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def holder(self, term: str) -> int | None:
+        row = self.conn.execute("SELECT doc FROM temp.qmd_places WHERE term = ? LIMIT 1", (term,)).fetchone()
+        return None if row is None else int(row[0])
 
 
 def _count(conn: sqlite3.Connection, expression: str) -> int:

@@ -101,6 +101,8 @@ class SearchOptions:
     """Longest passage, in characters."""
     filter: Filter | None = None
     """Only documents whose metadata satisfies it."""
+    fuzzy: bool = False
+    """Search a word no document holds as its nearest indexed word, saying so (search/typos.py)."""
 
 
 @dataclass

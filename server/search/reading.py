@@ -10,11 +10,13 @@ returns; what they read comes from the index, never from a path on disk
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from qmd.paths import DEFAULT_INDEX
 from qmd.server.config import Config
 from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.search.pointers import (
+    DocumentRef,
     DocumentText,
     Retrieved,
     answer_bytes,
@@ -23,8 +25,9 @@ from qmd.server.search.pointers import (
     too_large_note,
 )
 from qmd.server.store import catalog
-from qmd.server.store.db import IndexStore
+from qmd.server.store.db import Connection, IndexStore
 from qmd.server.store.documents import (
+    DocRow,
     find_document,
     glob_documents,
     is_comma_list,
@@ -33,9 +36,10 @@ from qmd.server.store.documents import (
     safe_relpath,
     split_range,
 )
-from qmd.server.text.lines import file_lines
+from qmd.server.text.frontmatter import MARKDOWN_EXTENSIONS
+from qmd.server.text.lines import file_lines, sections
 from qmd.server.text.pages import Pages, split_page
-from qmd.uri import file_uri
+from qmd.uri import file_uri, section_in_query, split_section
 
 
 def get(
@@ -54,6 +58,8 @@ def get(
     explicit `from_line` / `max_lines` win over that suffix. A paged document (PDF)
     may be addressed by page, `report.pdf#page=3:10:5`: lines counted within that
     page, read from the same body, so both spellings of a pointer read the same text.
+    `notes/a.md#getting-started` (a heading's GitHub anchor, or its text) reads that
+    section whole, so an agent can widen a pointer to the section it sits in.
     `full` widens a pointer to its whole document (the seed's `get FILE --full`), so an
     agent can pass a result's `file:line` as it is.
     `index` is the name of the index read, `label` the one its links carry."""
@@ -69,9 +75,16 @@ def get(
     if max_lines is not None and max_lines < 1:
         raise InvalidInput("-l/--lines must be at least 1")
     with store.read() as conn:
-        doc = find_document(conn, cfg, name, cwd)
+        doc, anchor, ranged = _find_section(conn, cfg, name, cwd)
     ref = document_ref(doc, cfg, label)
     lines = file_lines(doc.body)
+    if anchor is not None:
+        if ranged or from_line is not None or max_lines is not None or full:
+            raise InvalidInput(
+                f"#{anchor} reads a whole section, and a line range (:LINE, --from, -l) or --full reads lines: pick one"
+            )
+        first, last = _section(doc, ref, anchor)
+        return DocumentText(ref, first, last, len(lines), "\n".join(lines[first - 1 : last]))
     pages = Pages.of(doc.path, doc.body)
     first, last, where = 1, len(lines), f"{ref.display_path} has {len(lines)} lines"
     if page is not None:
@@ -88,6 +101,43 @@ def get(
     end = last if max_lines is None else min(last, start - 1 + max_lines)
     spans = pages.spans(start, end) if pages is not None else ()
     return DocumentText(ref, start, end, len(lines), "\n".join(lines[start - 1 : end]), spans)
+
+
+SHOWN_ANCHORS = 20
+"""The anchors an unknown one's error lists: enough to pick from, not a table of contents."""
+
+
+def _find_section(conn: Connection, cfg: Config, name: str, cwd: str | None) -> tuple[DocRow, str | None, bool]:
+    """The document `name` names, the section anchor it carries (None: the whole name is
+    the document's, as in `notes/C#.md`), and whether a line range came with the anchor."""
+    base, anchor = split_section(name)
+    if not section_in_query(name):
+        try:
+            return find_document(conn, cfg, name, cwd), None, False
+        except NotFound:
+            if anchor is None:
+                raise
+    base, first, _ = split_range(base)  # `a.md:40#intro`; `a.md#intro:40` lost its range before
+    return find_document(conn, cfg, base, cwd), anchor, first is not None
+
+
+def _section(doc: DocRow, ref: DocumentRef, anchor: str) -> tuple[int, int]:
+    """The lines (first, last) of the section `anchor` names: its GitHub anchor, or its
+    heading's text in any case. Only markdown has headings: a `#` line of code is a comment."""
+    if not anchor.strip():
+        raise InvalidInput("an empty #anchor names no section: give a heading's anchor, e.g. #getting-started")
+    if PurePosixPath(doc.path).suffix.lower().lstrip(".") not in MARKDOWN_EXTENSIONS:
+        raise InvalidInput(f"{ref.display_path} is not markdown: #anchor reads a section under a markdown heading")
+    found = sections(doc.body)
+    wanted = anchor.strip().casefold()
+    for s in found:
+        if s.anchor == anchor or s.title.casefold() == wanted:
+            return s.first, s.last
+    if not found:
+        raise NotFound(f"{ref.display_path} has no headings, so no section #{anchor}")
+    listed = ", ".join(f"#{s.anchor}" for s in found[:SHOWN_ANCHORS])
+    more = f" (and {len(found) - SHOWN_ANCHORS} more)" if len(found) > SHOWN_ANCHORS else ""
+    raise NotFound(f"{ref.display_path} has no section #{anchor}; its sections: {listed}{more}")
 
 
 def _same_index(name: str, index: str | None) -> None:

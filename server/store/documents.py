@@ -60,7 +60,8 @@ def link_index(raw: str) -> str | None:
     the query (`?index=work:2`), as earlier versions printed it."""
     if not raw.strip().startswith(("qmd:", "//")) or "?" not in raw:
         return None
-    query = parse_qs(re.sub(r"(:\d+){1,2}$", "", raw.split("?", 1)[1]))
+    # a `#section` after the query is the link's anchor (a label's own `#` is percent-encoded)
+    query = parse_qs(re.sub(r"(:\d+){1,2}$", "", raw.split("?", 1)[1].split("#", 1)[0]))
     label = query.get("index", [None])[0]
     return index_name(label) if label else None
 
