@@ -10,9 +10,11 @@ return plain data and raise `errors.QmdError` subclasses for anything the caller
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,8 +37,9 @@ from qmd.server.config import (
 )
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError, Unavailable
 from qmd.server.ingest import upkeep
-from qmd.server.ingest.embed_job import BackgroundStart, EmbedReport, EmbedTracker, embed_pending
-from qmd.server.ingest.indexer import Progress, Scope, Summary, index_collection, split_mask
+from qmd.server.ingest.embed_job import BackgroundStart, EmbedReport, EmbedTracker, either, embed_pending
+from qmd.server.ingest.indexer import Pace, Progress, Scope, Summary, index_collection, split_mask
+from qmd.server.ingest.indexer import discover as walk_collection
 from qmd.server.ingest.update import ChangeLog, UpdateReport, run_update
 from qmd.server.ingest.watcher import Watcher
 from qmd.server.models.embedders import Embedder, EmbedderUnavailable
@@ -70,6 +73,9 @@ from qmd.server.store.sqlite import open_store
 from qmd.server.text.chunking import ChunkStrategy
 
 log = logging.getLogger("qmd.engine")
+BACKGROUND_SLICE_DOCS = 16
+"""Documents per batch of a background embed: a user's `qmd embed` waits for at most one
+sub-batch of their chunks (`embed_job.EMBED_SUB_BATCH`) before it runs."""
 
 
 class Engine:
@@ -98,6 +104,14 @@ class Engine:
         self._mutate = threading.RLock()
         self._update = threading.Lock()
         self._embed = threading.Lock()
+        self._embed_turns = threading.Condition()
+        """Guards `_users_embedding` and `_embed_holder`; background embeds wait on it for their turn."""
+        self._users_embedding = 0
+        """Users' embeds running or waiting for the embed lock: background embeds yield to them (`_user_turn`)."""
+        self._yield_background = threading.Event()
+        """Set while `_users_embedding`: a background embed stops at its next slice boundary."""
+        self._embed_holder = ""
+        """Who holds the embed lock, in words, for a user's embed that must wait."""
         self._vector_states = status.VectorStates(self.store)
         self.changes = ChangeLog()
         """What every pass changed since each collection's last update report (`ingest.update`)."""
@@ -291,46 +305,113 @@ class Engine:
         gate = self.gate(cfg)
         return [c for c in cfg.collections.values() if c.watch and not gate.blocks("path", c.name)]
 
-    def index_watched(self, name: str, scope: Scope | None) -> Summary | None:
-        """The watcher's pass over one collection (the paths in `scope`, or all of it): under
-        the update lock, so it never races `qmd update` or the collection's removal, with the
-        config as it is then (None when the collection is gone or no longer watched). Never
-        runs the collection's update command: a saved file must not run a shell command."""
+    def index_watched(self, name: str, scope: Scope | None, pace: Pace) -> Summary | None:
+        """The watcher's pass over one collection (the paths in `scope`, or all of it), at
+        `pace`: walked first, then indexed under the update lock, so it never races `qmd
+        update` or the collection's removal, yet a slow walk of a large tree does not hold
+        them up; with the config as it is then (None when the collection is gone or no
+        longer watched, or moved while walked). Never runs the collection's update command:
+        a saved file must not run a shell command."""
+        walked = self._watched(name)
+        if walked is None:
+            return None
+        walk = walk_collection(walked, scope, pace)
         with self._update:
             cfg = self.config
-            coll = cfg.collections.get(name)
-            if coll is None or not coll.watch or self.gate(cfg).blocks("path", name):
+            coll = self._watched(name, cfg)
+            if coll is None or coll != walked:
                 return None
             self._mirror(cfg)
             with self.store.exclusive(f"update:{name}"):
-                summary = index_collection(self.store, coll, scope=scope)
+                summary = index_collection(self.store, coll, scope=scope, pace=pace, walk=walk)
             self.changes.record(name, summary, watcher=True)
             return summary
+
+    def _watched(self, name: str, cfg: Config | None = None) -> Collection | None:
+        """The collection the watcher may index now, or None (gone, unwatched, gated)."""
+        cfg = cfg or self.config
+        coll = cfg.collections.get(name)
+        if coll is None or not coll.watch or self.gate(cfg).blocks("path", name):
+            return None
+        return coll
 
     def background_embedder(self) -> tuple[Embedder | None, str]:
         return self.models.background_embedder(self.usable_config())
 
     def embed_watched(self, collections: list[str], cancel: threading.Event) -> EmbedReport | None:
         """Embed what the watcher changed, in the worker's background lane (a query's calls go
-        first); None when no local embed model is ready."""
+        first), in slices that stop at a batch boundary when a user's `qmd embed` wants the embed
+        lock and go on after it (`_user_turn`); the last slice's report, or None when no local
+        embed model is ready or `cancel` stopped it between slices."""
         emb, _ = self.background_embedder()
         if emb is None:
             return None
         names = [n for n in collections if n in self.config.collections]
         if not names:
             return None
-        with self._embed, background_lane(), self.embeds.run("background", emb.uri, names, None) as seen:
-            report = embed_pending(
-                self.store,
-                emb,
-                collections=names,
-                strategies=self.chunk_strategies(names),
-                progress=seen,
-                cancel=cancel,
-            )
+        while True:
+            with self._embed_turns:
+                while self._users_embedding and not cancel.is_set():
+                    self._embed_turns.wait(0.5)  # `cancel` (the daemon stopping) is not notified here
+            if cancel.is_set():
+                return None
+            holder = f"the background embed of {', '.join(repr(n) for n in names)}"
+            with (
+                self._holding(holder, blocking=True),
+                background_lane(),
+                self.embeds.run("background", emb.uri, names, None) as seen,
+            ):
+                report = embed_pending(
+                    self.store,
+                    emb,
+                    collections=names,
+                    strategies=self.chunk_strategies(names),
+                    max_docs_per_batch=BACKGROUND_SLICE_DOCS,
+                    progress=seen,
+                    cancel=either(cancel, self._yield_background),
+                )
+            if not report.cancelled or cancel.is_set():
+                break
         if report.pending_before:  # a sweep that found nothing to embed leaves the last report be
             self.embeds.finished("background", report)
         return report
+
+    @contextlib.contextmanager
+    def _holding(self, what: str, *, blocking: bool) -> Iterator[bool]:
+        """The embed lock, held as `what` (said to a user's embed that waits for it); False
+        without it when not `blocking` and it is taken."""
+        if not self._embed.acquire(blocking=blocking):
+            yield False
+            return
+        self._embed_holder = what
+        try:
+            yield True
+        finally:
+            self._embed_holder = ""
+            self._embed.release()
+
+    @contextlib.contextmanager
+    def _user_turn(self, progress: Progress | None, what: str) -> Iterator[None]:
+        """Hold the embed lock for a user's embed, ahead of background ones: the one running stops
+        at its next slice boundary and the others wait until this is done; a wait is announced."""
+        with self._embed_turns:
+            self._users_embedding += 1
+            self._yield_background.set()
+        try:
+            with contextlib.ExitStack() as stack:
+                if not stack.enter_context(self._holding(what, blocking=False)):
+                    holder = self._embed_holder or "a cleanup or copy of the index"
+                    until = "to reach a slice boundary" if holder.startswith("the background") else "to finish"
+                    if progress is not None:
+                        progress({"event": "notice", "message": f"waiting for {holder} {until}"})
+                    stack.enter_context(self._holding(what, blocking=True))
+                yield
+        finally:
+            with self._embed_turns:
+                self._users_embedding -= 1
+                if not self._users_embedding:
+                    self._yield_background.clear()
+                    self._embed_turns.notify_all()
 
     def embed_in_background(self, name: str) -> BackgroundStart:
         """Start embedding a collection just added, as the watcher would at its first sweep a
@@ -518,7 +599,8 @@ class Engine:
         check_chunk_strategy(chunk_strategy)
         if self.store.vector_missing is not None:
             raise Unavailable(f"cannot embed: {self.store.vector_missing}")
-        with self._embed:
+        scope = ", ".join(repr(n) for n in collections) if collections else "every collection"
+        with self._user_turn(progress, f"another 'qmd embed' (of {scope})"):
             emb = self.embedder(download=True, progress=progress)
             switched: list[str] = []
             if chunk_strategy:  # saved like any collection setting, before the vectors it places

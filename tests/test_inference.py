@@ -151,7 +151,9 @@ def test_prompt_format_per_family(tmp_path: Path) -> None:
     assert format_query("qwen3-embedding", "q") == "Instruct: Retrieve relevant documents for the given query\nQuery: q"
     assert format_document("qwen3-embedding", "body", "T") == "T\nbody"
     assert format_document("qwen3-embedding", "body", None) == "body"
-    assert format_query("plain", "q") == "q" and format_document("plain", "body", "T") == "body"
+    # a plain model (MiniLM) reads the chunk's context as its first line: no prompt prefix
+    assert format_query("plain", "q") == "q" and format_document("plain", "body", "T › Sec") == "T › Sec\nbody"
+    assert format_document("plain", "body", None) == format_document("plain", "body", "") == "body"
 
 
 def test_bad_model_files_fail_cleanly(tmp_path: Path) -> None:
@@ -248,7 +250,7 @@ def test_crash_mid_batch_fails_that_request_only(worker: WorkerClient, spec: Mod
     message = str(failure[0])
     assert f"crashed ({sig.name}) while embedding 400 texts" in message, message
     assert "restarted on the next request" in message
-    assert worker.status()["pid"] is None and sig.name in worker.status()["last_crash"]["reason"]
+    assert worker.status()["pid"] is None and sig.name in worker.status()["last_crash"].reason
     again = worker.embed(spec, ["how to raise money for a startup"], kind="query")[0]
     assert dot(again, expected) > 0.99999
     assert worker.status()["pid"] not in (None, pid)
@@ -264,7 +266,7 @@ def test_child_killed_while_idle_restarts_transparently(worker: WorkerClient, sp
     wait_for(lambda: os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None)
     assert len(worker.embed(spec, ["still fine"], kind="query")[0]) == 384
     assert worker.status()["pid"] != pid
-    assert "SIGKILL" in worker.status()["last_crash"]["reason"]
+    assert "SIGKILL" in worker.status()["last_crash"].reason
 
 
 @pytest.mark.slow
@@ -634,7 +636,7 @@ def test_worker_that_cannot_start_says_so(spec: ModelSpec, monkeypatch: pytest.M
     w = WorkerClient()
     with pytest.raises(InferenceError, match=r"inference worker exited with status 1 while starting"):
         w.embed(spec, ["x"], kind="query")
-    assert w.status()["pid"] is None and w.status()["last_crash"]["exit_code"] == 1
+    assert w.status()["pid"] is None and w.status()["last_crash"].exit_code == 1
     monkeypatch.undo()
     assert len(w.embed(spec, ["x"], kind="query")[0]) == 384, "the next request tries again"
     w.close()

@@ -233,7 +233,8 @@ def test_a_query_goes_before_the_embed_jobs_next_batch(env: Env, model: Path) ->
     """Queries stream in while `qmd embed` runs; the worker's own record of the calls it served
     (`status.inference.recent`: lane, when queued, started, ended) shows that no batch of the
     job started while a query was waiting: a query waits for the batch in flight, never for
-    the next one."""
+    the next one, unless the job was owed its share of the worker (issue 35: a stream of queries
+    slows the job but never stops it), and then the query had the worker most of the time."""
     d = start(env, model)
     job: subprocess.Popen[str] | None = None
     try:
@@ -280,7 +281,11 @@ def test_a_query_goes_before_the_embed_jobs_next_batch(env: Env, model: Path) ->
         contended = [q for q in queries if any(b["started_at"] <= q["queued_at"] < b["ended_at"] for b in batches)]
         assert contended, "some queries came while a batch of the embed job was running"
         jumped = [(q, b) for q in queries for b in batches if q["queued_at"] < b["started_at"] < q["started_at"]]
-        assert not jumped, f"{len(jumped)} times a batch started while a query waited, e.g. {jumped[0]}"
+        unowed = [(q, b) for q, b in jumped if not b["owed"]]
+        assert not unowed, f"{len(unowed)} times a batch started while a query waited, e.g. {unowed[0]}"
+        owed = sum(b["ended_at"] - b["started_at"] for b in batches if b["owed"])
+        interactive = sum(r["ended_at"] - r["started_at"] for r in recent if r["lane"] == "interactive")
+        assert owed <= interactive, "the job's turns ahead of queries are a share of the worker, not most of it"
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0 and "0 pending" in out, (out, err)
     finally:

@@ -19,8 +19,9 @@ exactly one `Reply`, in order. The receipt tells the parent which deaths to blam
 request: a child gone before it sent one had died between requests, and the request goes
 to a new child; after it, a death fails the request.
 
-Beside the pipe, one byte of shared memory, the `YieldFlag`, tells a background embed in
-flight that an interactive call is waiting: the pipe is read only between requests.
+Beside the pipe, one page of shared memory, the `YieldFlag`, tells a background embed in
+flight that an interactive call is waiting, and tells the parent how far the call in flight
+has got (`YieldFlag.tick`): the pipe is read only between requests.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import mmap
 import pickle
 import struct
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, Generic, Literal, NamedTuple, TypeVar
@@ -72,12 +74,20 @@ def read_frame(stream: BinaryIO) -> Any:
     return None if body is None else pickle.loads(body)
 
 
-class YieldFlag:
-    """One byte the parent and child share: raised while an interactive call waits for the worker.
+PROGRESS = struct.Struct("<Qd")
+"""Where the child counts its progress in the shared page: items done so far, and the
+`time.monotonic()` of the last (CLOCK_MONOTONIC is one clock for every process of the machine)."""
 
-    A background embed reads it between its texts and, through llama.cpp's abort callback,
+
+class YieldFlag:
+    """One page the parent and child share: a byte raised while an interactive call waits for
+    the worker, and the child's progress counter.
+
+    A background embed reads the byte between its texts and, through llama.cpp's abort callback,
     between the graph nodes of a decode, so a query waits for about one node of the embed
-    job's work instead of a whole request (`EmbedRequest.yield_after`). The memory is an
+    job's work instead of a whole request (`EmbedRequest.yield_after`). The child ticks the
+    counter as it finishes each item of a call (a text, a document, a prompt, a generated
+    token), so the parent tells a slow call (ticking) from a hung one (silent). The memory is an
     unlinked temporary file; the child maps the same descriptor, inherited (`--yield-fd`).
     """
 
@@ -100,6 +110,16 @@ class YieldFlag:
     def is_set(self) -> bool:
         return self._map[0] != 0
 
+    def tick(self, items: int = 1) -> None:
+        """The child finished `items` more units of work (the child's side)."""
+        done, _ = PROGRESS.unpack_from(self._map, 8)
+        PROGRESS.pack_into(self._map, 8, done + items, time.monotonic())
+
+    def progress(self) -> tuple[int, float]:
+        """Items the child has finished since it started, and when it finished the last (0.0: none yet)."""
+        done, at = PROGRESS.unpack_from(self._map, 8)
+        return done, at
+
 
 # --- values carried by requests ---
 
@@ -121,6 +141,9 @@ class LoadParams:
     n_batch: int
     n_ubatch: int
     n_threads: int
+    safe: bool = False
+    """Load with llama.cpp's most conservative settings (no CPU repack buffers, no mmap, on the
+    CPU): the parent asks for it once the model has crashed the worker twice the same way."""
 
 
 @dataclass(frozen=True)

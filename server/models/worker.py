@@ -25,15 +25,26 @@ qmd#938). Callers put their requests in its queue and wait for the answer:
   chunk's decode (tens of ms) nor a whole batch. A search announced with `searching()`
   (the HTTP layer does so from a request's arrival) raises the flag too, and while it runs
   no background call starts, for up to `HOLD_S`: its work between model calls has the
-  cores as well.
-- **Deadlines.** Once sent, a call must be answered within `QMD_WORKER_TIMEOUT` (30 s) plus
-  `QMD_WORKER_ITEM_TIMEOUT` (2 s) per item (text, document, prompt, 16 generated tokens),
-  plus `QMD_WORKER_LOAD_TIMEOUT` (120 s) when it loads its model first; a new child has
-  `QMD_WORKER_START_TIMEOUT` (60 s) to say hello. A child that misses one is hung (stopped,
-  looping, swapping): it is killed, the call fails saying so, and the next call starts a new
-  child. An interactive call waits in line at most `QMD_WORKER_TIMEOUT`, and within
-  `wait_at_most(seconds)` (a query's budget) at most that long; `QMD_WORKER_QUEUE` (64)
-  calls may wait at once, and one more fails at once.
+  cores as well. While a background call waits, it is owed `BACKGROUND_SHARE` of the
+  worker's time: interactive work earns it credit, and with credit it goes next, ahead of
+  any query, and runs its slice to the end; a stream of queries slows the embed job but
+  never stops it.
+- **Liveness by progress.** Once sent, a call must be answered within `QMD_WORKER_TIMEOUT`
+  (30 s) plus `QMD_WORKER_ITEM_TIMEOUT` (2 s) per item (text, document, prompt, 16 generated
+  tokens), plus `QMD_WORKER_LOAD_TIMEOUT` (120 s) when it loads its model first, unless the
+  child reports progress: it ticks a counter in the page it shares with the parent as each
+  item (each generated token) is done, and a call that ticks is hung only once it has not
+  ticked for `QMD_WORKER_TIMEOUT`, or at `CEILING_FACTOR` times its deadline (`_Watch`), so
+  a loaded machine is slow, not hung. A caller's own `timeout` stays wall time. A new child
+  has `QMD_WORKER_START_TIMEOUT` (60 s) to say hello. A child that is hung (stopped,
+  looping, swapping) is killed, the call fails saying so (`WorkerLost`, which a background
+  job may send again), and the next call starts a new child. An interactive call waits in
+  line at most `QMD_WORKER_TIMEOUT`, and within `wait_at_most(seconds)` (a query's budget)
+  at most that long; `QMD_WORKER_QUEUE` (64) calls may wait at once, and one more fails at once.
+- **Crashes that repeat.** A model that ends the worker with the same native signal twice
+  (SIGSEGV from llama.cpp's repacked kernels on AMX CPUs) is loaded from then on with
+  llama.cpp's safe settings (`LoadParams.safe`); one that crashes even so is reported with
+  the files of the same model to use instead. `status()["last_crash"]` is a `WorkerCrash`.
 - **Receipts.** The child acknowledges each request as soon as it starts reading it; a child
   found dead before its receipt had died between requests, so the request goes to a new
   child instead of failing.
@@ -140,12 +151,25 @@ plain query's embedding waited 31-63 ms for its turn against 114-275 ms before s
 HOLD_S = 0.25
 """How long a search in progress (`WorkerClient.searching`) may keep background calls from starting:
 past it one goes, so a stream of searches slows the embed job but never stops it."""
+BACKGROUND_SHARE = 0.3
+"""The share of the worker's time a waiting background call is owed, however many queries are
+in line: a steady stream of them (8 clients) kept the embed job from ever reaching the head of
+the line, and it wrote 0 rows in 240 s."""
+CEILING_FACTOR = 10.0
+"""A call whose child keeps reporting progress is still hung at this many times its deadline."""
+NATIVE_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"})
+"""Signals of a crash in native code (llama.cpp): the same one twice with a model reloads it safely."""
 TOKENS_PER_ITEM = 16
 """Generated tokens that count as one item of a completion's deadline."""
 
 
 class InferenceError(Unavailable):
     """An inference request failed; the message says why and what happens next."""
+
+
+class WorkerLost(InferenceError):
+    """The worker crashed or was killed as hung during this call: the call was not answered, and
+    the next one starts a new worker, so a background job may send it again."""
 
 
 class ModelsNotInstalled(InferenceError):
@@ -355,12 +379,13 @@ def format_query(fmt: PromptFormat, query: str) -> str:
 
 
 def format_document(fmt: PromptFormat, text: str, title: str | None) -> str:
-    """A document chunk as the model family was trained to see one; every chunk of a document gets its title."""
+    """A document chunk as the model family was trained to see one. `title` is the chunk's
+    context (its document's title and the headings it sits under: `text.headings`), so a
+    passage from the middle of a note still says what the note is about; embeddinggemma has
+    a field for it, the others read it as the passage's first line."""
     if fmt == "embeddinggemma":
         return f"title: {title or 'none'} | text: {text}"
-    if fmt == "qwen3-embedding":
-        return f"{title}\n{text}" if title else text
-    return text
+    return f"{title}\n{text}" if title else text
 
 
 def fingerprint(spec: ModelSpec) -> str:
@@ -525,6 +550,8 @@ class _Job:
     exact: bool
     """The caller chose `seconds` itself: no load allowance is added."""
     lane: Lane
+    owed: bool = False
+    """A background call sent ahead of interactive ones on the lane's credit (`WorkerClient._turn`)."""
     submitted: float = field(default_factory=time.monotonic)
     state: Literal["queued", "running", "done", "abandoned"] = "queued"
     started: float = 0.0
@@ -535,16 +562,68 @@ class _Job:
     """Wall-clock times it was queued, started and ended (set under the lock, so they order calls exactly)."""
 
     def record(self, outcome: str) -> dict[str, Any]:
-        """What `status()["recent"]` says about it."""
+        """What `status()["recent"]` says about it (`owed`: sent ahead of queries on the background lane's credit)."""
         queued, started, ended = [*self.times, None, None, None][:3]
         return {
             "lane": self.lane,
+            "owed": self.owed,
             "activity": self.activity,
             "queued_at": queued,
             "started_at": started,
             "ended_at": ended,
             "outcome": outcome,
         }
+
+
+class _Watch:
+    """When a call in flight counts as hung: at its deadline, unless a stall window is given and
+    the child has ticked its progress since the call was sent; then once it has not ticked for
+    `stall` seconds, and in any case at `CEILING_FACTOR` times the deadline."""
+
+    def __init__(self, sent: float, timeout: float, stall: float | None, flag: YieldFlag | None) -> None:
+        self.sent = sent
+        self.deadline = sent + timeout
+        self.ceiling = sent + timeout * CEILING_FACTOR
+        self.stall = stall
+        self.flag = flag if stall is not None else None
+        self._base = flag.progress()[0] if flag is not None else 0
+        self.ticked: int | None = None
+        """Items the child reported done for this call, once it reported any."""
+
+    def left(self) -> float:
+        """Seconds until the call counts as hung, as of the child's latest tick (0: it does now)."""
+        end = self.deadline
+        if self.flag is not None and self.stall is not None:
+            done, at = self.flag.progress()
+            if done > self._base:
+                self.ticked = done - self._base
+                end = min(max(end, at + self.stall), self.ceiling)
+        return max(end - time.monotonic(), 0.0)
+
+
+@dataclass(frozen=True)
+class WorkerCrash:
+    """The last time the inference worker ended unasked, and what qmd does about it: `status`
+    carries it and `doctor` says it in words."""
+
+    reason: str
+    """The message the call in flight failed with."""
+    exit_code: int
+    """The child's exit status; negative: the signal that ended it."""
+    signal: str | None
+    """`SIGSEGV`, `SIGABRT`, … when a signal ended it (SIGKILL: killed as hung)."""
+    at: float
+    """When (`time.time()`)."""
+    activity: str
+    """What it was doing: `while embedding 4 texts with x.gguf`, `between requests`."""
+    model: str | None
+    """The model file of the call in flight, when that call had one."""
+    role: Role | None
+    times: int
+    """How often this model has ended the worker with this signal since the daemon started."""
+    recovery: str | None
+    """What happens next for that model: a reload with safe settings, or the files and settings to try."""
+    stderr_tail: list[str]
 
 
 class WorkerClient:
@@ -611,7 +690,11 @@ class WorkerClient:
         self._hello: Hello | None = None
         self._resident: tuple[Resident, ...] = ()
         self._starts = 0
-        self._last_crash: dict[str, Any] | None = None
+        self._last_crash: WorkerCrash | None = None
+        self._crashes: dict[tuple[str, str], int] = {}
+        """Native crashes by (model file, signal) since the daemon started (`_recover`)."""
+        self._safe: set[str] = set()
+        """Model files loaded with llama.cpp's safe settings, having crashed the worker twice."""
         self._last_used = time.monotonic()
         self._pace: dict[tuple[str, str, Lane], float] = {}
         """Seconds per item (an embedded text; any other call is one), per (request type, model
@@ -620,6 +703,9 @@ class WorkerClient:
         """Searches in progress (`searching`): while there are any, background calls wait, up to `HOLD_S`."""
         self._held_since: float | None = None
         """When the background call first in line was first held back; None when none is."""
+        self._owed = 0.0
+        """The background lane's credit in worker seconds: earned by interactive work done while a
+        background call waited (`BACKGROUND_SHARE`), spent by the calls it sends ahead (`_turn`)."""
         self._yield: YieldFlag | None = None
         """Raised while an interactive call waits; shared with every child (`protocol.YieldFlag`)."""
         self._missing: tuple[tuple[str, int], str] | None = None
@@ -994,6 +1080,7 @@ class WorkerClient:
             n_batch=n_batch,
             n_ubatch=n_batch,
             n_threads=spec.n_threads or self.n_threads,
+            safe=os.path.realpath(spec.path) in self._safe,
         )
 
     def _generative_params(self, spec: ModelSpec, op: str) -> LoadParams:
@@ -1104,12 +1191,15 @@ class WorkerClient:
                         self._cond.wait(left)
                         continue
                 if self._queue:
-                    job = heapq.heappop(self._queue)[2]
+                    job = self._turn() or heapq.heappop(self._queue)[2]
                     if job.lane == "background":
-                        if self._held_since is not None and self._searches and isinstance(job.request, EmbedRequest):
-                            # held its full HOLD_S: this slice runs to its end, however many searches come
+                        if (job.owed or self._held_since is not None and self._searches) and isinstance(
+                            job.request, EmbedRequest
+                        ):
+                            # its turn was owed or held its full HOLD_S: this slice runs to its end
                             job.request = dataclasses.replace(job.request, yield_after=None)
                         self._held_since = None
+                        self._owed = self._owed if job.owed else 0.0  # uncontested: no credit or debt carries
                 elif self._closed:
                     return None
                 elif self._proc is None or not any(m.context_live for m in self._resident):
@@ -1127,6 +1217,21 @@ class WorkerClient:
                 self._running = job
                 return job
 
+    def _turn(self) -> _Job | None:
+        """The oldest background call, taken out of line ahead of the interactive calls waiting,
+        while the background lane has credit (the lock is held); else None."""
+        if self._owed <= 0 or self._queue[0][2].lane == "background":  # none interactive waits
+            return None
+        waiting = [entry for entry in self._queue if entry[2].lane == "background" and entry[2].state == "queued"]
+        if not waiting:
+            self._owed = 0.0
+            return None
+        oldest = min(waiting)
+        self._queue.remove(oldest)
+        heapq.heapify(self._queue)
+        oldest[2].owed = True
+        return oldest[2]
+
     def _serve(self, job: _Job) -> None:
         """Run one job on the child and hand its outcome to its caller (if it is still waiting)."""
         result: Any = None
@@ -1143,6 +1248,11 @@ class WorkerClient:
             self._last_used = time.monotonic()
             if error is None:
                 self._observe(job, self._last_used - job.started, result)
+            waiting = any(j.lane == "background" and j.state == "queued" for *_, j in self._queue)
+            if job.lane == "interactive" and waiting:
+                self._owed += (self._last_used - job.started) * BACKGROUND_SHARE / (1 - BACKGROUND_SHARE)
+            elif job.owed:
+                self._owed -= self._last_used - job.started
             job.times.append(time.time())
             outcome = "failed" if error else _yielded(job.request, result) or "ok"
             self._recent.append(job.record(("gave up by its caller; " if job.state == "abandoned" else "") + outcome))
@@ -1170,7 +1280,8 @@ class WorkerClient:
             if not job.exact and isinstance(model, LoadParams) and not self._holds(model):
                 seconds += self.load_timeout
             try:
-                return self._exchange(job.request, seconds, job.activity)
+                stall = None if job.exact else self.call_timeout  # a caller's own deadline is wall time
+                return self._exchange(job.request, seconds, job.activity, stall)
             except _NotDelivered as e:
                 if attempt == 2:
                     raise InferenceError(f"{e}; {job.activity} was not run") from None
@@ -1199,40 +1310,51 @@ class WorkerClient:
         proc.wait()
         self._release_child()
 
-    def _exchange(self, request: Request[Any] | None, timeout: float | None, activity: str) -> Any:
+    def _exchange(self, request: Request[Any] | None, timeout: float, activity: str, stall: float | None = None) -> Any:
         """Round trip on the current child (request None: just read the hello); dispatcher thread only.
 
-        A dead or stuck child fails this request only; one that was gone before its receipt
-        raises `_NotDelivered`.
+        The call is hung at `timeout`, unless the child ticks its progress (`YieldFlag.tick`) and
+        `stall` is given: then when it has not ticked for `stall` seconds (`_Watch`). A dead or
+        stuck child fails this request only; one that was gone before its receipt raises `_NotDelivered`.
         """
         proc = self._proc
         assert proc is not None and proc.stdin is not None
-        deadline = None if timeout is None else time.monotonic() + timeout
+        watch = _Watch(time.monotonic(), timeout, stall, self._yield)
         received = request is None
         try:
-            self._write(encode_frame(request) if request is not None else b"", deadline)
+            self._write(encode_frame(request) if request is not None else b"", watch)
             while True:
-                (size,) = HEADER.unpack(self._read(HEADER.size, deadline))
+                (size,) = HEADER.unpack(self._read(HEADER.size, watch))
                 if size or received:
                     break
                 received = True  # the receipt (an empty frame): the child has the request
-            reply: Reply = pickle.loads(self._read(size, deadline))
+            reply: Reply = pickle.loads(self._read(size, watch))
         except (_ChildGone, BrokenPipeError):
+            model = getattr(request, "model", None)
             if not received and not self._receipt_left():
                 raise _NotDelivered(self._child_died("between requests")) from None
-            raise InferenceError(self._child_died(f"while {activity}")) from None
+            loaded = model if isinstance(model, LoadParams) else None
+            raise WorkerLost(self._child_died(f"while {activity}", model=loaded)) from None
         except TimeoutError:
             state = _process_state(proc.pid)
             proc.kill()
             proc.wait()
             self._hangs += 1
-            message = (
-                f"the inference worker did not answer within {timeout:g} s while {activity}"
+            took = time.monotonic() - watch.sent
+            if watch.ticked is None:
+                message = f"the inference worker did not answer within {timeout:g} s while {activity}"
+            else:
+                done = f"{watch.ticked} item{'s' * (watch.ticked != 1)} done in {took:.0f} s"
+                ceiling = watch.ceiling - watch.sent
+                stalled = took < ceiling
+                stopped = f"made no progress for {stall:g} s" if stalled else f"did not finish within {ceiling:g} s"
+                message = f"the inference worker {stopped} while {activity} ({done})"
+            message += (
                 f"{' (its process was stopped)' if state == 'T' else ''}; it was killed and a new one "
                 "starts with the next request; retry"
             )
             self._child_died(f"while {activity}", message)
-            raise InferenceError(message) from None
+            raise WorkerLost(message) from None
         self._resident = reply.resident
         if reply.error is not None and reply.error.startswith(MODELS_MISSING):
             raise ModelsNotInstalled(models_missing_message(reply.error.removeprefix(MODELS_MISSING + ": ")))
@@ -1243,13 +1365,13 @@ class WorkerClient:
     def _receipt_left(self) -> bool:
         """Whether a receipt waits unread in the pipe of a child that died while we were still writing."""
         try:
-            return self._read(HEADER.size, time.monotonic()) == RECEIPT
+            return self._read(HEADER.size, _Watch(time.monotonic(), 0.0, None, None)) == RECEIPT
         except (_ChildGone, TimeoutError, OSError):
             return False
 
-    def _write(self, frame: bytes, deadline: float | None) -> None:
-        """All of `frame` into the child's stdin (non-blocking), or TimeoutError at the deadline:
-        a stopped child that reads nothing must not hold the dispatcher in a write."""
+    def _write(self, frame: bytes, watch: _Watch) -> None:
+        """All of `frame` into the child's stdin (non-blocking), or TimeoutError once `watch` says
+        hung: a stopped child that reads nothing must not hold the dispatcher in a write."""
         assert self._proc is not None and self._proc.stdin is not None
         fd = self._proc.stdin.fileno()
         data = memoryview(frame)
@@ -1259,18 +1381,18 @@ class WorkerClient:
             try:
                 data = data[os.write(fd, data) :]
             except BlockingIOError:
-                wait = None if deadline is None else max(deadline - time.monotonic(), 0) * 1000
-                if not writable.poll(wait):
+                if not writable.poll(watch.left() * 1000) and not watch.left():
                     raise TimeoutError from None
 
-    def _read(self, n: int, deadline: float | None) -> bytes:
-        """Exactly n bytes of the child's stdout, or _ChildGone at EOF, or TimeoutError at the deadline."""
+    def _read(self, n: int, watch: _Watch) -> bytes:
+        """Exactly n bytes of the child's stdout, or _ChildGone at EOF, or TimeoutError once `watch` says hung."""
         assert self._proc is not None and self._proc.stdout is not None and self._selector is not None
         fd = self._proc.stdout.fileno()
         chunks: list[bytes] = []
         while n:
-            wait = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not self._selector.select(wait):
+            if not self._selector.select(watch.left()):
+                if watch.left():  # the child ticked meanwhile: slow, not hung
+                    continue
                 raise TimeoutError
             chunk = os.read(fd, min(n, 1 << 20))
             if not chunk:
@@ -1349,8 +1471,13 @@ class WorkerClient:
                     self._stderr_tail.append(line)
                     log.log(self.native_log_level, "inference worker %d: %s", proc.pid, line)
 
-    def _child_died(self, when: str, message: str | None = None) -> str:
-        """Reap the child, record why it ended, and forget it so the next request starts a new one."""
+    def _child_died(self, when: str, message: str | None = None, *, model: LoadParams | None = None) -> str:
+        """Reap the child, record why it ended, and forget it so the next request starts a new one.
+
+        `model`: the model of the call in flight. A native crash with it that repeats (the same
+        signal twice) has the model loaded with llama.cpp's safe settings from then on; one
+        that crashes even so gets the files and settings to try instead (`_recover`).
+        """
         proc = self._proc
         assert proc is not None
         try:
@@ -1360,27 +1487,53 @@ class WorkerClient:
             code = proc.wait()
         if self._stderr_thread is not None:
             self._stderr_thread.join(timeout=2)  # the last lines often say why (GGML_ASSERT ...)
+        name = signal.Signals(-code).name if code < 0 else None
+        times, recovery = 0, None
+        if message is None and name in NATIVE_SIGNALS and model is not None and not self._closed:
+            times, recovery = self._recover(model, name)
         if message is None:
             if self._closed:
                 message = f"the inference worker was shut down {when}"
             elif code < 0:
-                message = (
-                    f"the inference worker crashed ({signal.Signals(-code).name}) {when}; "
-                    "it will be restarted on the next request"
-                )
+                message = f"the inference worker crashed ({name}) {when}; it will be restarted on the next request"
             else:
                 message = (
                     f"the inference worker exited with status {code} {when}; it will be restarted on the next request"
                 )
-        self._last_crash = {
-            "reason": message,
-            "exit_code": code,
-            "at": time.time(),
-            "stderr_tail": list(self._stderr_tail)[-5:],
-        }
+            message += f"; {recovery}" if recovery else ""
+        self._last_crash = WorkerCrash(
+            reason=message,
+            exit_code=code,
+            signal=name,
+            at=time.time(),
+            activity=when,
+            model=model.path if model is not None else None,
+            role=model.role if model is not None else None,
+            times=times or 1,
+            recovery=recovery,
+            stderr_tail=list(self._stderr_tail)[-5:],
+        )
         log.error("%s", message)
         self._release_child()
         return message
+
+    def _recover(self, model: LoadParams, signal_name: str) -> tuple[int, str | None]:
+        """Count a native crash of `model` and say what follows: the second of one kind has it
+        loaded with llama.cpp's safe settings (`LoadParams.safe`); one under those settings
+        names the files and settings left to try."""
+        key = (model.path, signal_name)
+        self._crashes[key] = times = self._crashes.get(key, 0) + 1
+        file = os.path.basename(model.path)
+        if model.safe:
+            others = ", ".join(_plainer_files(model.path)) or "an F16 or F32 GGUF of the same model"
+            return times, (
+                f"{file} crashes even with llama.cpp's safe settings ({SAFE_SETTINGS}); "
+                f"use another file of the model: {others} (plain kernels, no repacked weights)"
+            )
+        if times < 2:
+            return times, None
+        self._safe.add(model.path)
+        return times, f"{file} crashed it {times} times: it is loaded next time {SAFE_SETTINGS}"
 
     def _release_child(self) -> None:
         """Drop the handles of a child that has exited."""
@@ -1399,6 +1552,29 @@ class WorkerClient:
         self._proc = None
         self._selector = None
         self._resident = ()
+
+
+SAFE_SETTINGS = "without CPU repack buffers, memory mapping, flash attention or GPU offload"
+"""What `LoadParams.safe` turns off, in words (`worker_child.LoadedModel`)."""
+_QUANT = re.compile(r"[-._](?:I?Q\d\w*|B?F16|F32)(?=\.gguf$)", re.IGNORECASE)
+
+
+def _plainer_files(path: str) -> list[str]:
+    """Other files of the same model beside `path` whose weights llama.cpp runs with plain kernels
+    (F16, BF16, F32): what to try when a quantized file crashes the worker however it is loaded."""
+    folder, name = os.path.split(path)
+    stem = _QUANT.sub("", name)
+    try:
+        names = sorted(os.listdir(folder or "."))
+    except OSError:
+        return []
+    return [
+        os.path.join(folder, other)
+        for other in names
+        if other != name
+        and _QUANT.sub("", other) == stem
+        and re.search(r"[-._](?:B?F16|F32)\.gguf$", other, re.IGNORECASE)
+    ]
 
 
 def _llama_cpp_install() -> tuple[str, int] | None:

@@ -93,6 +93,49 @@ PREFIX_BYTES = 64 << 20
 about 20 KB per token for Gemma 270M and SmolLM2 (5 MB for the 272-token expansion prompt)."""
 
 
+class Progress:
+    """The child's progress counter in the page it shares with the parent (`YieldFlag.tick`), and
+    the test faults of `QMD_TEST_WORKER_FAULT` (the parent's liveness tests simulate a loaded
+    machine with the real child): `slow:S` sleeps S seconds before each item it reports,
+    `stall:S` sleeps S seconds after a request's first item without reporting anything, and
+    `crash:NAME` / `crash-always:NAME` make loading a model file whose name contains NAME end
+    the process with SIGSEGV (unless loaded with the safe settings / always)."""
+
+    def __init__(self) -> None:
+        self.flag: YieldFlag | None = None
+        self.lock = threading.Lock()
+        kind, _, arg = os.environ.get("QMD_TEST_WORKER_FAULT", "").partition(":")
+        self.fault = (kind, arg)
+        self.ticks = 0
+        """Items of the request in hand reported so far."""
+
+    def seconds(self, kind: str) -> float:
+        """The delay of fault `kind` (0 when another one, or none, is set)."""
+        return float(self.fault[1]) if self.fault[0] == kind else 0.0
+
+    def tick(self, items: int = 1) -> None:
+        """`items` more units of the request are done: the parent sees the call is alive."""
+        if delay := self.seconds("slow"):
+            time.sleep(delay)
+        with self.lock:  # parallel embed contexts tick from their own threads
+            if self.flag is not None:
+                self.flag.tick(items)
+            self.ticks += items
+            first = self.ticks == items
+        if first and (delay := self.seconds("stall")):
+            time.sleep(delay)
+
+    def crash_on_load(self, params: LoadParams) -> None:
+        """The `crash` faults: a native crash on loading a marked model file, as AMX repacking gives."""
+        kind, name = self.fault
+        marked = bool(name) and name in os.path.basename(params.path)
+        if marked and (kind == "crash-always" or (kind == "crash" and not params.safe)):
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+
+PROGRESS = Progress()
+
+
 M_MMAP_THRESHOLD = -3
 """glibc's mallopt parameter number."""
 
@@ -280,6 +323,12 @@ def model_params(devices: tuple[Device, ...] | None = None, *, repack: bool | No
         lib.llama_model_default_params = default
 
 
+def _tick_per_token(_ids: Any, _logits: Any) -> bool:
+    """A stopping criterion that never stops: llama-cpp-python calls it once per generated token."""
+    PROGRESS.tick()
+    return False
+
+
 def _logsumexp(values: np.ndarray) -> float:
     """log(sum(exp(values))) without overflow, in float64 for a 262k-entry vocabulary."""
     import numpy as np
@@ -317,8 +366,12 @@ class LoadedModel:
         # verbose=True keeps llama-cpp-python from pointing fd 2 at /dev/null during the load,
         # so the native log (filtered to warnings and errors by `WorkerProcess`) says why a load
         # failed; its own Python-level prints (system info, the metadata dict) are dropped.
+        # `params.safe` (the parent's answer to repeated crashes): llama.cpp's plainest way to run
+        # the weights, read into memory, on the CPU, with no repacked kernels or fused attention.
+        PROGRESS.crash_on_load(params)
+        safe = params.safe
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            with model_params(gpu.devices):
+            with model_params(None if safe else gpu.devices, repack=False if safe else None):
                 self.llm = Llama(
                     model_path=params.path,
                     embedding=params.embedding,
@@ -327,8 +380,9 @@ class LoadedModel:
                     n_ubatch=params.n_ubatch,
                     n_threads=threads,
                     n_threads_batch=threads,
-                    n_gpu_layers=gpu.n_gpu_layers,
-                    flash_attn=True,
+                    n_gpu_layers=0 if safe else gpu.n_gpu_layers,
+                    flash_attn=not safe,
+                    use_mmap=not safe,
                     verbose=True,
                 )
         self.load_seconds = time.perf_counter() - started
@@ -462,6 +516,7 @@ class LoadedModel:
                 if status != 0:
                     raise RuntimeError(f"llama_decode returned {status}")
                 out[i] = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(ctx.ctx, 0), shape=(n_embd,))
+                PROGRESS.tick()
                 with taking:
                     finished[i] = True
                     while answered < len(texts) and finished[answered]:
@@ -628,6 +683,8 @@ class LoadedModel:
         `shared` (characters of `prompt`, or leading `messages`) is the part that repeats
         between calls, evaluated once and reused (`_prefill`).
         """
+        from llama_cpp import StoppingCriteriaList
+
         self._require_logits("complete")
         max_tokens = params.max_tokens
         if max_tokens < 1:
@@ -656,6 +713,7 @@ class LoadedModel:
             min_p=0.0,
             repeat_penalty=1.0,
             seed=params.seed,
+            stopping_criteria=StoppingCriteriaList([_tick_per_token]),
         )
         # create_completion is typed "a dict or an iterator of chunks"; without stream=True it is the dict.
         usage = out["usage"]  # type: ignore[index]
@@ -699,6 +757,7 @@ class LoadedModel:
                 batch.seq_id[j][0] = 0
                 batch.logits[j] = pos >= first_output
             llm._ctx.decode(llm._batch)
+            PROGRESS.tick()
             for j in range(max(first_output - begin, 0), end - begin):
                 yield np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, j), shape=(n_vocab,))
 
@@ -733,6 +792,7 @@ class LoadedModel:
             for token, row in zip(target, rows, strict=True):
                 total += float(row[token]) - _logsumexp(np.asarray(row, dtype=np.float64))
             scores.append(total / len(target))
+            PROGRESS.tick()
         return scores
 
     def _answer_tokens(self) -> tuple[list[int], list[int]]:
@@ -772,6 +832,7 @@ class LoadedModel:
             (row,) = self._forward(tokens, len(tokens) - 1, prompt[:shared])
             logits = np.asarray(row, dtype=np.float64)
             scores.append(_sigmoid(_logsumexp(logits[yes]) - _logsumexp(logits[no])))
+            PROGRESS.tick()
         return scores
 
     def rank(self, query: str, documents: list[str]) -> list[float]:
@@ -838,6 +899,7 @@ class LoadedModel:
             llm._ctx.decode(llm._batch)
             out = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0), shape=(n_cls,))
             scores.append(float(out[0]) if softmaxed else _sigmoid(float(out[0])))
+            PROGRESS.tick()
         llm._ctx.kv_cache_clear()
         return scores
 
@@ -878,6 +940,7 @@ class WorkerProcess:
         self.n_gpu_layers = self.gpu.n_gpu_layers
         self.embed_parallelism = embed_parallelism
         self.yield_flag = yield_flag
+        PROGRESS.flag = yield_flag
         self.models: dict[LoadParams, LoadedModel] = {}
         self.hello = Hello(
             backend="GPU" if self.n_gpu_layers else "CPU",
@@ -924,6 +987,7 @@ class WorkerProcess:
         self.native_error = None
         try:
             request: Request[Any] = pickle.loads(body)
+            PROGRESS.ticks = 0
             handler = OPERATIONS.get(type(request))
             if handler is None:
                 raise ValueError(f"unknown request {type(request).__name__}")
