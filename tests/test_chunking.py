@@ -31,6 +31,7 @@ from qmd.server.text.chunking import (
     scan_break_points,
     verify_chunks,
 )
+from qmd.server.text.split import split
 
 EXACT = CharEstimateTokenizer(chars_per_token=1)  # tokens == characters: budgets read as char counts
 MINILM_CEILING = 256  # all-MiniLM-L6-v2's trained length, [CLS] and [SEP] included
@@ -208,15 +209,19 @@ def test_blank_document_has_no_chunks() -> None:
         assert chunk_document(text, max_tokens=50, tokenizer=EXACT) == []
 
 
-def test_heading_only_document_is_still_searchable() -> None:
-    """Decision: a non-blank document always has a chunk, so `# Buy milk` can be found;
-    the no-heading-alone rule is about fragments of a document that has a body."""
-    (chunk,) = chunk_document("# Buy milk\n", max_tokens=50, tokenizer=EXACT)
-    assert chunk.text == "# Buy milk\n"
-    text = "".join(f"## heading {i}\n" for i in range(300))
-    chunks = chunk_document(text, max_tokens=200, tokenizer=EXACT)
-    assert len(chunks) > 1
-    assert_valid(text, chunks, EXACT, 200)
+def test_a_document_of_nothing_but_headings_has_no_chunks() -> None:
+    """seeds/001: a heading is a coordinate, not a passage, so a note that is only headings
+    gives the embedder nothing (keyword search still finds it: tests/test_contextual_chunks.py).
+    The rule is the document's (`split`); `iter_chunks` itself, which also cuts code units
+    of only `#` comments, chunks any text that is not blank."""
+    headings_only = ("# Buy milk\n", "# A\n\n## B\n   \n### C", "".join(f"## heading {i}\n" for i in range(300)))
+    for text in headings_only:
+        assert list(split(text, max_tokens=50, tokenizer=EXACT)) == []
+        assert is_fragment(text) and chunk_document(text, max_tokens=50, tokenizer=EXACT) != []
+    (chunk,) = split("# Buy milk\ntoday\n", max_tokens=50, tokenizer=EXACT)
+    assert chunk.text == "# Buy milk\ntoday\n"
+    assert list(split("    # indented code, not a heading\n", max_tokens=50, tokenizer=EXACT)) != []
+    assert list(split("# just a comment\n", max_tokens=50, tokenizer=EXACT, language="python")) != []
 
 
 def test_large_document_splits_with_overlap() -> None:

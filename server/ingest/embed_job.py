@@ -12,21 +12,50 @@ embedded clipped and reported once per run, by count and names (seeds/001).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
+from qmd.server.ingest.loaders import file_stem
 from qmd.server.models.embedders import Embedder
+from qmd.server.models.worker import WorkerLost
 from qmd.server.store import vectors
 from qmd.server.store.db import Connection, IndexStore
 from qmd.server.store.sqlite import utcnow
 from qmd.server.text.chunking import DEFAULT_CHUNK_STRATEGY, Chunk, ChunkStrategy
 from qmd.server.text.code_chunks import language_for
+from qmd.server.text.headings import HeadingPaths, chunk_context
 
 Progress = Callable[[dict], None]
+log = logging.getLogger("qmd.embed")
+T = TypeVar("T")
+
+
+class Cancel(Protocol):
+    """What stops a job at its next batch boundary: a `threading.Event`, or the engine's
+    `either` of one and a scheduler's request that background work yield."""
+
+    def is_set(self) -> bool: ...
+
+
+class either:  # noqa: N801 - reads as the function it stands for
+    """A `Cancel` set when any of `flags` is."""
+
+    def __init__(self, *flags: Cancel) -> None:
+        self.flags = flags
+
+    def is_set(self) -> bool:
+        return any(f.is_set() for f in self.flags)
+
+
+LOST_RETRIES = 2
+"""Times a batch is sent again after the inference worker crashed or was killed as hung under it:
+the worker restarts with the next call, and a model that crashed it twice is reloaded with safe
+settings (`WorkerClient._recover`), so the third try runs where the first two crashed."""
 EMBED_SUB_BATCH = 32
 """Texts per embed request to the backend: chunks of as many documents as fill it, so an embedder
 with parallel contexts (QMD_EMBED_PARALLELISM) embeds several small documents at once."""
@@ -200,7 +229,7 @@ def embed_pending(
     max_docs_per_batch: int = 64,
     max_batch_bytes: int = 4 * 1024 * 1024,
     progress: Progress | None = None,
-    cancel: threading.Event | None = None,
+    cancel: Cancel | None = None,
 ) -> EmbedReport:
     """Embed what the embedder's spaces lack: each collection's documents cut by its chunk
     strategy (`strategies`, collection → strategy; the default for those not named) into
@@ -251,7 +280,7 @@ def embed_pending(
 
     for group in groups:
         if report.cancelled or not _embed_group(
-            store, embedder, group, max_docs_per_batch, max_batch_bytes, report, cancel, document_done
+            store, embedder, group, max_docs_per_batch, max_batch_bytes, report, cancel, document_done, progress
         ):
             report.cancelled = True
             break
@@ -275,8 +304,9 @@ def _embed_group(
     max_docs_per_batch: int,
     max_batch_bytes: int,
     report: EmbedReport,
-    cancel: threading.Event | None,
+    cancel: Cancel | None,
     document_done: Callable[[], None],
+    progress: Progress | None,
 ) -> bool:
     """The group's pending contents in batches of documents; False if cancelled."""
     pending = group.pending
@@ -301,9 +331,23 @@ def _embed_group(
                     batch.append(_Doc(pending[i], row[0], row[1], f"{row[2]}/{row[3]}", language))
                     size += len(row[0])
                 i += 1
-        if not _embed_documents(store, embedder, group.space, batch, report, cancel, document_done):
+        if not _embed_documents(store, embedder, group.space, batch, report, cancel, document_done, progress):
             return False
     return True
+
+
+def _surviving(what: str, call: Callable[[], T], progress: Progress | None) -> T:
+    """`call`, made again (up to `LOST_RETRIES` times) when the inference worker is lost under it:
+    the batches committed stay, and this one is not dropped with the job."""
+    for attempt in range(LOST_RETRIES):
+        try:
+            return call()
+        except WorkerLost as e:
+            message = f"{e.message}; {what} again (try {attempt + 2} of {LOST_RETRIES + 1})"
+            log.warning("%s", message)
+            if progress is not None:
+                progress({"event": "notice", "message": message})
+    return call()
 
 
 @dataclass(frozen=True)
@@ -323,8 +367,9 @@ def _embed_documents(
     space: vectors.Space,
     docs: list[_Doc],
     report: EmbedReport,
-    cancel: threading.Event | None,
+    cancel: Cancel | None,
     document_done: Callable[[], None],
+    progress: Progress | None = None,
 ) -> bool:
     """Chunk each document, then embed the chunks without a vector
     `EMBED_SUB_BATCH` at a time across documents; each request's rows are committed together.
@@ -333,9 +378,22 @@ def _embed_documents(
     totals: list[int] = []
     left: list[int] = []
     copied: dict[int, list[vectors.ChunkVector]] = {}  # document → rows reused from identical chunks
+    contexts: dict[tuple[int, int], str] = {}  # (document, seq) → the title and headings it is embedded with
+    chunkless: list[str] = []
     for d, doc in enumerate(docs):
-        chunks = embedder.backend.chunk(doc.body, embedder.chunk_tokens, doc.language)
-        keys = [vectors.chunk_key(doc.title, doc.body[c.start : c.end]) for c in chunks]
+        chunks = _surviving(
+            f"chunking {doc.name}",
+            functools.partial(embedder.backend.chunk, doc.body, embedder.chunk_tokens, doc.language),
+            progress,
+        )
+        if not chunks:
+            chunkless.append(doc.content_hash)
+        paths = HeadingPaths(doc.body)
+        # a title made up from the file name (`d123`, `2024-01-05`) is not the document's words
+        title = "" if doc.title == file_stem(doc.name) else doc.title
+        for seq, c in enumerate(chunks):
+            contexts[d, seq] = chunk_context(title, paths.at(c.start), doc.body[c.start : c.end])
+        keys = [vectors.chunk_key(contexts[d, seq], doc.body[c.start : c.end]) for seq, c in enumerate(chunks)]
         with store.read() as conn:
             have = {
                 r[0]
@@ -359,6 +417,8 @@ def _embed_documents(
         queue += [(d, seq, c) for d, seq, c in fresh]
         totals.append(len(chunks))
         left.append(len(fresh))
+    if chunkless:
+        store.write(lambda conn: vectors.mark_chunkless(conn, space, chunkless))
     if copied:
 
         def write_copies(conn: Connection) -> int:
@@ -377,7 +437,9 @@ def _embed_documents(
             return False
         part = queue[j : j + EMBED_SUB_BATCH]
         texts = [docs[d].body[c.start : c.end] for d, _, c in part]
-        embs = embedder.backend.embed(texts, "document", [docs[d].title for d, _, _ in part])
+        titles: list[str | None] = [contexts[d, seq] for d, seq, _ in part]
+        send = functools.partial(embedder.backend.embed, texts, "document", titles)
+        embs = _surviving(f"embedding {len(part)} chunks", send, progress)
         rows: dict[int, list[vectors.ChunkVector]] = {}
         for k, (d, seq, c) in enumerate(part):
             row = vectors.ChunkVector(
@@ -389,7 +451,7 @@ def _embed_documents(
                 embs.n_tokens[k],
                 c.clipped or k in embs.clipped,
                 embs[k],
-                vectors.chunk_key(docs[d].title, texts[k]),
+                vectors.chunk_key(contexts[d, seq], texts[k]),
             )
             if row.clipped:
                 report.truncated.append({"file": docs[d].name, "chunk": seq, "tokens": row.tokens, "limit": embs.limit})

@@ -84,7 +84,8 @@ def _extension(path: str) -> str:
     return name.rsplit(".", 1)[-1].lower() if "." in name else ""
 
 
-def _stem(path: str) -> str:
+def file_stem(path: str) -> str:
+    """The file name without its extension: the title of a document that states none."""
     name = path.rsplit("/", 1)[-1]
     return name.rsplit(".", 1)[0] if "." in name else name
 
@@ -126,7 +127,7 @@ def extract_title(path: str, text: str) -> str:
         m = _ORG_TITLE_RE.search(head) or _ORG_HEADING_RE.search(head)
         if m:
             return m.group(1).strip()
-    return _stem(path)
+    return file_stem(path)
 
 
 def _read_text(path: str, data: bytes) -> Extracted:
@@ -362,7 +363,7 @@ def _read_html(path: str, data: bytes) -> Extracted:
         body = _page_lines(lines)
     if not body.strip():
         raise LoadError("HTML has no text")
-    return Extracted(body, target.title or target.h1 or _stem(path))
+    return Extracted(body, target.title or target.h1 or file_stem(path))
 
 
 HTML = Loader("html", frozenset({"html", "htm", "xhtml"}), _read_html, version="html-1", isolated=True)

@@ -35,6 +35,7 @@ from qmd.server.models.worker import (
 )
 from qmd.server.text.chunking import CHUNKER_VERSION, Chunk, ChunkStrategy
 from qmd.server.text.code_chunks import strategy_identity
+from qmd.server.text.headings import CONTEXT_VERSION
 
 Progress = Callable[[dict], None]
 BERT_CHUNK_TOKENS = 256
@@ -197,8 +198,9 @@ class Embedders:
 
 
 def _space_fingerprint(model_identity: str, chunk_tokens: int) -> str:
-    """The vector space's name: the model's identity, and how its documents were cut."""
-    return hashlib.sha256(f"{model_identity}|{CHUNKER_VERSION}|{chunk_tokens}".encode()).hexdigest()
+    """The vector space's name: the model's identity, how its documents were cut, and
+    what context each chunk is embedded with."""
+    return hashlib.sha256(f"{model_identity}|{CHUNKER_VERSION}|{chunk_tokens}|{CONTEXT_VERSION}".encode()).hexdigest()
 
 
 def embed_query(embedder: Embedder, text: str) -> list[float]:

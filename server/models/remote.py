@@ -46,7 +46,7 @@ import httpx
 from qmd.server.errors import Unavailable
 from qmd.server.models.protocol import GenerationParams
 from qmd.server.models.refs import OPENAI_ENDPOINT
-from qmd.server.models.worker import Embeddings, _wait_until
+from qmd.server.models.worker import Embeddings, _wait_until, format_document
 from qmd.server.text.chunking import CharEstimateTokenizer, Chunk
 from qmd.server.text.split import split
 
@@ -305,7 +305,7 @@ class RemoteBackend(_Endpoint):
         and chunk size). Only valid after `probe`: the dimensions are part of it, so a
         different model served under the same name cannot land in the old space."""
         return (
-            f"remote:{self.endpoint}\nmodel:{self.model}\ndims:{self.dims}\nformat:plain\n"
+            f"remote:{self.endpoint}\nmodel:{self.model}\ndims:{self.dims}\nformat:titled\n"
             f"tokens:chars/{CHARS_PER_TOKEN}+{SPECIAL_TOKENS}"
         )
 
@@ -329,12 +329,15 @@ class RemoteBackend(_Endpoint):
     def embed(self, texts: list[str], kind: Kind, titles: list[str | None] | None = None) -> Embeddings:
         """Unit vectors for `texts`, in order, `BATCH` per request.
 
-        Texts are sent as they are (the plain prompt format): the model family behind an
-        endpoint is unknown, and a prefix a model never saw only adds noise. `kind` and
-        `titles` are therefore not used to shape the input; `kind` only picks how long to
-        retry (a query has a person waiting). An input whose estimate exceeds
-        `CHUNK_TOKENS` is reported clipped, as the server will likely cut it.
+        No prompt prefix is added (the plain format): the model family behind an endpoint
+        is unknown, and a prefix a model never saw only adds noise. A document chunk's
+        context (`titles`) leads it as a line of text, as for a local plain model; `kind`
+        otherwise only picks how long to retry (a query has a person waiting). An input
+        whose estimate exceeds `CHUNK_TOKENS` is reported clipped, as the server will
+        likely cut it.
         """
+        if titles is not None:
+            texts = [format_document("plain", t, titles[i]) for i, t in enumerate(texts)]
         vectors: list[list[float]] = []
         for i in range(0, len(texts), BATCH):
             vectors.extend(self._request(texts[i : i + BATCH], interactive=kind == "query"))

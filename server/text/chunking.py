@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 # Part of every vector's fingerprint: change it whenever the chunks produced for the
 # same text, budget and tokenizer could change, so stale vectors count as pending.
-CHUNKER_VERSION = "qmd-py-chunk-1"
+CHUNKER_VERSION = "qmd-py-chunk-2"
 
 ChunkStrategy = Literal["regex", "auto"]
 """How documents are cut (`--chunk-strategy`, `chunk_strategy` in index.yml): `regex`, the
@@ -537,10 +537,10 @@ def iter_chunks(
     template subtracts the template's tokens first. `min_chars` defaults to
     `min(250, budget/4)`, the budget being the document's char size of a chunk.
 
-    A blank document has no chunks. A document that fits is one chunk, whatever it
-    holds: a note that is only a heading is still something to find. A longer document
-    made only of headings is chunked like any text, for the same reason; the floor
-    applies to fragments *within* a document that has a body.
+    A blank text has no chunks, and any other that fits is one chunk, whatever it holds
+    (a code unit of only `#` comments too); in a longer one, the floor keeps a
+    heading-only fragment from standing alone. A markdown *document* of nothing but
+    headings has no chunks at all: `split.split`'s rule.
 
     This is the smart chunker alone; `split.split` also cuts code at its syntax.
     """

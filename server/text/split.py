@@ -14,6 +14,7 @@ from qmd.server.text.chunking import (
     Chunk,
     Tokenizer,
     check_options,
+    is_fragment,
     iter_chunks,
     needs_cutting,
     verify_chunks,
@@ -32,8 +33,14 @@ def split(
 ) -> Iterator[Chunk]:
     """Chunks of `text` in order (see `chunking.iter_chunks`). `language` (a
     `code_chunks.GRAMMARS` key, the `auto` strategy's choice for a code file) cuts a text
-    longer than one chunk at its syntax instead."""
+    longer than one chunk at its syntax instead.
+
+    A document of nothing but headings has no chunks (seeds/001: a heading is a
+    coordinate, not a passage; keyword search still finds the note by its words).
+    """
     check_options(overlap_ratio, min_chars)
+    if language is None and is_fragment(text):
+        return
     if language is not None and needs_cutting(text, max_tokens, tokenizer):
         try:
             code = chunk_code(text, language, max_tokens=max_tokens, tokenizer=tokenizer)

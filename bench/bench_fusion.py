@@ -1,0 +1,204 @@
+"""Fusion measured from each leg's own ranked lists on BEIR-format sets.
+
+    .venv/bin/python bench/bench_fusion.py /tmp/node /tmp/pydoc /tmp/man [--queries 200] [--base DIR] [--lists FILE]
+
+Each set is indexed and embedded (MiniLM) into an isolated daemon as its own collection
+(`qmd bench --beir DIR --embed --keep`), and every query is sent to both legs as the
+hybrid query sends it (`POST /v1/keyword` and `/v1/vector`: the top `LIST_FETCH` with
+their scores). The set's own queries are asked, whose one relevant document is known,
+and the other sets' queries too, which have no relevant document there ("questions about
+another corpus"): kept in the saved lists for measuring a relevance floor.
+
+From those lists, offline and in the same run, nDCG@10 of each leg and of each fusion
+variant (RRF constants and weights, score-aware combinations), the shipped one
+(`fusion.fuse`) among them: the goal (issue 33) is a fused list above its better leg on
+every set.
+
+`--base DIR` reuses an installation made by an earlier run (vectors kept); `--lists FILE`
+saves the lists, or reads them when the file exists, so a fusion change is measured again
+in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _common import Daemon, Env, Isolated, embed_model_path
+
+from qmd.server.search.fusion import RankedList, fuse
+from qmd.server.search.hybrid import LIST_FETCH
+
+Lists = dict[str, list[tuple[str, float]]]
+
+
+def queries_of(beir: Path, limit: int) -> list[tuple[str, str, list[str]]]:
+    """(id, text, relevant document ids) of a set's first `limit` judged queries."""
+    qrels: dict[str, list[str]] = {}
+    for line in (beir / "qrels" / "test.tsv").read_text().splitlines()[1:]:
+        qid, doc, score = line.split("\t")
+        if int(score) > 0:
+            qrels.setdefault(qid, []).append(doc)
+    out = []
+    for line in (beir / "queries.jsonl").read_text().splitlines():
+        q = json.loads(line)
+        if q["_id"] in qrels:
+            out.append((q["_id"], q["text"], qrels[q["_id"]]))
+    return out[:limit]
+
+
+def leg(client: httpx.Client, route: str, collection: str, text: str) -> list[tuple[str, float]]:
+    body = {"query": text, "collections": [collection], "limit": LIST_FETCH, "min_score": 0.0}
+    r = client.post(route, json=body, timeout=120)
+    r.raise_for_status()
+    return [(Path(h["path"]).stem, h["score"]) for h in r.json()["results"]]
+
+
+def collect(env: Env, sets: list[Path], limit: int) -> list[dict[str, Any]]:
+    rows = []
+    with httpx.Client(base_url=env.url) as client:
+        for home in sets:
+            collection = f"bench-{home.name}"
+            for other in sets:
+                for qid, text, relevant in queries_of(other, limit):
+                    own = other == home
+                    lists = {
+                        "fts": leg(client, "/v1/keyword", collection, text),
+                        "vec": leg(client, "/v1/vector", collection, text),
+                    }
+                    rows.append(
+                        {"set": home.name, "own": own, "query": qid, "relevant": relevant if own else [], **lists}
+                    )
+            print(f"{home.name}: lists collected", file=sys.stderr)
+    return rows
+
+
+# -- fusion variants ------------------------------------------------------------------
+
+
+def shipped(row: Lists) -> list[str]:
+    """`fusion.fuse` as the hybrid query calls it without expansion: both lists weigh 2."""
+    ids: dict[str, int] = {}
+    lists = [
+        RankedList(src, "original", "", 2.0, [(ids.setdefault(d, len(ids)), s) for d, s in row[src]])
+        for src in ("fts", "vec")
+    ]
+    names = {i: d for d, i in ids.items()}
+    return [names[c.doc_id] for c in fuse(lists)]
+
+
+def rrf(k: int, w_fts: float = 1.0, w_vec: float = 1.0) -> Callable[[Lists], list[str]]:
+    def ranked(row: Lists) -> list[str]:
+        score: dict[str, float] = {}
+        for src, w in (("fts", w_fts), ("vec", w_vec)):
+            for r, (d, _) in enumerate(row[src], 1):
+                score[d] = score.get(d, 0.0) + w / (k + r)
+        return sorted(score, key=lambda d: -score[d])
+
+    return ranked
+
+
+def minmax(items: Sequence[tuple[str, float]]) -> dict[str, float]:
+    if not items:
+        return {}
+    lo, hi = min(s for _, s in items), max(s for _, s in items)
+    return {d: (s - lo) / (hi - lo) if hi > lo else 1.0 for d, s in items}
+
+
+def combsum(alpha: float) -> Callable[[Lists], list[str]]:
+    """alpha × keyword + (1 − alpha) × vector, each min-max normalised within its list."""
+
+    def ranked(row: Lists) -> list[str]:
+        f, v = minmax(row["fts"]), minmax(row["vec"])
+        docs = set(f) | set(v)
+        return sorted(docs, key=lambda d: -(alpha * f.get(d, 0.0) + (1 - alpha) * v.get(d, 0.0)))
+
+    return ranked
+
+
+def zscores(items: Sequence[tuple[str, float]]) -> tuple[dict[str, float], float]:
+    """Each score as standard deviations from its list's mean, and the list's lowest."""
+    if len(items) < 2:
+        return {d: 0.0 for d, _ in items}, 0.0
+    values = [s for _, s in items]
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) or 1e-9
+    return {d: (s - mean) / sd for d, s in items}, (min(values) - mean) / sd
+
+
+def zsum(alpha: float) -> Callable[[Lists], list[str]]:
+    """alpha × keyword + (1 − alpha) × vector, each a z-score within its list; a document a
+    list lacks counts as that list's lowest."""
+
+    def ranked(row: Lists) -> list[str]:
+        (f, f_low), (v, v_low) = zscores(row["fts"]), zscores(row["vec"])
+        docs = set(f) | set(v)
+        return sorted(docs, key=lambda d: -(alpha * f.get(d, f_low) + (1 - alpha) * v.get(d, v_low)))
+
+    return ranked
+
+
+VARIANTS: dict[str, Callable[[Lists], list[str]]] = {
+    "keyword": lambda row: [d for d, _ in row["fts"]],
+    "vector": lambda row: [d for d, _ in row["vec"]],
+    "shipped (fusion.fuse)": shipped,
+    **{f"RRF k={k}": rrf(k) for k in (10, 30, 60)},
+    **{f"RRF k=60 kw×{w}": rrf(60, w, 1.0) for w in (1.5, 2.0)},
+    **{f"CombSUM α={a}": combsum(a) for a in (0.3, 0.5, 0.7)},
+    **{f"z-score CombSUM α={a}": zsum(a) for a in (0.3, 0.4, 0.5)},
+}
+
+
+def ndcg10(ranked: list[str], relevant: list[str]) -> float:
+    gains = [1.0 / math.log2(i + 2) for i, d in enumerate(ranked[:10]) if d in relevant]
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(10, len(relevant))))
+    return sum(gains) / ideal if ideal else 0.0
+
+
+def fusion_table(rows: list[dict[str, Any]], sets: list[str]) -> None:
+    print("\nnDCG@10 | " + " | ".join(sets))
+    for name, variant in VARIANTS.items():
+        cells = []
+        for s in sets:
+            own = [r for r in rows if r["set"] == s and r["own"]]
+            cells.append(f"{sum(ndcg10(variant(r), r['relevant']) for r in own) / max(1, len(own)):.4f}")
+        print(f"{name} | " + " | ".join(cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sets", type=Path, nargs="+")
+    ap.add_argument("--queries", type=int, default=200, help="queries per set")
+    ap.add_argument("--base", type=Path, help="reuse this installation (its vectors)")
+    ap.add_argument("--model", help="embed GGUF (default: the shared MiniLM)")
+    ap.add_argument("--lists", type=Path, help="save the collected lists here, or read them if it exists")
+    a = ap.parse_args()
+    if a.lists and a.lists.exists():
+        rows = json.loads(a.lists.read_text())
+    else:
+        env: Env = Env(a.base) if a.base else Isolated(keep=True)
+        env.vars["QMD_EMBED_MODEL"] = embed_model_path(a.model)
+        daemon = Daemon(env)
+        try:
+            for home in a.sets:
+                r = env.qmd("bench", "--beir", str(home), "--embed", "--keep", "-b", "bm25", timeout=7200)
+                if r.returncode != 0:
+                    sys.exit(f"indexing {home} failed: {r.stderr}")
+            rows = collect(env, a.sets, a.queries)
+        finally:
+            daemon.stop()
+        print(f"installation: {env.base}", file=sys.stderr)
+        if a.lists:
+            a.lists.write_text(json.dumps(rows))
+    names = [s.name for s in a.sets]
+    fusion_table(rows, names)
+
+
+if __name__ == "__main__":
+    main()
