@@ -256,21 +256,30 @@ class Daemon:
         return _decode(r)
 
     def stream(self, path: str, body: Any) -> Iterator[dict]:
-        """POST and yield NDJSON events; an `error` event becomes a ClientError."""
+        """POST and yield NDJSON events; an `error` event becomes a ClientError, and so does
+        an answer that stops before its `done` event (the daemon stopped or restarted
+        mid-job): a job cut short must never read as one that finished with nothing to say."""
         self._send("GET", "/health", None)
         try:
             r = self.http.open("POST", path, body)
             if r.status >= 400:
                 _decode(Response(r.status, r.read()))
+            done = False
             while line := r.readline():
                 if not line.strip():
                     continue
                 ev = json.loads(line)
                 if ev.get("event") == "error":
                     raise ClientError(ev.get("error", "update failed"), detail=ev)
+                done = done or ev.get("event") == "done"
                 yield ev
         except OSError as e:
             raise ClientError(f"lost the connection to the qmd daemon at {self.url}: {e}") from e
+        if not done:
+            raise ClientError(
+                f"the qmd daemon at {self.url} ended the answer before the job finished (it stopped or"
+                " restarted); what the job wrote so far is kept: run the command again to finish it"
+            )
 
 
 def _decode(r: Response) -> Any:

@@ -233,6 +233,28 @@ def test_sigterm_stops_the_daemon_within_seconds_while_a_loader_is_busy(env: Env
     assert worst < 1.0, worst
 
 
+def test_a_job_cut_short_by_a_daemon_stop_is_an_error_not_a_silent_success(env: Env) -> None:
+    """`qmd update` streams its events; a daemon stopped mid-job (SIGTERM, a restart) ends
+    the stream without its `done` event, which the CLI once read as a finished job: exit 0,
+    nothing said (a `qmd bench --json` printed nothing at all)."""
+    root = write(env.home / "docs", {"a.md": "# A\n"})
+    d = Daemon(env, extra_env={"QMD_LOADER_TIMEOUT_S": "300"})
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    try:
+        env.ok("collection", "add", str(root), "--name", "docs", "--mask", "**/*.{md,pdf}")
+        (root / "shared.pdf").write_bytes(hostile_pdf(5_000_000, 8, compress=False))
+        update = env.qmd_background("update")
+        time.sleep(1.5)  # the PDF is with a loader, which takes far longer than this
+        assert update.poll() is None, "the PDF parsed too fast to test anything"
+        d.proc.send_signal(signal.SIGKILL)  # SIGTERM says so itself: `qmdd is stopping: …`
+        d.proc.wait(timeout=30)
+        _, err = update.communicate(timeout=30)
+    finally:
+        d.stop()
+    assert update.returncode == 1, err
+    assert "ended the answer before the job finished" in err and "internal error" not in err, err
+
+
 def test_display_names_are_lossless() -> None:
     raw = os.fsdecode(b"a/caf\xe9/n\xf6te.md")
     assert display_rel(raw) == "a/caf%E9/n%F6te.md"
