@@ -327,6 +327,15 @@ class IndexCheck(TypedDict):
     what: str
 
 
+class IndexFileOut(TypedDict):
+    """A path a project's index is kept in, and its state (`trust.IndexFile`)."""
+
+    path: str
+    role: str
+    state: Literal["ok", "missing", "refused"]
+    why: str
+
+
 class InitOut(TypedDict):
     root: str
     config: str
@@ -515,7 +524,8 @@ class StatusOut(TypedDict):
 
 
 class TrustOut(TypedDict):
-    """`GET /v1/trust`: the request's project, its gated items, and whether they are trusted."""
+    """`GET /v1/trust`: the request's project, its gated items, and whether they are trusted;
+    and its index files as they are (none outside a project)."""
 
     project: str | None
     items: list[GatedOut]
@@ -524,6 +534,7 @@ class TrustOut(TypedDict):
     approved_at: str | None
     override: str | None
     skipped: list[str]
+    files: list[IndexFileOut]
 
 
 class TypeOut(TypedDict):

@@ -349,6 +349,11 @@ def run_search(
 @cli.command()
 @search_options(min_score_default=0.0)
 @click.option("--explain", is_flag=True, help="Show how each score was made.")
+@click.option(
+    "--fuzzy",
+    is_flag=True,
+    help="Search a word no document holds as its nearest indexed word, and say so (typo tolerance).",
+)
 def search(
     c: Ctx,
     query: tuple[str, ...],
@@ -361,6 +366,7 @@ def search(
     full_path: bool,
     metadata_filter: dict[str, Any] | None,
     explain: bool,
+    fuzzy: bool,
     fmt: str | None,
     **flags: bool,
 ) -> None:
@@ -383,6 +389,7 @@ def search(
         all_results=all_results,
         metadata_filter=metadata_filter,
         explain=explain,
+        fuzzy=fuzzy,
     )
 
 
@@ -503,6 +510,11 @@ def pipeline_options(candidates_help: str, expand_help: str) -> Callable[[Callab
     help="Answer within this many ms: drop expansion, then reranking, then vectors as needed.",
 )
 @click.option("--explain", is_flag=True, help="Show how each score was made, and every stage's time.")
+@click.option(
+    "--fuzzy",
+    is_flag=True,
+    help="Search a word no document holds as its nearest indexed word, and say so (typo tolerance).",
+)
 @chunk_strategy_option(
     "How candidates are cut to pick the passage reranked: auto keeps a code file's inside its "
     "function or class [default: each collection's chunk_strategy]."
@@ -524,6 +536,7 @@ def query(
     expand: bool | None,
     budget_ms: int | None,
     explain: bool,
+    fuzzy: bool,
     chunk_strategy: str | None,
     fmt: str | None,
     **flags: bool,
@@ -549,6 +562,7 @@ def query(
         expand=expand,
         budget_ms=budget_ms,
         chunk_strategy=chunk_strategy,
+        fuzzy=fuzzy,
     )
     _warn(formats.stage_lines(cast(api.CliQueryResponse, res), verbose=explain or c.verbose))
 
@@ -570,7 +584,8 @@ cli.add_command(query, "deep-search")
 def get(
     c: Ctx, name: str, from_line: int | None, max_lines: int | None, line_numbers: bool, full: bool, full_path: bool
 ) -> None:
-    """Show a document: a path, qmd://collection/path, #docid, or path:from:count."""
+    """Show a document: a path, qmd://collection/path, #docid, or path:from:count;
+    path#heading-anchor (or path#Heading text) shows that markdown section whole."""
     body = {"file": name, "from_line": from_line, "max_lines": max_lines, "full": full, "cwd": os.getcwd()}
     doc: api.DocumentOut = c.call("POST", "/v1/get", body)
     _out(
@@ -629,6 +644,17 @@ def multi_get(
 
 
 _fmt_bytes = formats.fmt_bytes
+
+
+def _crash_sentence(crash: dict[str, Any]) -> str:
+    """The worker's last crash (the daemon's `WorkerCrash`) in words: which model, how, when, how often, what next."""
+    at = time.strftime("%H:%M", time.localtime(crash["at"]))
+    if not crash.get("model") or crash.get("signal") in (None, "SIGKILL"):
+        return f"last worker crash, at {at}: {crash['reason']}"
+    # a recovery says how often itself ("… crashed it 2 times: it is loaded next time …")
+    times = f" ({crash['times']} times)" if crash["times"] > 1 and not crash.get("recovery") else ""
+    sentence = f"the {crash['role']} model {os.path.basename(crash['model'])} crashed the worker with {crash['signal']}"
+    return f"{sentence} at {at}{times}" + (f"; {crash['recovery']}" if crash.get("recovery") else "")
 
 
 def _ago(iso: str | None) -> str:
@@ -814,6 +840,9 @@ def embed(
             if ev["event"] == "download":
                 total = ev["total"] or 0
                 bar.draw(ev["done"] // 2**20, total // 2**20, "MB  downloading the embed model")
+            elif ev["event"] == "notice":  # waiting for another embed, or a batch sent again to a new worker
+                bar.clear()
+                click.echo(ev["message"], err=True)
             elif ev["event"] == "progress":
                 eta = f"ETA {ev['eta_s']:.0f}s" if ev["eta_s"] is not None and ev["done"] < ev["total"] else ""
                 bar.draw(
@@ -1118,7 +1147,7 @@ def doctor(c: Ctx) -> None:
         lines.append(f"    devices: {', '.join(inf['devices'])}")
     lines += [f"{warn} {w}" for w in inf.get("warnings") or []]
     if inf.get("last_crash"):
-        lines.append(f"{warn} last worker crash: {inf['last_crash']}")
+        lines.append(f"{warn} {_crash_sentence(inf['last_crash'])}")
     for m in d["models"]:
         if m.get("error"):
             lines.append(f"{warn} models: {m['error']}")
@@ -1137,7 +1166,8 @@ def doctor(c: Ctx) -> None:
     lines.append(f"{ok if not v['pending'] else warn} vectors: {v['message']}")
     if v["stale_contents"]:
         lines.append(
-            f"{warn} {v['stale_contents']} documents have vectors from another model (re-embedded by 'qmd embed')"
+            f"{warn} {v['stale_contents']} documents have vectors from an earlier vector space (another model,"
+            " chunker or chunk context): re-embedded by 'qmd embed'"
         )
     lines += formats.orphan_lines(d["orphans"])
     _out("\n".join(lines))
@@ -1546,6 +1576,17 @@ def _interactive() -> bool:
     return sys.stdin.isatty() and sys.stderr.isatty()
 
 
+def _file_lines(files: list[api.IndexFileOut]) -> list[str]:
+    """A project's index files and their states, for `qmd trust` (also when one is refused)."""
+    if not files:
+        return []
+    lines = ["Index files:"]
+    for f in files:
+        why = f": {f['why']}" if f["why"] else ""
+        lines.append(f"  {f['state']:<8} {f['path']} ({f['role']}{why})")
+    return lines
+
+
 def _gated_lines(t: api.TrustOut) -> list[str]:
     lines = [f"  - {i['shown']}" for i in t["items"]]
     if t["override"]:
@@ -1620,7 +1661,12 @@ def trust(ctx: click.Context) -> None:
         raise ClientError("--index names one of your own configs, which are never gated: nothing to approve")
     if c.daemon.project is None:
         raise ClientError("not inside a qmd project (no .qmd/index.yml here or above; 'qmd init' makes one)")
-    t: api.TrustOut = c.call("GET", "/v1/trust")
+    try:
+        t: api.TrustOut = c.call("GET", "/v1/trust")
+    except ClientError as e:  # a refused index file: the error names it, the list shows them all
+        _warn(_file_lines(e.detail.get("files") or []))
+        raise
+    _out("\n".join(_file_lines(t["files"])))
     where = f"{t['project']}/.qmd"
     if not t["items"]:
         click.echo(f"Nothing to approve in {where}: no update commands, no paths outside it, default models.")

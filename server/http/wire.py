@@ -39,7 +39,7 @@ from qmd.server.search.scope import FilterReport
 from qmd.server.status import CollectionInfo, IndexStatus
 from qmd.server.text.chunking import ChunkStrategy
 from qmd.server.text.pages import PageSpan
-from qmd.server.trust import Approval, ApprovalState, Gate, Kind, Reviewed
+from qmd.server.trust import Approval, ApprovalState, FileState, Gate, IndexFile, Kind, Reviewed
 
 SCORE_DECIMALS = 2
 """Public scores are rounded to 2 decimals (spec §20.3, §21.1): enough to threshold on."""
@@ -83,6 +83,13 @@ FILTER_DESCRIPTION = (
     ' combined with {"operator": "and"|"or", "operands": [...]} and {"operator": "not", "operand": {...}}.'
     ' Matching is typed and exact (3 never equals "3"); arrays match when any element does. Use the'
     " `metadata` tool (or POST /metadata) to see which keys and values exist."
+)
+
+
+FUZZY_DESCRIPTION = (
+    "Typo tolerance: a keyword of 4 or more letters that no document holds is searched as its nearest"
+    " indexed word (1 edit for a stem under 6 letters, 2 from 6; same first letter; never a quoted phrase,"
+    " a negation or a word with a digit), and `warnings` says so: \"searched 'kubernetes' for 'kuberentes'\"."
 )
 
 
@@ -147,6 +154,7 @@ class QueryFields(Request):
         description="How candidates are cut to pick each one's reranked passage: `auto` keeps a code file's "
         "passage inside its function or class; default: each collection's own (index.yml `chunk_strategy`).",
     )
+    fuzzy: bool = Field(False, description=FUZZY_DESCRIPTION)
 
 
 class QueryRequest(QueryFields):
@@ -211,6 +219,7 @@ def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, Qu
         max_len=snippet_chars,
         filter=filter_of(req.filter),
         chunk_strategy=req.chunk_strategy,
+        fuzzy=req.fuzzy,
     )
 
 
@@ -225,6 +234,7 @@ class SearchRequest(Request):
     full: bool = False
     explain: bool = False
     filter: dict[str, Any] | None = None
+    fuzzy: bool = Field(False, description=FUZZY_DESCRIPTION)
 
     def options(self) -> SearchOptions:
         return SearchOptions(
@@ -235,6 +245,7 @@ class SearchRequest(Request):
             self.full,
             self.explain,
             filter=filter_of(self.filter),
+            fuzzy=self.fuzzy,
         )
 
 
@@ -293,7 +304,9 @@ class GetRequest(Request):
         min_length=1,
         max_length=4096,
         description="A path (`notes/a.md`, `qmd://notes/a.md`) or docid (`#abc123`), optionally with "
-        "a line range suffix: `notes/a.md:100` (from line 100) or `notes/a.md:100:40` (40 lines from 100).",
+        "a line range suffix: `notes/a.md:100` (from line 100) or `notes/a.md:100:40` (40 lines from 100), "
+        "or a markdown section: `notes/a.md#getting-started` (a heading's GitHub anchor, or its text) reads "
+        "that section whole, from its heading to the next heading of the same or a higher level.",
     )
     from_line: int | None = Field(None, ge=1, description="First line to return (wins over the suffix).")
     max_lines: int | None = Field(None, ge=1, description="Number of lines (wins over the suffix).")
@@ -767,8 +780,18 @@ class GatedOut(Response):
     trusted: bool
 
 
+class IndexFileOut(Response):
+    """A path a project's index is kept in, and its state (`trust.IndexFile`)."""
+
+    path: str
+    role: str
+    state: FileState
+    why: str
+
+
 class TrustOut(Response):
-    """`GET /v1/trust`: the request's project, its gated items, and whether they are trusted."""
+    """`GET /v1/trust`: the request's project, its gated items, and whether they are trusted;
+    and its index files as they are (none outside a project)."""
 
     project: str | None
     items: list[GatedOut]
@@ -777,6 +800,7 @@ class TrustOut(Response):
     approved_at: str | None
     override: str | None
     skipped: list[str]
+    files: list[IndexFileOut]
 
 
 class ApprovalOut(Response):
@@ -794,8 +818,9 @@ class InitOut(Response):
     models: dict[str, str]
 
 
-def trust_out(gate: Gate) -> TrustOut:
+def trust_out(gate: Gate, files: list[IndexFile]) -> TrustOut:
     return TrustOut(
+        files=[IndexFileOut(**asdict(f)) for f in files],
         project=str(gate.root) if gate.root else None,
         items=[
             GatedOut(kind=i.kind, name=i.name, value=i.value, shown=i.shown, trusted=not gate.blocks(i.kind, i.name))
