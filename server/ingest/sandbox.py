@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
+from qmd.server.children import exit_with_parent
 from qmd.server.errors import Unavailable
 from qmd.server.ingest import loaders
 from qmd.server.models.worker import env_number
@@ -74,7 +75,7 @@ class _Child:
 
     def __init__(self, memory_mb: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "qmd.server.ingest.sandbox", str(memory_mb)],
+            [sys.executable, "-m", "qmd.server.ingest.sandbox", str(memory_mb), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -240,8 +241,10 @@ def _limit_memory(budget_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def _serve(budget_mb: int) -> None:
-    """Answer requests on stdin until it closes or stays quiet for `IDLE_S`."""
+def _serve(budget_mb: int, parent: int) -> None:
+    """Answer requests on stdin until it closes or stays quiet for `IDLE_S`; a daemon killed
+    mid-parse (`kill -9`) leaves no parser running on for the rest of its budget."""
+    exit_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import lxml.etree  # noqa: F401 - imported before the cap, which counts their mappings
     import pypdf  # noqa: F401
@@ -272,4 +275,4 @@ def _serve(budget_mb: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]))

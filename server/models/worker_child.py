@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
+from qmd.server.children import exit_with_parent
 from qmd.server.models.protocol import (
     MODELS_MISSING,
     RECEIPT,
@@ -1039,7 +1040,6 @@ OPERATIONS: dict[type[Request[Any]], Handler] = dict(
 
 
 PR_SET_PDEATHSIG = 1
-PARENT_POLL_S = 1.0
 
 
 def die_with_parent(parent: int) -> None:
@@ -1047,9 +1047,8 @@ def die_with_parent(parent: int) -> None:
 
     Linux: the kernel sends SIGKILL when the parent thread ends (`PR_SET_PDEATHSIG`; the
     daemon starts this child from its long-lived dispatcher thread). Elsewhere, and as a
-    fallback, a thread checks once a second that the parent pid is still ours (a reparented
-    child gets another one). A parent already gone before either was set up is caught by
-    the first check. EOF on stdin (the parent's end closed) ends the request loop as well.
+    fallback, `children.exit_with_parent`. EOF on stdin (the parent's end closed) ends the
+    request loop as well.
     """
     if sys.platform.startswith("linux"):
         try:
@@ -1057,16 +1056,7 @@ def die_with_parent(parent: int) -> None:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(PARENT_POLL_S)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    exit_with_parent(parent)
 
 
 def main() -> None:
