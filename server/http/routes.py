@@ -479,7 +479,7 @@ def pull(body: PullRequest, request: Request) -> StreamingResponse:
     e = engine_of(request)
 
     def run(progress: Callable[[dict], None], _cancel: threading.Event) -> dict:
-        return {"models": e.pull(refresh=body.refresh, progress=progress)}
+        return {"models": [asdict(p) for p in e.pull(refresh=body.refresh, progress=progress)]}
 
     return stream_job(request, "pull", run)
 
