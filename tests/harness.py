@@ -207,9 +207,9 @@ class Daemon:
         return stop_process(self.proc, sig)
 
 
-def daemons_on(port: int) -> list[int]:
-    """Pids of every qmdd process started for `port`, autostarted ones included, which no
-    Popen handle of ours knows about."""
+def processes_of(module: str, arg: str) -> list[int]:
+    """Pids of every `python -m module` process with `arg` among its arguments, which no
+    Popen handle of ours may know about (autostarted daemons, a daemon's children)."""
     pids = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
@@ -217,9 +217,14 @@ def daemons_on(port: int) -> list[int]:
                 cmd = (p / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"qmd.server.daemon" in cmd and str(port).encode() in cmd:
+            if module.encode() in cmd and arg.encode() in cmd:
                 pids.append(int(p.name))
     return pids
+
+
+def daemons_on(port: int) -> list[int]:
+    """Pids of every qmdd process started for `port`, autostarted ones included."""
+    return processes_of("qmd.server.daemon", str(port))
 
 
 # --- model endpoints on loopback: a scripted one for failures, llama_cpp.server for real models ---

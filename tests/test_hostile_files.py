@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import Daemon, Env, write
+from harness import processes_of
 
 from qmd.server.ingest.indexer import Found, Skip, display_rel, load_file
 
@@ -255,22 +256,10 @@ def test_a_job_cut_short_by_a_daemon_stop_is_an_error_not_a_silent_success(env: 
     assert "ended the answer before the job finished" in err and "internal error" not in err, err
     # the sandbox parsing the PDF does not run on for the rest of its 300 s budget
     deadline = time.monotonic() + 10
-    while (left := sandboxes_of(d.proc.pid)) and time.monotonic() < deadline:
+    # a sandbox's command line names the daemon that started it
+    while (left := processes_of("qmd.server.ingest.sandbox", str(d.proc.pid))) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"loader sandboxes outlived the daemon: {left}"
-
-
-def sandboxes_of(daemon: int) -> list[int]:
-    """Pids of the loader sandboxes that daemon started (their command line names it)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"qmd.server.ingest.sandbox" in argv and str(daemon).encode() in argv:
-            found.append(int(proc.name))
-    return found
 
 
 def test_display_names_are_lossless() -> None:

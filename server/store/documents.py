@@ -21,7 +21,7 @@ from qmd.server.errors import Conflict, Forbidden, InvalidInput, NotFound
 from qmd.server.store import metadata
 from qmd.server.store.db import Connection, sqlite3
 from qmd.server.text.frontmatter import Metadata
-from qmd.uri import index_name
+from qmd.uri import index_name, is_link
 
 _DOCID_RE = re.compile(r"^[0-9a-fA-F]{6,64}$")
 _VIRTUAL_RE = re.compile(r"^qmd://([^/]+)/?(.*)$")
@@ -58,7 +58,7 @@ def link_index(raw: str) -> str | None:
     index, or a project's `project:/root`, `project:~/root`: returned as its index's
     name, `qmd.uri.index_name`); None for a link without one. The range may also follow
     the query (`?index=work:2`), as earlier versions printed it."""
-    if not raw.strip().startswith(("qmd:", "//")) or "?" not in raw:
+    if not is_link(raw.strip()) or "?" not in raw:
         return None
     # a `#section` after the query is the link's anchor (a label's own `#` is percent-encoded)
     query = parse_qs(re.sub(r"(:\d+){1,2}$", "", raw.split("?", 1)[1].split("#", 1)[0]))
@@ -70,7 +70,7 @@ def split_range(name: str) -> tuple[str, int | None, int | None]:
     """`path:from:count` / `path:from` suffixes (spec §16.2) → (name, from, count); in a
     link with a query the range sits before it (`qmd://w/a.md:3:2?index=w`)."""
     base, sep, query = name.partition("?")
-    if sep and base.startswith(("qmd:", "//")):
+    if sep and is_link(base):
         path, first, count = split_range(base)
         if first is not None:
             return path + sep + query, first, count
