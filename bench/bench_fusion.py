@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 from _common import Daemon, Env, Isolated, embed_model_path
 
+from qmd.server.quality import load_beir
 from qmd.server.search.fusion import RankedList, fuse
 from qmd.server.search.hybrid import LIST_FETCH
 
@@ -39,18 +40,10 @@ Lists = dict[str, list[tuple[str, float]]]
 
 
 def queries_of(beir: Path, limit: int) -> list[tuple[str, str, list[str]]]:
-    """(id, text, relevant document ids) of a set's first `limit` judged queries."""
-    qrels: dict[str, list[str]] = {}
-    for line in (beir / "qrels" / "test.tsv").read_text().splitlines()[1:]:
-        qid, doc, score = line.split("\t")
-        if int(score) > 0:
-            qrels.setdefault(qid, []).append(doc)
-    out = []
-    for line in (beir / "queries.jsonl").read_text().splitlines():
-        q = json.loads(line)
-        if q["_id"] in qrels:
-            out.append((q["_id"], q["text"], qrels[q["_id"]]))
-    return out[:limit]
+    """(id, text, relevant documents as indexed file stems) of a set's first `limit` judged
+    queries, read as `qmd bench --beir` reads them."""
+    _, fixture, _ = load_beir(beir, max_queries=limit)
+    return [(q.id, q.query, [Path(f).stem for f in q.expected]) for q in fixture.queries]
 
 
 def leg(client: httpx.Client, route: str, collection: str, text: str) -> list[tuple[str, float]]:
