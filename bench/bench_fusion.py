@@ -1,13 +1,16 @@
 """Fusion measured from each leg's own ranked lists on BEIR-format sets.
 
     .venv/bin/python bench/bench_fusion.py /tmp/node /tmp/pydoc /tmp/man [--queries 200] [--base DIR] [--lists FILE]
+                                           [--offtopic bench/data/offtopic_queries.txt]
 
 Each set is indexed and embedded (MiniLM) into an isolated daemon as its own collection
 (`qmd bench --beir DIR --embed --keep`), and every query is sent to both legs as the
-hybrid query sends it (`POST /v1/keyword` and `/v1/vector`: the top `LIST_FETCH` with
-their scores). The set's own queries are asked, whose one relevant document is known,
-and the other sets' queries too, which have no relevant document there ("questions about
-another corpus"): kept in the saved lists for measuring a relevance floor.
+hybrid query sends it (`POST /v1/keyword` and `/v1/vector`: the top `FLOOR_FETCH` with
+their scores, of which fusion reads the first `LIST_FETCH`). The set's own queries are
+asked, whose one relevant document is known, and the other sets' queries too, which have
+no relevant document there ("questions about another corpus"): kept in the saved lists
+for measuring a relevance floor. So are the
+`--offtopic` questions (everyday topics no software manual answers), asked of every set.
 
 From those lists, offline and in the same run, nDCG@10 of each leg and of each fusion
 variant (RRF constants and weights, score-aware combinations), the shipped one
@@ -37,6 +40,9 @@ from qmd.server.search.fusion import RankedList, fuse
 from qmd.server.search.hybrid import LIST_FETCH
 
 Lists = dict[str, list[tuple[str, float]]]
+FLOOR_FETCH = 100
+"""Each leg's list is kept this deep (fusion reads the first `LIST_FETCH`): a relevance
+floor may compare the top of a list with its tail."""
 
 
 def queries_of(beir: Path, limit: int) -> list[tuple[str, str, list[str]]]:
@@ -46,28 +52,41 @@ def queries_of(beir: Path, limit: int) -> list[tuple[str, str, list[str]]]:
     return [(q.id, q.query, [Path(f).stem for f in q.expected]) for q in fixture.queries]
 
 
+def offtopic_queries(path: Path) -> list[tuple[str, str, list[str]]]:
+    """The file's questions (a line each; `#` lines are comments), with nothing relevant."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return [(f"off{i}", text, []) for i, text in enumerate(t for t in lines if t and not t.startswith("#"))]
+
+
 def leg(client: httpx.Client, route: str, collection: str, text: str) -> list[tuple[str, float]]:
-    body = {"query": text, "collections": [collection], "limit": LIST_FETCH, "min_score": 0.0}
+    body = {"query": text, "collections": [collection], "limit": FLOOR_FETCH, "min_score": 0.0}
     r = client.post(route, json=body, timeout=120)
     r.raise_for_status()
     return [(Path(h["path"]).stem, h["score"]) for h in r.json()["results"]]
 
 
-def collect(env: Env, sets: list[Path], limit: int) -> list[dict[str, Any]]:
+def collect(env: Env, sets: list[Path], limit: int, offtopic: list[tuple[str, str, list[str]]]) -> list[dict[str, Any]]:
     rows = []
     with httpx.Client(base_url=env.url) as client:
         for home in sets:
             collection = f"bench-{home.name}"
-            for other in sets:
-                for qid, text, relevant in queries_of(other, limit):
-                    own = other == home
-                    lists = {
-                        "fts": leg(client, "/v1/keyword", collection, text),
-                        "vec": leg(client, "/v1/vector", collection, text),
+            asked = [(other, q) for other in sets for q in queries_of(other, limit)]
+            for other, (qid, text, relevant) in asked + [(None, q) for q in offtopic]:
+                own = other == home
+                lists = {
+                    "fts": leg(client, "/v1/keyword", collection, text),
+                    "vec": leg(client, "/v1/vector", collection, text),
+                }
+                rows.append(
+                    {
+                        "set": home.name,
+                        "own": own,
+                        "offtopic": other is None,
+                        "query": qid,
+                        "relevant": relevant if own else [],
+                        **lists,
                     }
-                    rows.append(
-                        {"set": home.name, "own": own, "query": qid, "relevant": relevant if own else [], **lists}
-                    )
+                )
             print(f"{home.name}: lists collected", file=sys.stderr)
     return rows
 
@@ -154,13 +173,18 @@ def ndcg10(ranked: list[str], relevant: list[str]) -> float:
     return sum(gains) / ideal if ideal else 0.0
 
 
+def as_fused(row: dict[str, Any]) -> Lists:
+    """The lists as the hybrid query fuses them: each leg's first `LIST_FETCH`."""
+    return {src: row[src][:LIST_FETCH] for src in ("fts", "vec")}
+
+
 def fusion_table(rows: list[dict[str, Any]], sets: list[str]) -> None:
     print("\nnDCG@10 | " + " | ".join(sets))
     for name, variant in VARIANTS.items():
         cells = []
         for s in sets:
             own = [r for r in rows if r["set"] == s and r["own"]]
-            cells.append(f"{sum(ndcg10(variant(r), r['relevant']) for r in own) / max(1, len(own)):.4f}")
+            cells.append(f"{sum(ndcg10(variant(as_fused(r)), r['relevant']) for r in own) / max(1, len(own)):.4f}")
         print(f"{name} | " + " | ".join(cells))
 
 
@@ -171,6 +195,7 @@ def main() -> None:
     ap.add_argument("--base", type=Path, help="reuse this installation (its vectors)")
     ap.add_argument("--model", help="embed GGUF (default: the shared MiniLM)")
     ap.add_argument("--lists", type=Path, help="save the collected lists here, or read them if it exists")
+    ap.add_argument("--offtopic", type=Path, help="everyday questions to ask of every set too (a line each)")
     a = ap.parse_args()
     if a.lists and a.lists.exists():
         rows = json.loads(a.lists.read_text())
@@ -183,7 +208,7 @@ def main() -> None:
                 r = env.qmd("bench", "--beir", str(home), "--embed", "--keep", "-b", "bm25", timeout=7200)
                 if r.returncode != 0:
                     sys.exit(f"indexing {home} failed: {r.stderr}")
-            rows = collect(env, a.sets, a.queries)
+            rows = collect(env, a.sets, a.queries, offtopic_queries(a.offtopic) if a.offtopic else [])
         finally:
             daemon.stop()
         print(f"installation: {env.base}", file=sys.stderr)

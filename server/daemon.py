@@ -136,6 +136,7 @@ def main(host: str, port: int, index_name: str | None, log_level: str, detach: b
         engine.watcher = Watcher(engine, watch)
         if worker is not None:  # the default one starts watching once the pidfile is written
             engine.watcher.start()
+        engine.load_vector_index()
         return engine
 
     try:

@@ -4,6 +4,7 @@ stages. (The real models run the same code in test_query.py.)"""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,8 +16,8 @@ from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
 from qmd.server.search.expansion import Expander, Prompt
-from qmd.server.search.hybrid import RERANK_PASSAGE_CHARS, CostModel, HybridQuery, Legs, QueryOptions
-from qmd.server.search.querydoc import parse_query
+from qmd.server.search.hybrid import RERANK_PASSAGE_CHARS, CostModel, HybridQuery, Legs, QueryOptions, VectorLeg
+from qmd.server.search.querydoc import parse_query, typed_query
 
 MORE = {f"extra/note-{i}.md": f"# Note {i}\n\nInvestors and bread, item {i}.\n" for i in range(8)}
 
@@ -239,3 +240,45 @@ def test_the_engine_cuts_passages_to_its_setting(
             )  # the title goes first
         finally:
             e.close()
+
+
+def recording_leg(order: list[str]) -> VectorLeg:
+    """A vector leg that finds nothing and records which thread embedded what, after what."""
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        order.append(f"embed {texts} on {threading.current_thread().name}")
+        return [[1.0, 0.0] for _ in texts]
+
+    return VectorLeg(embed=embed, search=lambda q, k, scope: [], nearest=lambda q, docs: {}, model="scripted")
+
+
+def test_the_vector_leg_runs_beside_the_keyword_leg(engine: Engine) -> None:
+    order: list[str] = []
+    vectors = Legs(recording_leg(order), "", None, "no generator", None, "no reranker")
+    out = run(engine, "money investors", vectors, rerank=False, expand=False)
+    st = {s.stage: s for s in out.stages}
+    assert st["vector"].status == "ran" and "beside the keyword leg" in st["vector"].detail
+    assert len(order) == 1 and order[0].startswith("embed ['money investors'] on qmd-query-vectors")
+    order.clear()
+    typed = HybridQuery(engine.store, engine.config, vectors, CostModel()).run(
+        typed_query([("lex", "investors"), ("vec", "who funds startups")]), QueryOptions(rerank=False)
+    )
+    assert "beside the keyword leg" in {s.stage: s for s in typed.stages}["vector"].detail
+    assert len(order) == 1 and order[0].startswith("embed ['who funds startups'] on qmd-query-vectors")
+
+
+def test_an_expansion_goes_first_and_the_vector_leg_waits_for_it(engine: Engine) -> None:
+    """Both call the one inference worker: a vector leg started beside an expansion would
+    queue behind it (or it behind the leg), so with an expansion possible the leg runs after."""
+    order: list[str] = []
+
+    def generate(p: Prompt) -> str:
+        order.append("expand")
+        return "vec: who gives money to startups"
+
+    expander = Expander(generate, "scripted", None, False, engine.store)
+    out = run(engine, "money investors", Legs(recording_leg(order), "", expander, "", None, ""), expand=True)
+    st = {s.stage: s for s in out.stages}
+    assert st["vector"].status == "ran" and "beside" not in st["vector"].detail
+    caller = threading.current_thread().name
+    assert order == ["expand", f"embed ['money investors', 'who gives money to startups'] on {caller}"]

@@ -21,9 +21,11 @@ partly, why.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypeAlias
 
@@ -60,6 +62,11 @@ RERANK_BATCH = 4
 """Candidates scored per worker call; the deadline is checked between calls."""
 SHAPE_RESERVE_S = 0.02
 """Kept back from the budget for snippets and the answer itself."""
+
+_BESIDE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="qmd-query-vectors")
+"""Runs a query's vector leg beside its keyword leg: the embedding waits on the inference
+worker, the scan on numpy and SQLite, the keyword leg on SQLite, all outside the GIL, so on
+2 cores a query costs about its slower leg instead of the sum (issue 34)."""
 
 Status = Literal["ran", "cached", "partial", "skipped", "off"]
 """`off`: the caller turned the stage off (`--no-rerank`); not a degradation, so not in `skipped`."""
@@ -189,6 +196,17 @@ class _Clock:
         return None if self.deadline is None else max(self.remaining() - SHAPE_RESERVE_S, 0.0)
 
 
+@dataclass(frozen=True)
+class _VectorWork:
+    """Texts embedded and searched by the vector leg, with what each step took."""
+
+    texts: list[str]
+    qvecs: list[Sequence[float]]
+    hits: list[list[VecHit]]
+    embed_s: float
+    search_s: float
+
+
 @dataclass
 class _Sub:
     """A sub-query to route: its type, text, and list weight."""
@@ -291,9 +309,10 @@ class HybridQuery:
         lists: list[RankedList] = []
         expansion_lists: list[int] = []
 
+        beside = self._vectors_beside(doc, scope, run)
         subs = self._expand_mode(doc, scope, run, lists, out) if doc.mode == "expand" else _typed_subs(doc)
         self._keyword(subs, scope, stages, lists, expansion_lists, typed=doc.mode == "typed")
-        self._vectors(subs, scope, run, lists, expansion_lists, out)
+        self._vectors(subs, scope, run, lists, expansion_lists, out, beside)
         if (
             out.expansion
             and expansion_lists
@@ -408,11 +427,8 @@ class HybridQuery:
     def _reserve_after_expand(self, opts: QueryOptions, scope: Scope, report: FilterReport | None) -> float:
         """What must still fit after expansion: vectors for a few texts, rerank of the candidates."""
         total = SHAPE_RESERVE_S + 3 * self.costs.estimate("fts")
-        vec = self.legs.vector
-        if vec:
-            total += 3 * (
-                self.costs.estimate("embed", vec.model) + len(scope.collections) * self.costs.estimate("vsearch")
-            )
+        if self.legs.vector:
+            total += 3 * self._vector_cost(scope)
         rr = self.legs.reranker
         if rr and not isinstance(rr, CosineScorer) and reranks(rr, opts.rerank):
             eligible = report.eligible if report is not None else self._documents_in(scope)
@@ -470,6 +486,32 @@ class HybridQuery:
                 detail += f"; identifier-like {', '.join(dict.fromkeys(boosted))}: keyword weight doubled"
             stages.append(Stage("keyword", "ran", (time.perf_counter() - t) * 1000, detail))
 
+    def _vector_cost(self, scope: Scope) -> float:
+        """Seconds one text costs the vector leg: its embedding and a KNN per collection."""
+        assert self.legs.vector is not None
+        embed = self.costs.estimate("embed", self.legs.vector.model)
+        return embed + len(scope.collections) * self.costs.estimate("vsearch")
+
+    def _vectors_beside(self, doc: QueryDoc, scope: Scope, run: _Run) -> Future[_VectorWork] | None:
+        """The vector leg of the texts known before the probe (a plain query's own text, a
+        typed query's vec and hyde lines), started now on `_BESIDE`. None when there are
+        none, when the budget may not fit them (`_vectors` then decides, as it always did),
+        or when an expansion may run: its model call would queue behind this one's."""
+        leg = self.legs.vector
+        if leg is None:
+            return None
+        if doc.mode == "expand":
+            expander = self.legs.expander
+            may_expand = run.opts.expand or (run.opts.expand is None and expander is not None and expander.fine_tuned)
+            texts = [] if may_expand else [doc.query]
+        else:
+            texts = [s.text for s in _typed_subs(doc) if s.kind in ("vec", "hyde")]
+        clock = run.clock
+        if not texts or (clock.deadline and len(texts) * self._vector_cost(scope) > clock.remaining()):
+            return None
+        context = contextvars.copy_context()  # the budget's `wait_at_most` travels with it
+        return _BESIDE.submit(context.run, _vector_work, leg, texts, scope, clock)
+
     def _vectors(
         self,
         subs: list[_Sub],
@@ -478,6 +520,7 @@ class HybridQuery:
         lists: list[RankedList],
         expansion_lists: list[int],
         out: HybridOutcome,
+        beside: Future[_VectorWork] | None,
     ) -> None:
         clock, stages, vec_hits = run.clock, run.stages, run.vec_hits
         wanted = [s for s in subs if s.kind in ("original", "vec", "hyde")]
@@ -488,35 +531,42 @@ class HybridQuery:
         if leg is None:
             stages.append(Stage("vector", "skipped", 0, f"{self.legs.vector_reason}; not run: {not_run}"))
             return
-        per_text = self.costs.estimate("embed", leg.model) + len(scope.collections) * self.costs.estimate("vsearch")
-        fit = int(max(clock.remaining() - SHAPE_RESERVE_S, 0) / per_text) if clock.deadline else len(wanted)
-        if fit < 1:
-            stages.append(
-                Stage(
-                    "vector",
-                    "skipped",
-                    0,
-                    f"budget: vector search takes ~{per_text * 1000:.0f} ms per query; "
-                    f"{max(clock.remaining(), 0) * 1000:.0f} ms left; not run: {not_run}",
-                )
-            )
-            return
-        fitted = wanted[:fit]
         t = time.perf_counter()
+        works: list[_VectorWork] = []
         try:
-            with wait_at_most(clock.worker_wait()):
-                qvecs = leg.embed([s.text for s in fitted])
+            if beside is not None:
+                works.append(beside.result())
+            done = {text for w in works for text in w.texts}
+            rest = [s for s in wanted if s.text not in done]
+            per_text = self._vector_cost(scope)
+            fit = int(max(clock.remaining() - SHAPE_RESERVE_S, 0) / per_text) if clock.deadline else len(rest)
+            if rest and fit < 1 and not works:
+                stages.append(
+                    Stage(
+                        "vector",
+                        "skipped",
+                        0,
+                        f"budget: vector search takes ~{per_text * 1000:.0f} ms per query; "
+                        f"{max(clock.remaining(), 0) * 1000:.0f} ms left; not run: {not_run}",
+                    )
+                )
+                return
+            if rest[:fit]:
+                works.append(_vector_work(leg, [s.text for s in rest[:fit]], scope, clock))
         except QmdError as e:
             stages.append(
                 Stage("vector", "skipped", (time.perf_counter() - t) * 1000, f"{e.message}; not run: {not_run}")
             )
             return
-        t_embed = time.perf_counter() - t
-        self.costs.observe("embed", t_embed, len(fitted), model=leg.model)
-        t2 = time.perf_counter()
-        for sub, qvec in zip(fitted, qvecs):
+        found: dict[str, tuple[Sequence[float], list[VecHit]]] = {}
+        for w in works:
+            self.costs.observe("embed", w.embed_s, len(w.texts), model=leg.model)
+            self.costs.observe("vsearch", w.search_s, len(w.texts) * len(scope.collections))
+            found.update(zip(w.texts, zip(w.qvecs, w.hits)))
+        fitted = [s for s in wanted if s.text in found]
+        for sub in fitted:
+            qvec, hits = found[sub.text]
             self._qvecs.setdefault(sub.text, qvec)
-            hits = leg.search(qvec, LIST_FETCH, scope)
             for h in hits:
                 if h.doc_id not in vec_hits or h.distance < vec_hits[h.doc_id].distance:
                     vec_hits[h.doc_id] = h
@@ -525,13 +575,14 @@ class HybridQuery:
             )
             if sub.kind != "original":
                 expansion_lists.append(len(lists) - 1)
-        self.costs.observe("vsearch", time.perf_counter() - t2, len(fitted) * len(scope.collections))
-        detail = f"{len(fitted)} queries embedded in {t_embed * 1000:.0f} ms"
+        embedded = sum(len(w.texts) for w in works)
+        detail = f"{embedded} queries embedded in {sum(w.embed_s for w in works) * 1000:.0f} ms"
+        if beside is not None:
+            detail += " (beside the keyword leg)"
         if len(fitted) < len(wanted):
             detail += f"; budget: {len(wanted) - len(fitted)} of {len(wanted)} vector queries dropped"
-        stages.append(
-            Stage("vector", "partial" if len(fitted) < len(wanted) else "ran", (time.perf_counter() - t) * 1000, detail)
-        )
+        took = sum(w.embed_s + w.search_s for w in works) * 1000
+        stages.append(Stage("vector", "partial" if len(fitted) < len(wanted) else "ran", took, detail))
         if leg.warning:
             out.warnings.append(leg.warning)
 
@@ -731,6 +782,16 @@ def _rerank_report(rr: Reranker, run: _Run, work: _RerankWork, ms: float) -> Rer
         detail += f"; {work.error or 'budget'}: the other {len(candidates) - len(ids)} count 0 for the rerank term"
     run.stages.append(Stage("rerank", "partial" if len(ids) < len(candidates) else "ran", ms, detail))
     return {d: (n, work.raw[d][0], work.raw[d][1]) for d, n in zip(ids, norm)}
+
+
+def _vector_work(leg: VectorLeg, texts: list[str], scope: Scope, clock: _Clock) -> _VectorWork:
+    """Embed `texts` (within what the budget lets a model call wait) and search each."""
+    t = time.perf_counter()
+    with wait_at_most(clock.worker_wait()):
+        qvecs = leg.embed(texts)
+    t_embed = time.perf_counter() - t
+    hits = [leg.search(q, LIST_FETCH, scope) for q in qvecs]
+    return _VectorWork(texts, list(qvecs), hits, t_embed, time.perf_counter() - t - t_embed)
 
 
 def primary_text(doc: QueryDoc) -> str:
