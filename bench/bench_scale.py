@@ -17,7 +17,7 @@ Per size N (chunks), one isolated installation (bench/_common.py's `Isolated`):
    embed job does), so no model runs. 500 notes (a tenth of the smallest corpora) are held
    back for the embed batches below. Then, over random unit queries:
      vector leg     `vectors.search(..., index)`: the daemon's in-memory index, p50/p95
-     exact          the same call without the index (vec0's exact scan): the baseline, and
+     exact          the same call without the index (the exact scan of every vector): the baseline, and
                     the reference of recall@10
      numpy floor    `M @ q` + top 30 over the partition's float32 matrix: the memory-bandwidth
                     floor of any float scan
@@ -464,7 +464,7 @@ def one_size(size: int, pool: Pool, model: str, args: argparse.Namespace) -> dic
 
 ROWS: list[tuple[str, str, str | None]] = [
     ("vector leg p50 / p95 (in process, in-memory index)", "vector_p50_ms", "vector_p95_ms"),
-    ("  exact scan p50 / p95 (vec0; baseline)", "exact_p50_ms", "exact_p95_ms"),
+    ("  exact scan p50 / p95 (every vector; baseline)", "exact_p50_ms", "exact_p95_ms"),
     ("  numpy float scan p50 (memory-bandwidth floor)", "numpy_floor_p50_ms", None),
     ("  recall@10 vs exact (mean / worst query)", "recall_at_10", "recall_at_10_min"),
     ("warm search: vector_state + search (in process)", "warm_search_ms", None),

@@ -151,8 +151,10 @@ def watch_of(coll: Collection, pending: int, embedding: str, *, untrusted: bool,
 class VectorStates:
     """Can vector search run, and over how much of the corpus? Each answer is kept until
     the next write (the store's generation is part of its key) or a collection's chunk
-    strategy changes: counting pending documents scans the index (110 ms at 100k
-    documents), and status asks per collection."""
+    strategy changes, as status asks per collection. After a write the counts are asked
+    again of `vectors`, which reads what changed: a few marks when the documents did not
+    (an embed batch writes vectors only), the batch's rows (`vectors.pending_hashes`,
+    `count_spaces`); the active documents again only when the documents mark moved."""
 
     def __init__(self, store: IndexStore) -> None:
         self.store = store

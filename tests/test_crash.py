@@ -334,8 +334,8 @@ def test_kill_mid_update_after_edits_and_deletions(env: Env) -> None:
 
 def vector_view(env: Env, d: Daemon, collection: str) -> dict[str, Any]:
     """What status says of the vectors, what vector search returns, and what the index holds:
-    contents whose chunks are all written, and the chunks vector search can reach (a row in the
-    vec0 table of the collection of an active document holding them)."""
+    contents whose chunks are all written, and the chunks vector search can reach (a search row,
+    `vector_rows`, in the collection of an active document holding them)."""
     st = d.http.get("/v1/status").json()["vector"]
     conn = connect(env.db)
     try:
@@ -352,7 +352,6 @@ def vector_view(env: Env, d: Daemon, collection: str) -> dict[str, Any]:
                 (space_id,),
             )
         }
-        vec0 = {r[0] for r in conn.execute(f"SELECT rowid FROM vectors_s{space_id}")}
         reach = conn.execute(
             "SELECT vr.id, vr.chunk_id FROM vector_rows vr JOIN content_vectors cv ON cv.id = vr.chunk_id"
             " JOIN vector_collection_ids vc ON vc.id = vr.collection_id WHERE vr.space_id = ? AND EXISTS"
@@ -370,7 +369,7 @@ def vector_view(env: Env, d: Daemon, collection: str) -> dict[str, Any]:
         "active": {p for p, _ in docs},
         "complete": {p for p, h in docs if h in totals and totals[h][0] == totals[h][1]},
         "partial": {p for p, h in docs if h in totals and totals[h][0] < totals[h][1]},
-        "reachable_chunks": len({chunk for rid, chunk in reach if rid in vec0}),
+        "reachable_chunks": len({chunk for _rid, chunk in reach}),
         "written": written,
         "found": {h["path"] for h in hits["results"]},
         "degraded": hits["degraded"],
@@ -475,7 +474,7 @@ class Dying:
 
 def test_each_batch_is_searchable_as_it_commits(tmp_path: Path) -> None:
     """Item 5 without a daemon: the job dies on its third request; what the first two wrote is
-    in the vec0 partitions, the content they cut in two is neither searchable nor counted, and
+    in the search partitions, the content they cut in two is neither searchable nor counted, and
     the resumed job completes it without embedding a chunk twice."""
     import qmd
 
@@ -494,18 +493,18 @@ def test_each_batch_is_searchable_as_it_commits(tmp_path: Path) -> None:
             assert space is not None
             complete = vectors.complete_hashes(conn, space)
             written = conn.execute("SELECT hash, COUNT(*) FROM content_vectors GROUP BY hash").fetchall()
-            in_vec0 = conn.execute(f"SELECT COUNT(*) FROM vectors_s{space.id}").fetchone()[0]
+            in_rows = conn.execute("SELECT COUNT(*) FROM vector_rows WHERE space_id = ?", (space.id,)).fetchone()[0]
             counted = vectors.count_vectors(conn, space).embedded_chunks
             half = [h for h, _ in written if h not in complete]
             assert sum(n for _, n in written) == 2 * EMBED_SUB_BATCH
             assert half, "a request cut a content in two"
-            assert in_vec0 == counted == sum(n for h, n in written if h in complete) > 0
+            assert in_rows == counted == sum(n for h, n in written if h in complete) > 0
             hits = vectors.search(conn, space, [1.0, 0.5, 0.25, 0.0], "notes", 100)
             assert len(hits) == len(complete)
         report_ = embed_pending(store, Embedder("fake", Dying(None), 64, "f" * 64, 4, "fake"), collections=None)
         with store.read() as conn:
             total = conn.execute("SELECT COUNT(*) FROM content_vectors").fetchone()[0]
             assert report_.embedded == total - 2 * EMBED_SUB_BATCH and report_.pending_after == 0
-            assert conn.execute(f"SELECT COUNT(*) FROM vectors_s{space.id}").fetchone()[0] == total
-            assert report_.partitions_added == total - in_vec0
+            assert conn.execute("SELECT COUNT(*) FROM vector_rows").fetchone()[0] == total
+            assert report_.partitions_added == total - in_rows
             assert len(vectors.search(conn, space, [1.0, 0.5, 0.25, 0.0], "notes", 100)) == 60

@@ -58,8 +58,19 @@ METADATA_OBJECTS = {
     ("index", "idx_metadata_value"),
     ("index", "idx_metadata_folded"),
 }
-LATER_OBJECTS = METADATA_OBJECTS | {("index", "idx_content_vectors_chunk_key"), ("table", "chunkless_contents")}
-"""What migrations after the first release add (3: metadata, 6: chunk keys, 7: chunkless contents)."""
+DOCUMENTS_MARK_OBJECTS = {
+    ("table", "documents_mark"),
+    ("trigger", "documents_mark_insert"),
+    ("trigger", "documents_mark_delete"),
+    ("trigger", "documents_mark_update"),
+}
+LATER_OBJECTS = (
+    METADATA_OBJECTS
+    | DOCUMENTS_MARK_OBJECTS
+    | {("index", "idx_content_vectors_chunk_key"), ("table", "chunkless_contents")}
+)
+"""What migrations after the first release add (3: metadata, 6: chunk keys, 7: chunkless contents,
+8: the documents mark)."""
 VECTOR_TABLES = ("vector_spaces", "content_vectors", "vector_collection_ids", "vector_rows")
 
 

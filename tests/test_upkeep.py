@@ -354,7 +354,7 @@ def test_a_removed_models_space_is_dropped(env: Env, model: Path, notes: Path) -
         assert "Would remove 1 vector space" in text
         report = env.json("cleanup", "--json")
         assert [s["model"] for s in report["found"]["stale_spaces"]] == ["all-MiniLM-L6-v2-Q8_0.gguf"]
-        assert report["left"]["stale_spaces"] == [] and report["vacuum"]["ran"], report["vacuum"]
+        assert report["left"]["stale_spaces"] == []  # its few rows free too little to VACUUM (no vec0 table now)
         assert "✓ orphans: none" in env.ok("doctor")
         assert env.json("vsearch", "sourdough bread", "--json")[0]["file"] == "qmd://notes/cooking/bread.md"
     finally:

@@ -79,12 +79,9 @@ def agrees(c: Corpus) -> None:
 
 
 def rows(c: Corpus) -> set[tuple[int, int]]:
-    """The search rows: (chunk, collection id) of `vector_rows`, and vec0 holds the same ids."""
+    """The search rows: (chunk, collection id) of `vector_rows`."""
     with c.store.read() as conn:
-        ids = {r[0] for r in conn.execute(f"SELECT rowid FROM vectors_s{c.space.id}")}
-        found = conn.execute("SELECT id, chunk_id, collection_id FROM vector_rows").fetchall()
-    assert ids == {r[0] for r in found}
-    return {(r[1], r[2]) for r in found}
+        return {(r[0], r[1]) for r in conn.execute("SELECT chunk_id, collection_id FROM vector_rows")}
 
 
 def wanted(c: Corpus) -> set[tuple[int, int]]:

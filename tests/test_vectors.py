@@ -577,7 +577,7 @@ def test_a_failed_build_leaves_vec0_answering(
     def broken(*args: object) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(vector_index, "_read", broken)
+    monkeypatch.setattr(vector_index, "_batches", broken)
     q = corpus.query()
     with caplog.at_level(logging.ERROR, logger="qmd.vector_index"):
         assert corpus.search(q) == corpus.search(q, index=False)

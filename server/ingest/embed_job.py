@@ -248,7 +248,11 @@ def embed_pending(
 
     groups: list[_Group] = []
     for strategy, names in strategy_groups(collections, strategies).items():
-        space = store.write(functools.partial(prepare, strategy=strategy, names=names))
+        with store.read() as conn:
+            space = vectors.find_space(conn, embedder.fingerprint_for(strategy))
+        if force or space is None or space.dims != embedder.dims:  # `ensure_space` says what is wrong with dims
+            # only then a write: one that changed nothing would still move every generation-keyed cache
+            space = store.write(functools.partial(prepare, strategy=strategy, names=names))
         with store.read() as conn:
             groups.append(_Group(strategy, names, space, sorted(vectors.pending_hashes(conn, space, names))))
     report.strategies = {g.strategy: g.space.fingerprint for g in groups}
@@ -287,9 +291,10 @@ def embed_pending(
     # what moved since its batch was written: documents removed, renamed across collections or copied
     pending_after: set[str] = set()
     for group in groups:
-        added, removed = store.write(functools.partial(vectors.sync_partitions, space=group.space))
-        report.partitions_added += added
-        report.partitions_removed += removed
+        if not store.write(functools.partial(vectors.partitions_synced, space=group.space), bump=False):
+            added, removed = store.write(functools.partial(vectors.sync_partitions, space=group.space))
+            report.partitions_added += added
+            report.partitions_removed += removed
         with store.read() as conn:
             pending_after |= vectors.pending_hashes(conn, group.space, group.collections)
     report.pending_after = len(pending_after)

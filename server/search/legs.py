@@ -19,7 +19,7 @@ from qmd.server.search.expansion import Expander, remote_expander, worker_genera
 from qmd.server.search.hybrid import VectorLeg
 from qmd.server.search.pointers import SearchOptions, SearchOutcome
 from qmd.server.search.rerank import CosineScorer, Reranker, make_reranker, remote_reranker
-from qmd.server.search.vector import VectorUnavailable, nearest_chunks, vector_hits, vector_search
+from qmd.server.search.vector import VectorUnavailable, index_loading, nearest_chunks, vector_hits, vector_search
 from qmd.server.store import vectors
 from qmd.server.store.db import IndexStore
 from qmd.server.text.chunking import ChunkStrategy
@@ -51,7 +51,7 @@ def vector_leg(
         search=lambda qvec, k, scope: vector_hits(store, spaces, qvec, scope, k),
         nearest=lambda qvec, docs: nearest_chunks(store, spaces, qvec, docs),
         model=emb.uri,
-        warning=warning,
+        warning="; ".join(w for w in (warning, index_loading(store, spaces)) if w) or None,
     )
 
 

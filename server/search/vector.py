@@ -47,6 +47,8 @@ def vector_search(
     terms = parse_lex(query).terms
     out = SearchOutcome(hits=[], terms=terms)
     fetch = vectors.MAX_K if opts.all_results else max(20, 2 * opts.limit)
+    loading = index_loading(store, {n: spaces[n] for n in scope.collections if n in spaces})
+    out.warnings += [loading] if loading else []
     ranked = vector_hits(store, spaces, query_vector, scope, fetch)
     with store.read() as conn:
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
@@ -107,6 +109,17 @@ def vector_hits(
                 if h.doc_id not in best or h.distance < best[h.doc_id].distance:
                     best[h.doc_id] = h
     return sorted(best.values(), key=lambda h: (h.distance, h.doc_id))[:fetch]
+
+
+def index_loading(store: IndexStore, spaces: Mapping[str, vectors.Space]) -> str | None:
+    """Why a search of these collections (name → space) is slower now, if it is: SQLite's
+    in-memory index still loading (`vectors.loading`); Postgres has none to wait for."""
+    from qmd.server.store.vector_index import index_of
+
+    if not isinstance(store, Store):
+        return None
+    with store.read() as conn:
+        return vectors.loading(conn, spaces, index_of(store))
 
 
 def nearest_chunks(

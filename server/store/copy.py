@@ -3,9 +3,9 @@ included, ids kept, so every pointer and docid means what it meant.
 
 What is copied is what the index records: contents, documents and their metadata, the
 collections' record, runs and skips, the model cache, vector spaces and chunk vectors. What
-is derived from those (the keyword index, each space's search table) is rebuilt on the
-destination by the same functions an update and an embed use, so a copy is searchable the
-way a fresh index is.
+is derived from those (the keyword index; on Postgres, each space's pgvector table) is rebuilt
+on the destination by the same functions an update and an embed use, so a copy is searchable
+the way a fresh index is.
 
 All or nothing. The source is read in one snapshot. A Postgres destination is written in
 one transaction, checked, and only then committed; a SQLite one is built in a file beside it
@@ -79,7 +79,7 @@ class CopyReport:
     keyword_documents: int = 0
     """Documents indexed for keyword search on the destination."""
     vector_rows: int = 0
-    """Search rows in the destination's vector tables."""
+    """Search rows (`vector_rows`) of the destination's vector spaces."""
     seconds: float = 0.0
 
 
@@ -127,20 +127,10 @@ def _fill(src: Connection, dst: Connection, progress: Progress, report: CopyRepo
             )
     progress({"event": "step", "step": "rebuilding the keyword index"})
     report.keyword_documents = _keyword_index(dst)
-    progress({"event": "step", "step": "rebuilding the vector tables"})
+    if vectors.space_table(dst) is not None:  # pgvector's tables; SQLite reads content_vectors itself
+        progress({"event": "step", "step": "rebuilding the vector tables"})
     for space in vectors.spaces(dst):
-        vectors.create_space_table(dst, space, bulk=True)
-        rows = [
-            (int(rid), int(cid), bytes(emb))
-            for rid, cid, emb in dst.execute(
-                "SELECT vr.id, vr.collection_id, cv.embedding FROM vector_rows vr"
-                " JOIN content_vectors cv ON cv.id = vr.chunk_id WHERE vr.space_id = ? ORDER BY vr.id",
-                (space.id,),
-            ).fetchall()
-        ]
-        vectors.insert_space_rows(dst, space, rows)
-        vectors.index_space_table(dst, space)
-        report.vector_rows += len(rows)
+        report.vector_rows += vectors.fill_space_table(dst, space)
     progress({"event": "step", "step": "checking the copy"})
     found = _counts(dst)
     if found != expected or found != report.rows:

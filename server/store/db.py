@@ -7,7 +7,7 @@ an old FTS5. `pysqlite3-binary` bundles a current SQLite with both; the stdlib
 module is the fallback, and the store announces when vectors are unavailable.
 
 The SQL the modules write is the dialect both speak: `?` placeholders, ``ON CONFLICT``
-upserts, ``RETURNING`` for new ids. What only one backend has (FTS5, vec0, pragmas,
+upserts, ``RETURNING`` for new ids. What only one backend has (FTS5, sqlite-vec, pragmas,
 VACUUM) is behind `is_postgres`, in the module of the store that owns it; the floors above
 the store get a `Dialect` instead (server/store/dialect.py), which says how, not which.
 """

@@ -212,7 +212,27 @@ CREATE TABLE chunkless_contents (
 """SQLite's migration 7 (`schema._v7_skip_memory_and_chunkless`): a skipped file's size
 and mtime, and the contents a space's chunker cut into no chunk."""
 
-MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3, METADATA_V4, SKIPS_CHUNKLESS_V5)
+DOCUMENTS_MARK_V6 = """
+CREATE TABLE documents_mark (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    value text COLLATE "C" NOT NULL
+);
+INSERT INTO documents_mark (value) VALUES (md5(random()::text || clock_timestamp()::text));
+CREATE FUNCTION qmd_documents_moved() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE documents_mark SET value = md5(random()::text || clock_timestamp()::text);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER documents_mark_moved AFTER INSERT OR DELETE OR UPDATE OF collection, hash, active ON documents
+    FOR EACH STATEMENT EXECUTE FUNCTION qmd_documents_moved();
+"""
+"""SQLite's migration 8 (`schema.DOCUMENTS_MARK`): a random mark that moves whenever what the
+active documents hold may have changed. Once a statement, not once a row: a copy's 125k rows
+would leave as many dead versions of the one row; the mark moves for more than it must, never
+for less. The function keeps the search path it was made with (a named index's schema), so it
+moves its own index's mark whoever's statement fires it."""
+
+MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3, METADATA_V4, SKIPS_CHUNKLESS_V5, DOCUMENTS_MARK_V6)
 
 
 def reach(url: str, **settings: Any) -> psycopg.Connection[Any]:

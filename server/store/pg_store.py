@@ -7,7 +7,7 @@ server/store/db.py); `PgConnection` is the thin adapter that lets psycopg run it
 placeholders become ``%s``, the few spellings only SQLite has are rewritten by one table
 (`_REWRITES`), rows answer by position and by column name as ``sqlite3.Row`` does, and
 numeric aggregates come back as int or float, never Decimal. What has no common spelling
-(FTS5 and its Postgres postings, vec0 and pgvector, pragmas and VACUUM) is chosen by
+(FTS5 and its Postgres postings, sqlite-vec and pgvector, pragmas and VACUUM) is chosen by
 `is_postgres` in the module that owns it; what differs in the search floor's SQL, by the
 `POSTGRES` dialect each connection carries (server/store/dialect.py).
 

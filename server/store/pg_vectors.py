@@ -1,16 +1,16 @@
 """Vectors on Postgres (pgvector): one table per vector space (issue 14), and
 `PgvectorTables`, the `VectorTables` (server/store/vector_tables.py) a Postgres index's
-searches go through, as a SQLite one's go through vec0's (server/store/vectors.py).
+searches go through, as a SQLite one's go through `SqliteTables` (server/store/vectors.py).
 
-vec0's ``vectors_s<space>`` (``collection_id INTEGER PARTITION KEY, embedding float[dims]
-distance_metric=cosine``, rows keyed by ``vector_rows.id``) becomes a plain table of the same
-name: the row id as primary key, the collection id with a btree on it, and the embedding as a
+SQLite reads each vector where it is stored (`content_vectors`); here each space has a
+table ``vectors_s<space>`` of its rows keyed by ``vector_rows.id``: the row id as primary
+key, the collection id with a btree on it, and the embedding as a
 ``halfvec`` with an HNSW index over cosine distance. Half floats take 199 MB for 100k
 384-dim vectors with their indexes where float32 ``vector`` takes 354, build faster, and found
 the same top 10 sets by exact search (bench/bench_postgres_vectors.py; figures in the README).
 A distance is ``embedding <=> query`` over the stored half floats on every path (HNSW, exact
-scan, eligible rows), so the paths agree to the last bit; against the float32 distance vec0
-computes, the rounding moves one by at most 5e-5 (measured up to 200k vectors), which can
+scan, eligible rows), so the paths agree to the last bit; against the float32 distance
+SQLite computes, the rounding moves one by at most 5e-5 (measured up to 200k vectors), which can
 swap two hits that close and nothing else (exact top 10s held float32's rows in 300 of 300
 searches of a large collection; 4 of 300 of a small one differed in order or in a tenth row).
 
@@ -191,7 +191,7 @@ def _copy_rows(space_id: int, rows: Sequence[tuple[int, int, bytes]]) -> bytes:
 def insert_rows(conn: psycopg.Connection, space_id: int, rows: Sequence[tuple[int, int, bytes]]) -> None:
     """Add (row id, collection id, embedding) rows, the embedding as `vectors.pack` makes it
     (float32, little-endian): one binary COPY, all or nothing. A row id already present is a
-    `Conflict`, as vec0 refuses a rowid twice."""
+    `Conflict`, as a primary key is."""
     if not rows:
         return
     data = _copy_rows(space_id, rows)

@@ -97,8 +97,8 @@ CREATE TABLE IF NOT EXISTS chunkless_contents (
 )"""
 """Contents a space's chunker cut into no chunk: complete in that space with no vector."""
 
-# One space per embedder fingerprint; vec0 tables (`vectors_s<space id>`) are made per
-# space when it is first used, by `vectors.ensure_space`.
+# One space per embedder fingerprint. Until migration 9, `vectors.ensure_space` also made a
+# vec0 table (`vectors_s<space id>`) per space, holding a second copy of its vectors.
 VECTOR_TABLES = """
 CREATE TABLE IF NOT EXISTS vector_spaces (
     id INTEGER PRIMARY KEY,
@@ -242,6 +242,86 @@ def _v7_skip_memory_and_chunkless(conn: sqlite3.Connection) -> None:
     conn.execute(CHUNKLESS_TABLE)
 
 
+DOCUMENTS_MARK = """
+CREATE TABLE IF NOT EXISTS documents_mark (
+    only_row INTEGER PRIMARY KEY CHECK (only_row = 1),
+    value TEXT NOT NULL
+);
+INSERT OR IGNORE INTO documents_mark (only_row, value) VALUES (1, lower(hex(randomblob(8))));
+CREATE TRIGGER IF NOT EXISTS documents_mark_insert AFTER INSERT ON documents WHEN new.active = 1
+BEGIN UPDATE documents_mark SET value = lower(hex(randomblob(8))); END;
+CREATE TRIGGER IF NOT EXISTS documents_mark_delete AFTER DELETE ON documents WHEN old.active = 1
+BEGIN UPDATE documents_mark SET value = lower(hex(randomblob(8))); END;
+CREATE TRIGGER IF NOT EXISTS documents_mark_update AFTER UPDATE OF collection, hash, active ON documents
+WHEN (old.active = 1 OR new.active = 1)
+    AND (old.collection IS NOT new.collection OR old.hash IS NOT new.hash OR old.active IS NOT new.active)
+BEGIN UPDATE documents_mark SET value = lower(hex(randomblob(8))); END;
+"""
+"""A mark of what the active documents hold, (collection, hash): a new random value whenever
+that may have changed, written by triggers in the writer's transaction, so a reader's snapshot
+sees the mark with the rows it marks. Random, not counted: a write rolled back, an index copied
+or made again at the same path never brings back a value a cache was keyed by."""
+
+
+def _v8_documents_mark(conn: sqlite3.Connection) -> None:
+    """The documents mark (`DOCUMENTS_MARK`): what lets `vectors` keep what it derives from the
+    active documents until they change (issue 34). IF NOT EXISTS, as migration 7's table: an
+    index the tests make as an older release left it keeps the newer objects."""
+    run_script(conn, DOCUMENTS_MARK)
+
+
+def _v9_vectors_stored_once(conn: sqlite3.Connection) -> None:
+    """Each chunk vector is stored once, in `content_vectors` (issue 34): the sqlite-vec vec0
+    table in which each space kept a second copy (a row per chunk and collection: with it the
+    index held 2.1x the original qmd's bytes for the same vectors) is dropped; searches read
+    `vector_rows` and `content_vectors`. Dropping a virtual table needs its module, and keyword
+    search runs without sqlite-vec: then its shadow tables are dropped and its schema row
+    deleted (`_forget_virtual_table`). The pages they held stay free pages of the file until a
+    VACUUM, which `qmd cleanup` runs from `sqlite.VACUUM_FREE_SHARE` on: logged here, and
+    `qmd doctor` says so while they are free."""
+    page_size, free_before = conn.execute("PRAGMA page_size").fetchone()[0], _free_pages(conn)
+    loaded = conn.execute("SELECT 1 FROM pragma_module_list WHERE name = 'vec0'").fetchone() is not None
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE % USING vec0(%'"
+        ).fetchall()
+    ]
+    for name in tables:
+        if loaded:
+            conn.execute(f'DROP TABLE "{name}"')
+        else:
+            _forget_virtual_table(conn, name)
+    if tables:
+        log.warning(
+            "dropped the second copy of the vectors (%s): %.0f MB of the index file are free pages now;"
+            " `qmd cleanup` gives them back to the disk",
+            ", ".join(tables),
+            (_free_pages(conn) - free_before) * page_size / 1e6,
+        )
+
+
+def _free_pages(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+
+
+def _forget_virtual_table(conn: sqlite3.Connection, name: str) -> None:
+    """Remove a virtual table whose module is not loaded: its shadow tables (`name_*`, plain
+    tables that hold its rows) dropped, its own schema row deleted, and the schema cookie
+    moved so every connection, this one included, reads the schema again."""
+    for (shadow,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB ?", (f"{name}_*",)
+    ).fetchall():
+        conn.execute(f'DROP TABLE "{shadow}"')
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute("DELETE FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    (cookie,) = conn.execute("PRAGMA schema_version").fetchone()
+    conn.execute(f"PRAGMA schema_version = {int(cookie) + 1}")
+
+
 MIGRATIONS: list[Migration] = [
     _v1_first_release,
     _v2_vector_tables,
@@ -250,6 +330,8 @@ MIGRATIONS: list[Migration] = [
     _v5_cache_models,
     _v6_chunk_keys,
     _v7_skip_memory_and_chunkless,
+    _v8_documents_mark,
+    _v9_vectors_stored_once,
 ]
 """MIGRATIONS[N - 1] takes an index from version N - 1 to N; append, never edit."""
 

@@ -243,13 +243,27 @@ class Store(Writer[sqlite3.Connection]):
         return nullcontext()
 
     def checks(self) -> list[IndexCheck]:
+        """The index's version and keyword index, and its free pages once `qmd cleanup` would
+        VACUUM them (what an upgrade that dropped a table, schema migration 9, leaves)."""
         with self.read() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             fts = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'documents_fts'").fetchone()[0]
-        return [
+            page_size, pages, free = (
+                conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "page_count", "freelist_count")
+            )
+        checks = [
             IndexCheck(True, f"index {self.path} (SQLite {self.sqlite_version}, schema version {version})"),
             IndexCheck(bool(fts), "keyword index (FTS5)" if fts else "the keyword index (FTS5 table) is missing"),
         ]
+        if pages and free / pages >= VACUUM_FREE_SHARE:
+            checks.append(
+                IndexCheck(
+                    False,
+                    f"{free * page_size / 1e6:.0f} MB of the index file ({free / pages:.0%}) are free pages:"
+                    " `qmd cleanup` gives them back to the disk",
+                )
+            )
+        return checks
 
     def close(self) -> None:
         if not self._stop_writer():

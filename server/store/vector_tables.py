@@ -1,10 +1,14 @@
-"""A vector space's search table as one backend keeps it: the `VectorTables` protocol both
-backends meet, on the model of httpx's `BaseTransport`, and what their searches share.
+"""A vector space's rows as one backend keeps them: the `VectorTables` protocol both
+backends' searches meet, on the model of httpx's `BaseTransport`, the `SpaceTable` only
+Postgres keeps, and what their searches share.
 
-SQLite keeps a space's rows in a sqlite-vec vec0 table (`vectors.Vec0Tables`), Postgres in a
-pgvector table (`pg_vectors.PgvectorTables`); which one a connection has is decided once, by
-`vectors.tables_of`. Everything that is not the table itself (the space's bookkeeping, rows →
-documents, widening a KNN until enough documents turn up) is written once, here or in
+Every chunk vector is stored once, in `content_vectors`; `vector_rows` puts each in the
+partitions (collections) that hold its content. SQLite searches those two tables
+(`vectors.SqliteTables`, with the daemon's in-memory index as the first pass); Postgres
+keeps a pgvector table of the rows besides, for its HNSW index (`pg_vectors.PgvectorTables`).
+Which one a connection has is decided by `vectors.tables_of` and `vectors.space_table`.
+Everything that is not the backend's own (the space's bookkeeping, rows → documents,
+widening a KNN until enough documents turn up) is written once, here or in
 server/store/vectors.py, so the two searches rank by the same rules. This module sits below
 both implementations so that neither imports the other's backend: vectors.py reaches
 pg_vectors.py (and psycopg) only when a Postgres connection asks.
@@ -90,11 +94,15 @@ class FirstPass(Protocol):
     ) -> list[tuple[int, float]] | None:
         """The `k` nearest rows of the partition, or None while the index is being built."""
 
+    def fresh(self, conn: sqlite3.Connection, space: Space, cid: int) -> object | None:
+        """The partition's snapshot as of now, or None while it is being built (asking starts
+        the build a search would start)."""
 
-class VectorTables(Protocol):
-    """The space tables of one connection's backend. Rows are keyed by `vector_rows.id` and
-    partitioned by collection id, so the shared SQL around them (`vector_rows`,
-    `content_vectors`, `documents`) is the same on both backends."""
+
+class SpaceTable(Protocol):
+    """A backend's own table of a space's rows, written with `vector_rows`: pgvector's, for
+    its HNSW index. SQLite keeps none (its searches read `vector_rows` and `content_vectors`,
+    where each vector already is), so it is never asked to write a copy."""
 
     def create(self, space: Space, *, bulk: bool) -> None:
         """The space's empty table. `bulk`: rows come all at once next (a copy), and
@@ -111,6 +119,12 @@ class VectorTables(Protocol):
 
     def delete(self, space: Space, row_ids: Sequence[int]) -> None:
         """Remove these rows, at least one."""
+
+
+class VectorTables(Protocol):
+    """The searches of one connection's backend. Rows are keyed by `vector_rows.id` and
+    partitioned by collection id, so the shared SQL around them (`vector_rows`,
+    `content_vectors`, `documents`) is the same on both backends."""
 
     def search(
         self,
@@ -170,8 +184,7 @@ def documents_for(
     conn: Connection, knn: list[tuple[int, float]], collection: str, eligible: set[int] | None = None
 ) -> dict[int, VecHit]:
     """The active documents of `collection` these (row id, distance) rows are chunks of, each
-    with its nearest chunk: plain lookups after the KNN, never a join with the space's table
-    (a join with vec0 hangs; spec §4.2)."""
+    with its nearest chunk: plain lookups by the KNN's row ids, whichever backend found them."""
     best: dict[int, VecHit] = {}
     for i in range(0, len(knn), 500):
         part = knn[i : i + 500]

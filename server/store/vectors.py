@@ -1,30 +1,38 @@
 """Vectors in the index: one space per embedder fingerprint, partitioned by collection.
 
-Vectors from two embedders never share a table: each fingerprint (model identity +
-prompt format + chunker version + chunk strategy) gets its own `vector_spaces` row and its own vec0
-table, so a changed embedder can only make documents *pending*, never mix spaces.
-Within a space, the vec0 table is partitioned by collection (spec §4.3), so a search
-scoped to a small collection scans only that collection and is never starved by a big
-one. `content_vectors` keeps each chunk's embedding too: it is the source the vec0
-rows are made from (a chunk shared by two collections is embedded once).
+Vectors from two embedders never share a space: each fingerprint (model identity + prompt
+format + chunker version + chunk strategy) gets its own `vector_spaces` row, so a changed
+embedder can only make documents *pending*, never mix spaces. Each chunk's vector is stored
+once, in `content_vectors` (a chunk shared by two collections is embedded and kept once);
+`vector_rows` partitions a space by collection (spec §4.3), one row per (chunk, collection
+holding its content), so a search scoped to a small collection reads only that collection
+and is never starved by a big one.
 
-vec0 is never joined with other tables in one statement (it hangs; spec §4.2): every
-search is a KNN statement first, then plain lookups (or, under a selective metadata
-filter, no KNN at all: `vec_distance_cosine` over the eligible chunks' stored vectors).
+On SQLite that is all there is (issue 34: the sqlite-vec vec0 table that kept a second copy
+of every vector, 2.1x the original's bytes, was dropped by schema migration 9). A search's
+first pass is the daemon's in-memory index (server/store/vector_index.py); without it
+(a library, or while the index is being built) `vec_distance_cosine` measures every row of
+the partition (`_knn`), and under a selective metadata filter every chunk of the eligible
+documents. Postgres keeps a pgvector table of each space's rows besides (`SpaceTable`), for
+its HNSW index.
 
-The space's table is the one thing the backends keep differently, so it sits behind one
-protocol (`vector_tables.VectorTables`, as httpx's transports sit behind `BaseTransport`):
-`Vec0Tables` here, pgvector's `PgvectorTables` on a Postgres index (server/store/pg_vectors.py:
-an HNSW index, the same cosine distance). `tables_of` picks one per connection, the only
-place that asks which backend it is, and imports pg_vectors only then, so a SQLite-only
+The searches are the one thing the backends do differently, so they sit behind one protocol
+(`vector_tables.VectorTables`, as httpx's transports sit behind `BaseTransport`):
+`SqliteTables` here, pgvector's `PgvectorTables` on a Postgres index (server/store/pg_vectors.py:
+an HNSW index, the same cosine distance). `tables_of` and `space_table` are the only places
+that ask which backend a connection is, and import pg_vectors only then, so a SQLite-only
 daemon never loads psycopg. Everything else here is the same SQL on both.
 
 Bookkeeping costs what changed, not the index (issue 34): on SQLite, an embed with nothing
 to do skips the partition sync (`_changes`: TEMP triggers count the writer's changes to the
 tables it reads), and which contents are complete is a per-content tally that reads only
 the rows past the largest id it has seen (`_tallied`), valid while no vector row is deleted
-(every deletion sets a new epoch: `vector_tables.Marks`). Postgres, which other daemons may
-write, reads it all each time.
+(every deletion sets a new epoch: `vector_tables.Marks`). What the active documents hold is
+read again only when the documents mark moved (`_active`: a random value triggers on
+`documents` set, schema migration 8), and the pending contents and the held chunk counts
+derived from a tally are kept on it and moved with each row it counts in (`_Tally.pending`,
+`.splits`): an embed with nothing to do, or the first search after an embed batch, reads a
+few marks and the batch. Postgres, which other daemons may write, reads it all each time.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import array
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -45,6 +53,7 @@ from qmd.server.store.vector_tables import (
     FirstPass,
     Marks,
     Space,
+    SpaceTable,
     VecHit,
     VectorTables,
     marks,
@@ -53,6 +62,7 @@ from qmd.server.store.vector_tables import (
 )
 
 if TYPE_CHECKING:
+    from qmd.server.store.pg_vectors import PgvectorTables
     from qmd.server.store.vector_index import VectorIndex
 
 DENSE = 0.1
@@ -64,41 +74,67 @@ def pack(vector: Sequence[float]) -> bytes:
     return array.array("f", vector).tobytes()
 
 
-def _vec_table(space_id: int) -> str:
-    return f"vectors_s{int(space_id)}"
-
-
 def tables_of(conn: Connection) -> VectorTables:
-    """The space tables `conn`'s backend keeps: pgvector's (imported now, not with this
-    module, so SQLite never loads psycopg) unless it is SQLite's own connection."""
-    if isinstance(conn, sqlite3.Connection):
-        return Vec0Tables(conn)
+    """The searches of `conn`'s backend: SQLite's own, else pgvector's."""
+    return SqliteTables(conn) if isinstance(conn, sqlite3.Connection) else _pgvector(conn)
+
+
+def space_table(conn: Connection) -> SpaceTable | None:
+    """The table `conn`'s backend keeps of each space's rows besides `vector_rows`, written with
+    them: pgvector's; None on SQLite, whose searches read the vectors where they are stored."""
+    return None if isinstance(conn, sqlite3.Connection) else _pgvector(conn)
+
+
+def _pgvector(conn: Connection) -> PgvectorTables:
+    """pg_vectors imported now, not with this module, so SQLite never loads psycopg."""
     from qmd.server.store.pg_store import raw
     from qmd.server.store.pg_vectors import PgvectorTables
 
     return PgvectorTables(conn, raw(conn))
 
 
-def create_space_table(conn: Connection, space: Space, *, bulk: bool = False) -> None:
-    """The space's search table. `bulk`: rows come all at once next (a copy), and
-    `index_space_table` follows them (Postgres builds HNSW far faster over rows in place)."""
-    tables_of(conn).create(space, bulk=bulk)
+def insert_space_rows(conn: Connection, space: Space, rows: Sequence[tuple[int, int, int]]) -> None:
+    """(vector_rows id, collection id, chunk id) rows just added to `vector_rows`, into the
+    backend's own table if it keeps one (their vectors are read from `content_vectors` only then)."""
+    table = space_table(conn)
+    if table is None or not rows:
+        return
+    embedding: dict[int, bytes] = {}
+    for i in range(0, len(rows), 500):
+        part = [chunk for _, _, chunk in rows[i : i + 500]]
+        embedding.update(
+            (int(chunk), bytes(blob))
+            for chunk, blob in conn.execute(
+                f"SELECT id, embedding FROM content_vectors WHERE id IN ({','.join('?' * len(part))})", part
+            )
+        )
+    table.insert(space, [(rid, cid, embedding[chunk]) for rid, cid, chunk in rows])  # one write: all or nothing
 
 
-def index_space_table(conn: Connection, space: Space) -> None:
-    """Index a table made with `bulk`."""
-    tables_of(conn).build_index(space)
-
-
-def insert_space_rows(conn: Connection, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
-    """(vector_rows id, collection id, packed embedding) into the space's table."""
-    if rows:
-        tables_of(conn).insert(space, rows)
+def fill_space_table(conn: Connection, space: Space) -> int:
+    """The backend's own table of the space made from `vector_rows` as they stand (a copy's
+    destination, which received them as rows): all at once, then indexed. Returns the space's
+    search rows."""
+    table = space_table(conn)
+    if table is None:
+        return int(conn.execute("SELECT count(*) FROM vector_rows WHERE space_id = ?", (space.id,)).fetchone()[0])
+    rows = [
+        (int(rid), int(cid), int(chunk))
+        for rid, cid, chunk in conn.execute(
+            "SELECT id, collection_id, chunk_id FROM vector_rows WHERE space_id = ? ORDER BY id", (space.id,)
+        )
+    ]
+    table.create(space, bulk=True)
+    insert_space_rows(conn, space, rows)
+    table.build_index(space)
+    return len(rows)
 
 
 def _delete_rows(conn: Connection, space: Space, row_ids: Sequence[int]) -> None:
-    if row_ids:
-        tables_of(conn).delete(space, row_ids)
+    """These `vector_rows` ids, about to be deleted, out of the backend's own table if it keeps one."""
+    table = space_table(conn)
+    if table is not None and row_ids:
+        table.delete(space, row_ids)
 
 
 def find_space(conn: Connection, fingerprint: str) -> Space | None:
@@ -124,13 +160,15 @@ def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> S
         (fingerprint, model, dims, utcnow()),
     ).fetchone()
     space = Space(int(row[0]), fingerprint, model, dims)
-    create_space_table(conn, space)
+    if (table := space_table(conn)) is not None:
+        table.create(space, bulk=False)
     new_epoch(conn)  # every index with vectors has its own epoch, so no two indexes share one
     return space
 
 
 def drop_space(conn: Connection, space: Space) -> None:
-    tables_of(conn).drop(space)
+    if (table := space_table(conn)) is not None:
+        table.drop(space)
     conn.execute("DELETE FROM vector_rows WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM content_vectors WHERE space_id = ?", (space.id,))
     conn.execute("DELETE FROM chunkless_contents WHERE space_id = ?", (space.id,))
@@ -141,18 +179,23 @@ def drop_space(conn: Connection, space: Space) -> None:
 def forget_hashes(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
     """Drop these contents' vectors from the space (`qmd embed -f -c NAME`, orphans in
     `qmd cleanup`), leaving the other collections' vectors alone; returns the chunks dropped."""
-    dropped = 0
+    dropped = unmarked = 0
     for h in hashes:
-        chunk_ids = [
-            r[0] for r in conn.execute("SELECT id FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h))
+        rows = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM vector_rows WHERE chunk_id IN"
+                " (SELECT id FROM content_vectors WHERE space_id = ? AND hash = ?)",
+                (space.id, h),
+            )
         ]
-        for chunk in chunk_ids:
-            rows = [r[0] for r in conn.execute("SELECT id FROM vector_rows WHERE chunk_id = ?", (chunk,)).fetchall()]
-            _delete_rows(conn, space, rows)
-            conn.execute("DELETE FROM vector_rows WHERE chunk_id = ?", (chunk,))
+        _delete_rows(conn, space, rows)
+        conn.executemany("DELETE FROM vector_rows WHERE id = ?", [(rid,) for rid in rows])
         dropped += conn.execute("DELETE FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)).rowcount
-        conn.execute("DELETE FROM chunkless_contents WHERE space_id = ? AND hash = ?", (space.id, h))
-    if dropped:
+        unmarked += conn.execute(
+            "DELETE FROM chunkless_contents WHERE space_id = ? AND hash = ?", (space.id, h)
+        ).rowcount
+    if dropped or unmarked:
         new_epoch(conn)
     return dropped
 
@@ -165,7 +208,7 @@ def collection_id(conn: Connection, name: str, *, create: bool) -> int | None:
 
 
 def rename_collection(conn: Connection, old: str, new: str) -> None:
-    """A rename is one row: vec0 partitions are keyed by the id, not the name."""
+    """A rename is one row: partitions are keyed by the id, not the name."""
     conn.execute("UPDATE vector_collection_ids SET name = ? WHERE name = ?", (new, old))
 
 
@@ -244,6 +287,40 @@ def write_document(
 
 
 @dataclass
+class _Pending:
+    """The contents of `active` pending in a space: neither complete in the tally it is kept on
+    nor cut into no chunk (`chunkless`). Moved with each row the tally counts in, so the first
+    search after an embed batch reads the batch, not the active documents."""
+
+    active: frozenset[str]
+    chunkless: frozenset[str]
+    hashes: set[str]
+
+    def count(self, h: str, complete: bool) -> None:
+        if complete or h not in self.active or h in self.chunkless:
+            self.hashes.discard(h)
+        else:
+            self.hashes.add(h)
+
+
+@dataclass
+class _Split:
+    """A tally's chunks split by `held` (the contents the active documents hold): those of
+    complete contents held, and those of contents none holds. Moved with each row counted in."""
+
+    held: frozenset[str]
+    embedded: int = 0
+    orphans: int = 0
+
+    def count(self, h: str, before: tuple[int, int], now: tuple[int, int]) -> None:
+        """Content `h` went from `before` to `now` (chunks written, chunks it has)."""
+        if h not in self.held:
+            self.orphans += now[0] - before[0]
+        else:
+            self.embedded += (now[0] if now[0] == now[1] else 0) - (before[0] if before[0] == before[1] else 0)
+
+
+@dataclass
 class _Tally:
     """One space's `content_vectors` counted per content as of some snapshot: (chunks written,
     chunks it has) by hash, and the complete ones. What `complete_hashes` and `count_spaces`
@@ -254,20 +331,54 @@ class _Tally:
     marks: Marks
     chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
     complete: set[str] = field(default_factory=set)
+    pending: dict[tuple[tuple[str, int | None], tuple[str, ...] | None], _Pending] = field(default_factory=dict)
+    """What `pending_hashes` derived from these counts, by what else it read (`_pending_key`)."""
+    splits: dict[tuple[str, None], _Split] = field(default_factory=dict)
+    """What `count_spaces` derived from these counts, by the documents mark it read."""
 
     def add(self, rows: Iterable[tuple[str, int, int]]) -> None:
-        """Count (hash, chunks, total) rows in."""
+        """Count (hash, chunks, total) rows in, and into what was derived."""
         for h, n, total in rows:
-            had, most = self.chunks.get(h, (0, 0))
-            now = (had + n, max(most, total))
+            before = self.chunks.get(h, (0, 0))
+            now = (before[0] + n, max(before[1], total))
             self.chunks[h] = now
-            if now[0] == now[1]:
+            complete = now[0] == now[1]
+            if complete:
                 self.complete.add(h)
             else:
                 self.complete.discard(h)
+            for pending in self.pending.values():
+                pending.count(h, complete)
+            for split in self.splits.values():
+                split.count(h, before, now)
 
     def copy(self) -> _Tally:
+        """The counts to count on apart (the writer's), with nothing derived."""
         return _Tally(self.marks, dict(self.chunks), set(self.complete))
+
+    def bare(self) -> _Tally:
+        """The same counts, unshared derivations: for the writer, whose would be of rows it may
+        roll back (it derives from, never changes, the counts)."""
+        return _Tally(self.marks, self.chunks, self.complete)
+
+
+M = TypeVar("M")
+S = TypeVar("S")
+V = TypeVar("V")
+
+
+def _derived(views: dict[tuple[M, S], V], key: tuple[M, S] | None, make: Callable[[], V]) -> V:
+    """The view kept under `key` (the marks it was made at, its scope), made on first use; never
+    kept under no key (no mark to key it by). Making one drops those of other marks: gone by,
+    and each may hold a set of every active content."""
+    if key is None:
+        return make()
+    view = views.get(key)
+    if view is None:
+        for gone in [k for k in views if k[0] != key[0]]:
+            del views[gone]
+        view = views[key] = make()
+    return view
 
 
 _TALLIES: dict[tuple[str, int, str], _Tally] = {}
@@ -280,9 +391,10 @@ def _tallied(conn: Connection, space: Space, use: Callable[[_Tally], T]) -> T:
     """`use` of the space's tally as `conn` sees it (call inside one snapshot with what else
     the caller reads). A cached tally is used where its marks say it holds the rows of `conn`'s
     snapshot or fewer (the same epoch, so nothing was deleted since, and a top no higher): the
-    rows past its top are read and counted in. Only the daemon's readers (`query_only`: they
-    see committed rows) write the cache; the writer, which may see its own uncommitted rows,
-    counts on a copy. Postgres counts from scratch each time."""
+    rows past its top are read and counted in (and into what was derived from the tally:
+    `_Tally.pending`, `.splits`). Only the daemon's readers (`query_only`: they see committed
+    rows) write the cache; the writer, which may see its own uncommitted rows, counts on a copy
+    and derives on a bare tally. Postgres counts from scratch each time."""
     key = _tally_key(conn, space)
     now = marks(conn, "content_vectors")
     if key is None:
@@ -291,7 +403,7 @@ def _tallied(conn: Connection, space: Space, use: Callable[[_Tally], T]) -> T:
     with _TALLIES_LOCK:
         cached = _TALLIES.get(key)
         if cached is not None and cached.marks == now:
-            return use(cached)
+            return use(cached if cacheable else cached.bare())
         if cached is None or cached.marks.epoch != now.epoch or cached.marks.top > now.top:
             tally = _count(conn, space, now)
         else:
@@ -315,10 +427,16 @@ def _tallied(conn: Connection, space: Space, use: Callable[[_Tally], T]) -> T:
 
 def _tally_key(conn: Connection, space: Space) -> tuple[str, int, str] | None:
     """The cache key of a SQLite index file's space; None for Postgres or an in-memory index."""
+    path = _index_file(conn)
+    return (path, space.id, space.fingerprint) if path else None
+
+
+def _index_file(conn: Connection) -> str | None:
+    """The SQLite index file `conn` reads, what the caches here are kept by; None for Postgres
+    (which other daemons may write) or an in-memory index."""
     if not isinstance(conn, sqlite3.Connection):
         return None
-    path = next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
-    return (path, space.id, space.fingerprint) if path else None
+    return next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "") or None
 
 
 def _count(conn: Connection, space: Space, now: Marks) -> _Tally:
@@ -356,15 +474,15 @@ def mark_chunkless(conn: Connection, space: Space, hashes: Iterable[str]) -> Non
 
 
 def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
-    """Give each of these contents whose chunks are all written a vec0 row per chunk in every
+    """Give each of these contents whose chunks are all written a search row per chunk in every
     collection an active document holding it is in (those it lacks): the embed job calls this
     in the transaction that writes a batch, so a content counted as embedded is searchable from
     that commit on, a killed daemon included. Removals are `sync_partitions`' job. Returns the
     rows added."""
-    added: list[tuple[int, int, bytes]] = []
+    added: list[tuple[int, int, int]] = []
     for h in dict.fromkeys(hashes):
         chunks = conn.execute(
-            "SELECT id, total_chunks, embedding FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)
+            "SELECT id, total_chunks FROM content_vectors WHERE space_id = ? AND hash = ?", (space.id, h)
         ).fetchall()
         if not chunks or len(chunks) != max(c[1] for c in chunks):
             continue  # not complete yet: its last chunks come in a later batch
@@ -373,28 +491,27 @@ def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int
         ).fetchall():
             cid = collection_id(conn, coll, create=True)
             assert cid is not None
-            for chunk, _total, emb in chunks:
+            for chunk, _total in chunks:
                 row = conn.execute(
                     "INSERT INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?)"
                     " ON CONFLICT DO NOTHING RETURNING id",
                     (space.id, chunk, cid),
                 ).fetchone()
                 if row is not None:
-                    added.append((int(row[0]), cid, emb))
+                    added.append((int(row[0]), cid, chunk))
     insert_space_rows(conn, space, added)
     return len(added)
 
 
 def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
-    """Make the vec0 partitions match the active documents: add a row for every
+    """Make the partitions (`vector_rows`) match the active documents: add a row for every
     (embedded chunk, collection holding that content), drop rows whose collection no
     longer holds it. The reconciliation at the end of an embed run (documents removed,
     moved or copied since their batch was written); rows for new vectors are added as
     each batch commits (`add_partitions`). Skipped when none of the tables it reads changed
-    since it last ran on this connection (`_changes`): what an embed with nothing to do pays.
-    Returns (added, removed)."""
-    changes = _changes(conn)
-    if changes is not None and _synced(conn, space) == changes:
+    since it last ran on this connection (`partitions_synced`): what an embed with nothing to
+    do pays. Returns (added, removed)."""
+    if partitions_synced(conn, space):
         return 0, 0
     complete = complete_hashes(conn, space)
     wanted: set[tuple[int, int]] = set()
@@ -417,20 +534,28 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     conn.executemany("DELETE FROM vector_rows WHERE id = ?", [(rid,) for rid in removed])
     if removed:
         new_epoch(conn)
-    added: list[tuple[int, int, bytes]] = []
+    added: list[tuple[int, int, int]] = []
     for chunk, cid in wanted - have.keys():
-        emb = conn.execute("SELECT embedding FROM content_vectors WHERE id = ?", (chunk,)).fetchone()[0]
         rid = conn.execute(
             "INSERT INTO vector_rows(space_id, chunk_id, collection_id) VALUES (?, ?, ?) RETURNING id",
             (space.id, chunk, cid),
         ).fetchone()[0]
-        added.append((int(rid), cid, emb))
+        added.append((int(rid), cid, chunk))
     insert_space_rows(conn, space, added)
     if (after := _changes(conn)) is not None:  # its own rows included
         conn.execute(
             "INSERT OR REPLACE INTO temp.qmd_vector_synced VALUES (?, ?, ?, ?)", (space.id, space.fingerprint, *after)
         )
     return len(added), len(removed)
+
+
+def partitions_synced(conn: Connection, space: Space) -> bool:
+    """Whether `sync_partitions` on `conn` (the writer) would find nothing to do: none of the
+    tables it reads changed since it last ran there (`_changes`). Asked in a write that does
+    not move the store's generation, so an embed with nothing to do leaves every cache keyed
+    by it alone. False where that is not known (Postgres; a connection never synced)."""
+    changes = _changes(conn)
+    return changes is not None and _synced(conn, space) == changes
 
 
 _WATCHED = {
@@ -478,22 +603,72 @@ def _synced(conn: Connection, space: Space) -> tuple[int, int] | None:
 
 
 def pending_hashes(conn: Connection, space: Space | None, collections: Iterable[str] | None = None) -> set[str]:
-    """Active content in scope without a complete set of vectors in this space."""
-    names = list(collections) if collections is not None else None
+    """Active content in scope without a complete set of vectors in this space. Kept on the
+    space's tally (`_Tally.pending`) while the documents and the chunkless contents do not
+    change: an embed with nothing to do reads a few marks."""
+    names = tuple(sorted(set(collections))) if collections is not None else None
     with snapshot(conn):
         active = _active(conn, names)
         if space is None:
-            return active
-        return _tallied(conn, space, lambda t: active - t.complete) - _chunkless(conn, space)
+            return set(active)
+        key = _pending_key(conn, names)
+
+        def pending(tally: _Tally) -> set[str]:
+            def make() -> _Pending:
+                chunkless = frozenset(_chunkless(conn, space))
+                return _Pending(active, chunkless, set(active - tally.complete - chunkless))
+
+            return set(_derived(tally.pending, key, make).hashes)
+
+        return _tallied(conn, space, pending)
 
 
-def _active(conn: Connection, collections: list[str] | None) -> set[str]:
-    """Contents the active documents (of these collections) hold. Deduplicated here: SQLite's
+def _pending_key(
+    conn: Connection, names: tuple[str, ...] | None
+) -> tuple[tuple[str, int | None], tuple[str, ...] | None] | None:
+    """What a pending set depends on besides the tally (the scope, the documents mark, the
+    chunkless contents' top rowid: deleting one sets a new epoch, which drops the tally), on a
+    SQLite file; None elsewhere."""
+    mark = _documents_mark(conn) if _index_file(conn) else None
+    if mark is None:
+        return None
+    (top,) = conn.execute("SELECT max(rowid) FROM chunkless_contents").fetchone()
+    return (mark, top), names
+
+
+def _documents_mark(conn: Connection) -> str | None:
+    """The documents mark (schema migration 8): moves whenever what the active documents hold may have."""
+    row = conn.execute("SELECT value FROM documents_mark").fetchone()
+    return str(row[0]) if row else None
+
+
+_ACTIVE: dict[tuple[str, tuple[str, ...] | None], tuple[str, frozenset[str]]] = {}
+"""`_active` by index file and collections: (the documents mark it was read at, the contents)."""
+
+
+def _active(conn: Connection, collections: tuple[str, ...] | None) -> frozenset[str]:
+    """Contents the active documents (of these collections) hold, read again only when the
+    documents mark moved. Any connection may keep what it read, the writer too: the mark is
+    random, so one of a transaction rolled back never comes back. Deduplicated here: SQLite's
     DISTINCT walks the hash index and looks each row up, 2-3x the table scan (125k documents)."""
+    path = _index_file(conn)
+    mark = _documents_mark(conn) if path else None
+    key = (path, collections) if path and mark else None
+    if key is not None:
+        with _TALLIES_LOCK:
+            kept = _ACTIVE.get(key)
+        if kept is not None and kept[0] == mark:
+            return kept[1]
     q = "SELECT hash FROM documents WHERE active = 1"
     if collections is not None:
         q += f" AND collection IN ({','.join('?' * len(collections))})"
-    return {r[0] for r in conn.execute(q, collections or [])}
+    active = frozenset(r[0] for r in conn.execute(q, collections or []))
+    if key is not None and mark is not None:
+        with _TALLIES_LOCK:
+            if len(_ACTIVE) >= 64:
+                _ACTIVE.clear()
+            _ACTIVE[key] = (mark, active)
+    return active
 
 
 _HELD = "EXISTS (SELECT 1 FROM documents d WHERE d.hash = cv.hash AND d.active = 1)"
@@ -521,30 +696,40 @@ def count_spaces(conn: Connection, used: Sequence[Space]) -> VectorCounts:
     """`VectorCounts` over the spaces in use (one per chunk strategy the collections use):
     the others' contents are stale. Each space's tally (`_tallied`: on SQLite, the rows since
     it was last counted) against the contents active documents hold tells embedded chunks
-    from orphaned ones."""
+    from orphaned ones; that split is kept on the tally until the documents mark moves."""
     with snapshot(conn):
-        held = _active(conn, None) if used else set()
+        held = _active(conn, None) if used else frozenset()
+        mark = _documents_mark(conn) if _index_file(conn) else None
         embedded = orphans = 0
         for space in used:
-            space_embedded, space_orphans = _tallied(conn, space, lambda t: _split(t, held))
+
+            def counts(tally: _Tally) -> tuple[int, int]:
+                split = _derived(tally.splits, None if mark is None else (mark, None), lambda: _split(tally, held))
+                return split.embedded, split.orphans
+
+            space_embedded, space_orphans = _tallied(conn, space, counts)
             embedded += space_embedded
             orphans += space_orphans
-        ids = [s.id for s in used]
-        stale = conn.execute(
-            f"SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id NOT IN ({','.join('?' * len(ids))})", ids
-        ).fetchone()[0]
+        ids = {s.id for s in used}
+        # by the other spaces' ids, not NOT IN the used ones': index ranges, not the whole index
+        others = [s.id for s in spaces(conn) if s.id not in ids]
+        stale = (
+            conn.execute(
+                f"SELECT COUNT(DISTINCT hash) FROM content_vectors WHERE space_id IN ({','.join('?' * len(others))})",
+                others,
+            ).fetchone()[0]
+            if others
+            else 0
+        )
     return VectorCounts(embedded_chunks=embedded, stale_contents=stale, orphan_chunks=orphans)
 
 
-def _split(tally: _Tally, held: set[str]) -> tuple[int, int]:
-    """(chunks of complete contents an active document holds, chunks of contents none holds)."""
-    embedded = orphans = 0
-    for h, (n, total) in tally.chunks.items():
-        if h not in held:
-            orphans += n
-        elif n == total:
-            embedded += n
-    return embedded, orphans
+def _split(tally: _Tally, held: frozenset[str]) -> _Split:
+    """The split of the whole tally."""
+    split = _Split(held)
+    for h, counted in tally.chunks.items():
+        split.count(h, (0, 0), counted)
+    return split
 
 
 def orphan_hashes(conn: Connection, space: Space) -> list[str]:
@@ -557,6 +742,23 @@ def orphan_hashes(conn: Connection, space: Space) -> list[str]:
             (space.id, space.id),
         )
     ]
+
+
+LOADING = (
+    "the vector index is still loading into memory: this search measured every vector"
+    " (exact, but slower until it is in)"
+)
+
+
+def loading(conn: sqlite3.Connection, spaces: Mapping[str, Space], index: FirstPass) -> str | None:
+    """`LOADING` when a search of these collections (name → space) is answered by the exact
+    scan for now: the in-memory index of one of their partitions is being built (the daemon
+    just started, or a change too big to read inline), and the scan costs about twice what
+    vec0's did (issue 34). None when every partition is in memory. Each one is asked (none
+    skipped once one is found loading), so each build a search would start is started."""
+    ids = {name: collection_id(conn, name, create=False) for name in spaces}
+    waiting = [name for name, cid in ids.items() if cid is not None and index.fresh(conn, spaces[name], cid) is None]
+    return LOADING if waiting else None
 
 
 def search(
@@ -572,7 +774,7 @@ def search(
     `limit` distinct documents are found), then chunk → document lookups, keeping
     each document's nearest chunk. Under a metadata filter the answer is the exact top
     `limit` of the eligible documents, however selective the filter. How each backend
-    gets there: `Vec0Tables.search`, `PgvectorTables.search`."""
+    gets there: `SqliteTables.search`, `PgvectorTables.search`."""
     cid = collection_id(conn, collection, create=False)
     if cid is None:
         return []
@@ -591,32 +793,12 @@ def nearest_of(
     return tables_of(conn).nearest_of(space, query, cid, collection, doc_ids)
 
 
-class Vec0Tables:
-    """`VectorTables` on SQLite: a sqlite-vec vec0 table per space, partitioned by collection,
-    with the daemon's in-memory index (server/store/vector_index.py) as its first pass."""
+class SqliteTables:
+    """`VectorTables` on SQLite: the partitions are `vector_rows`, the vectors `content_vectors`,
+    and the daemon's in-memory index (server/store/vector_index.py) the first pass."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-
-    def create(self, space: Space, *, bulk: bool) -> None:
-        self._conn.execute(
-            f"CREATE VIRTUAL TABLE {_vec_table(space.id)} USING vec0("
-            f"collection_id INTEGER PARTITION KEY, embedding float[{space.dims}] distance_metric=cosine)"
-        )
-
-    def build_index(self, space: Space) -> None:
-        """vec0 needs nothing: its partitions are its index."""
-
-    def drop(self, space: Space) -> None:
-        self._conn.execute(f"DROP TABLE IF EXISTS {_vec_table(space.id)}")
-
-    def insert(self, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
-        self._conn.executemany(
-            f"INSERT INTO {_vec_table(space.id)}(rowid, collection_id, embedding) VALUES (?, ?, ?)", rows
-        )
-
-    def delete(self, space: Space, row_ids: Sequence[int]) -> None:
-        self._conn.executemany(f"DELETE FROM {_vec_table(space.id)} WHERE rowid = ?", [(rid,) for rid in row_ids])
 
     def search(
         self,
@@ -630,15 +812,14 @@ class Vec0Tables:
     ) -> list[VecHit]:
         """With the daemon's in-memory `index`, the KNN is its (`vector_index.nearest`: the
         same distances; under a filter the very same rows, else recall@10 ≥ 0.998 measured);
-        vec0's exact scan answers until the index is built.
+        the exact scan of the partition (`_knn`) answers until the index is built.
 
         A dense filter widens the unfiltered KNN until enough eligible documents turn up (a
         few of them are skipped, nothing is approximated); a sparse one is a KNN over the
         eligible documents' chunks in the index, or without it (or for a dense one whose
         eligible documents lie beyond the largest KNN) measures the distance to every chunk
-        of the eligible documents (vec0 restricted to a rowid list still reads the whole
-        partition: measured, 100 ms for 150 eligible rows of 150k, where the direct scan
-        takes 1 ms)."""
+        of the eligible documents (1 ms for 150 eligible rows of 150k, measured, where a
+        scan of the partition reads them all)."""
         conn = self._conn
         qblob = pack(query)
         eligible: set[int] | None = None
@@ -663,8 +844,8 @@ class Vec0Tables:
                 among = _chunks_of(conn, space, ids)
 
         def nearest(k: int) -> list[tuple[int, float]] | None:
-            """The index's rows, or while it is being built vec0's (none over `among`: the
-            eligible chunks are measured instead)."""
+            """The index's rows, or while it is being built the exact scan's (none over `among`:
+            the eligible chunks are measured instead)."""
             knn = (
                 index.knn(conn, space, cid, query, k, exact=eligible is not None, among=among)
                 if index is not None
@@ -685,10 +866,17 @@ class Vec0Tables:
 
 
 def _knn(conn: Connection, space: Space, qblob: bytes, k: int, cid: int) -> list[tuple[int, float]]:
-    return conn.execute(
-        f"SELECT rowid, distance FROM {_vec_table(space.id)} WHERE embedding MATCH ? AND k = ? AND collection_id = ?",
-        (qblob, k, cid),
-    ).fetchall()
+    """The partition's `k` nearest rows, exact: every row's stored vector measured, nearest first
+    (ties by row id, as `vector_index.rescore` orders them). What answers without the in-memory
+    index, as vec0's KNN did (a scan too)."""
+    return [
+        (int(rid), float(d))
+        for rid, d in conn.execute(
+            "SELECT vr.id, vec_distance_cosine(cv.embedding, ?) AS d FROM vector_rows vr CROSS JOIN content_vectors cv"
+            " ON cv.id = vr.chunk_id WHERE vr.space_id = ? AND vr.collection_id = ? ORDER BY d, vr.id LIMIT ?",
+            (qblob, space.id, cid, k),
+        )
+    ]
 
 
 def _chunks_of(conn: Connection, space: Space, eligible_json: str) -> list[int]:
@@ -707,9 +895,8 @@ def _search_eligible(
 ) -> list[VecHit]:
     """The eligible documents (a JSON array of ids) ranked by the distance to each one's
     nearest chunk, measured on every chunk of theirs that is in the collection's
-    partition: exact whatever their share. `vec_distance_cosine` is the function the
-    vec0 table's `distance_metric=cosine` computes (bit for bit), so these distances
-    merge with KNN ones."""
+    partition: exact whatever their share, and by `vec_distance_cosine` as every other path
+    measures, so these distances merge with KNN ones."""
     rows = conn.execute(
         "SELECT d.id, vec_distance_cosine(cv.embedding, ?), cv.pos, cv.end_pos, cv.start_line, cv.end_line"
         " FROM documents d CROSS JOIN content_vectors cv CROSS JOIN vector_rows vr"
