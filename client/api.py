@@ -57,6 +57,7 @@ class CliQueryResponse(TypedDict):
     warnings: list[str]
     expansion: NotRequired[list[ExpandedOut] | None]
     below_min_score: NotRequired[bool]
+    closest: NotRequired[HitOut | None]
     elapsed_ms: float
     budget_ms: NotRequired[float | None]
     filter: NotRequired[FilterOut | None]
@@ -308,6 +309,7 @@ class HitOut(TypedDict):
     score: float
     fusion: NotRequired[float | None]
     rerank: NotRequired[float | None]
+    relevance: NotRequired[float | None]
     line: int
     start_line: int
     end_line: int

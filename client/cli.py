@@ -21,7 +21,13 @@ import click
 from qmd.client import api, formats
 from qmd.client.mcp_config import CLIENTS, client_config
 from qmd.connection import ClientError, Daemon, address
-from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, CLI_STRUCTURED_RESULTS, VSEARCH_MIN_SCORE
+from qmd.defaults import (
+    AGENT_RELEVANCE_FLOOR,
+    CANDIDATE_LIMIT,
+    CLI_RESULTS,
+    CLI_STRUCTURED_RESULTS,
+    VSEARCH_MIN_SCORE,
+)
 from qmd.paths import find_project
 from qmd.version import __version__
 
@@ -511,6 +517,14 @@ def pipeline_options(candidates_help: str, expand_help: str) -> Callable[[Callab
 )
 @click.option("--explain", is_flag=True, help="Show how each score was made, and every stage's time.")
 @click.option(
+    "--min-relevance",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Drop results less likely than this to be relevant; when none is left, name the closest (MCP's default: "
+    f"{AGENT_RELEVANCE_FLOOR:g}).",
+)
+@click.option(
     "--fuzzy",
     is_flag=True,
     help="Search a word no document holds as its nearest indexed word, and say so (typo tolerance).",
@@ -536,6 +550,7 @@ def query(
     expand: bool | None,
     budget_ms: int | None,
     explain: bool,
+    min_relevance: float,
     fuzzy: bool,
     chunk_strategy: str | None,
     fmt: str | None,
@@ -563,8 +578,12 @@ def query(
         budget_ms=budget_ms,
         chunk_strategy=chunk_strategy,
         fuzzy=fuzzy,
+        min_relevance=min_relevance,
     )
-    _warn(formats.stage_lines(cast(api.CliQueryResponse, res), verbose=explain or c.verbose))
+    answer = cast(api.CliQueryResponse, res)
+    _warn(formats.stage_lines(answer, verbose=explain or c.verbose))
+    if (near := answer.get("closest")) is not None:
+        _warn([formats.closest_line(near, min_relevance)])
 
 
 cli.add_command(query, "deep-search")

@@ -376,6 +376,15 @@ def _score_text(score: float, style: Style) -> str:
     return _paint(pct, _DIM, style)
 
 
+def closest_line(hit: api.HitOut, floor: float) -> str:
+    """What a query whose every result fell below `--min-relevance` says instead (stderr)."""
+    chance = hit.get("relevance") or 0.0
+    return (
+        f"no result above the relevance floor ({floor:g}); the closest: {hit['file']}:{hit['start_line']}"
+        f" - {hit['title']} (relevance {chance:.3f}), probably not relevant"
+    )
+
+
 def stage_lines(answer: api.CliQueryResponse, *, verbose: bool) -> list[str]:
     """What each stage of a hybrid query did (stderr): skipped and partial stages always,
     every stage with its time when `verbose`."""

@@ -27,6 +27,11 @@ CLI_STRUCTURED_RESULTS: Final = 20
 MCP_RESULTS: Final = 8
 """Results of the MCP `query` tool: enough to choose from, few enough for an agent's context."""
 
+AGENT_RELEVANCE_FLOOR: Final = 0.02
+"""MCP `query`'s default `minRelevance`: results less likely than this to be relevant are
+dropped, and an answer left empty names the closest one (server/search/relevance.py says
+how the probability is made and what this floor measured)."""
+
 VSEARCH_MIN_SCORE: Final = 0.0
 """`vsearch`'s default floor: none, as for `search` and `query`. Where a similarity sits
 depends on the model (MiniLM's cosine for the right note of an eval query is 0.19-0.30; other

@@ -61,6 +61,7 @@ from qmd.server.search.hybrid import (
 from qmd.server.search.keyword import search
 from qmd.server.search.pointers import DocumentText, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import QueryDoc
+from qmd.server.search.relevance import Scales
 from qmd.server.search.rerank import CosineScorer, Reranker
 from qmd.server.search.scope import resolve_scope, searchable
 from qmd.server.search.vector import VectorUnavailable
@@ -121,6 +122,8 @@ class Engine:
         self._background: list[threading.Thread] = []
         """Embeds `embed_in_background` started (they wait their turn on the embed lock)."""
         self.costs = CostModel()
+        self.scales = Scales()
+        """Each embedder's cosine scale, what a hit's relevance reads its cosine on."""
         self.rerank_passage_chars = int(env_number("QMD_RERANK_PASSAGE_CHARS", RERANK_PASSAGE_CHARS, int))
         """Characters of each candidate's passage a reranker scores; its cost is about linear in them."""
         self._expanders: dict[LocalModel | RemoteRef, Expander] = {}
@@ -493,7 +496,7 @@ class Engine:
         spaces = legs.spaces(self.store, emb, self.chunk_strategies(collections))
         if not spaces:
             return None, state.message
-        return legs.vector_leg(self.store, emb, spaces, state.message if state.pending else None), ""
+        return legs.vector_leg(self.store, emb, spaces, self.scales, state.message if state.pending else None), ""
 
     def load_vector_index(self) -> None:
         """Start building the in-memory vector index of the partitions searches read, in the

@@ -249,6 +249,7 @@ class Index:
         collections: Sequence[str] | None = None,
         limit: int = 10,
         min_score: float = 0.0,
+        min_relevance: float = 0.0,
         candidate_limit: int = 40,
         rerank: bool | None = None,
         expand: bool | None = None,
@@ -260,7 +261,9 @@ class Index:
     ) -> HybridOutcome:
         """The hybrid query: a plain `query` (expanded by the generate model) or a query
         document, or typed `searches` (`[("lex", "…"), ("vec", "…")]`). `.stages` says
-        what ran, what was skipped and why; `fuzzy` corrects keyword typos as `search` does."""
+        what ran, what was skipped and why; `fuzzy` corrects keyword typos as `search` does. Each
+        hit's `relevance` is the probability it is relevant; `min_relevance` drops those below it
+        (`.closest` then names the most relevant one dropped)."""
         if (query is None) == (searches is None):
             raise InvalidInput("give either 'query' (text or a query document) or 'searches' (typed sub-queries)")
         doc = parse_query(query, intent) if query is not None else typed_query(list(searches or ()), intent)
@@ -268,6 +271,7 @@ class Index:
             collections=list(collections) if collections else None,
             limit=limit,
             min_score=min_score,
+            min_relevance=min_relevance,
             candidate_limit=candidate_limit,
             rerank=rerank,
             expand=expand,

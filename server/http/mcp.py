@@ -188,7 +188,9 @@ model's measured no gain). All lists are fused (RRF) and the best passages reran
 `score` = fusion blended with rerank, 0-1: `fusion` is how strongly the searches agree \
 (1 = first everywhere), `rerank` the reranker's relevance (null if not scored). `fusion` is \
 relative to this query's lists, so without `rerank` any query's first result scores near 1, \
-relevant or not; `minScore: 0.3` then drops results only one search found, below its top few.
+relevant or not. `relevance` (0-1) is instead the probability that a result is relevant, the same \
+meaning for every query: results below `minRelevance` (default 0.02) are dropped, and when none \
+is left the answer says so and names the closest one. Treat that as "nothing here on this".
 
 At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
 (default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
@@ -256,12 +258,17 @@ def run_query(engine: Engine, args: McpQueryArgs) -> types.CallToolResult:
     primary = primary_text(doc)
     results = answer.results
     head = f'Found {len(results)} result(s) for "{primary}":' if results else f'No results found for "{primary}"'
+    if answer.closest is not None:
+        head = (
+            f'No result for "{primary}" is above the relevance floor ({args.min_relevance:g}): probably nothing '
+            "here answers it. The closest, in case the notes word it differently (minRelevance: 0 shows all):"
+        )
     blocks = [head]
     if answer.skipped:
         blocks.append("Not run:\n" + "\n".join(f"  - {s.stage}: {s.reason}" for s in answer.skipped))
     if out.warnings:
         blocks.append("Warnings:\n" + "\n".join(f"  - {w}" for w in out.warnings))
-    blocks.extend(_result_text(r) for r in results)
+    blocks.extend(_result_text(r) for r in (results or ([answer.closest] if answer.closest else [])))
     if results:
         first = out.hits[0]
         example = with_range(results[0].file, first.start_line, first.end_line - first.start_line + 1)
@@ -282,7 +289,8 @@ def _result_text(r: ResultOut) -> str:
     under the global one) goes on indented lines without the blank ones, so no blank
     line splits the block."""
     page = "" if r.page is None else f" (page {r.page}, lines {r.page_lines})"
-    lines = [f"{r.docid} {round(r.score * 100)}% {with_range(r.file, r.lines)}{page} - {r.title}"]
+    chance = "" if r.relevance is None else f" (relevance {r.relevance:.2f})"
+    lines = [f"{r.docid} {round(r.score * 100)}% {with_range(r.file, r.lines)}{page} - {r.title}{chance}"]
     if r.context and (parts := [line.strip() for line in r.context.splitlines() if line.strip()]):
         lines.append("Context: " + "\n  ".join(parts))
     if r.metadata:

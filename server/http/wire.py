@@ -35,6 +35,7 @@ from qmd.server.search.hybrid import HybridOutcome, QueryOptions, Stage
 from qmd.server.search.pointers import DocumentRef, DocumentText, Pointer, Retrieved, SearchOptions, SearchOutcome
 from qmd.server.search.querydoc import MAX_SEARCHES, QueryDoc, SubQueryType, parse_query, typed_query
 from qmd.server.search.reading import ListedFile, Listing
+from qmd.server.search.relevance import AGENT_FLOOR
 from qmd.server.search.scope import FilterReport
 from qmd.server.status import CollectionInfo, IndexStatus
 from qmd.server.text.chunking import ChunkStrategy
@@ -123,6 +124,13 @@ class QueryFields(Request):
     )
     limit: int = Field(RESULTS, ge=1, le=100_000, description="Maximum number of results.")
     min_score: float = Field(0.0, ge=0.0, le=1.0, description="Drop results scoring below this (0-1).")
+    min_relevance: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Drop results less likely than this to be relevant (`relevance`, 0-1); when none is left, "
+        "the answer names the closest one.",
+    )
     candidate_limit: int = Field(
         CANDIDATE_LIMIT, ge=1, le=1000, description="Candidates kept after fusion and handed to the reranker."
     )
@@ -176,6 +184,13 @@ class McpQueryArgs(QueryFields):
     with at most ~8 pointers (seeds/002: a budget that keeps ranking honest)."""
 
     limit: int = Field(MCP_RESULTS, ge=1, le=1000, description="Maximum number of results.")
+    min_relevance: float = Field(
+        AGENT_FLOOR,
+        ge=0.0,
+        le=1.0,
+        description="Drop results less likely than this to be relevant (`relevance`, 0-1; 0 keeps all); "
+        "when none is left, the answer says so and names the closest one.",
+    )
     budget_ms: int | None = Field(
         4000,
         ge=1,
@@ -209,6 +224,7 @@ def query_plan(req: QueryFields, snippet_chars: int = 300) -> tuple[QueryDoc, Qu
         collections=req.collections,
         limit=req.limit,
         min_score=req.min_score,
+        min_relevance=req.min_relevance,
         candidate_limit=req.candidate_limit,
         rerank=req.rerank,
         expand=req.expand,
@@ -532,6 +548,8 @@ class ResultOut(Response):
     score: float
     fusion: float | None = None
     rerank: float | None = None
+    relevance: float | None = None
+    """How likely the result is relevant (0-1), the same meaning for every query (search/relevance.py)."""
     context: str | None
     line: int
     lines: str
@@ -566,6 +584,7 @@ class HitOut(Response):
     score: float
     fusion: float | None = None
     rerank: float | None = None
+    relevance: float | None = None
     line: int
     start_line: int
     end_line: int
@@ -599,6 +618,8 @@ class QueryResponse(Response, Generic[R]):
     warnings: list[str]
     expansion: list[ExpandedOut] | None = None
     below_min_score: bool = False
+    closest: R | None = None
+    """When `minRelevance` left no result: the most relevant one it dropped."""
     elapsed_ms: float
     budget_ms: float | None = None
     filter: FilterOut | None = None
@@ -722,6 +743,7 @@ def result_out(p: Pointer, *, file: str) -> ResultOut:
         score=round(p.score, SCORE_DECIMALS),
         fusion=r(p.fusion),
         rerank=r(p.rerank),
+        relevance=r(p.relevance),
         context=p.doc.context,
         line=p.line,
         lines=p.lines,
@@ -734,8 +756,9 @@ def result_out(p: Pointer, *, file: str) -> ResultOut:
 def hit_out(p: Pointer) -> HitOut:
     """The pointer's fields, its document's flattened in. Hybrid scores only on hybrid
     results: a route that leaves unset fields out (`exclude_unset`) sends none on a keyword hit."""
-    own = {f.name: getattr(p, f.name) for f in fields(p) if f.name not in ("doc", "fusion", "rerank")}
-    hybrid = {"fusion": p.fusion, "rerank": p.rerank} if p.fusion is not None else {}
+    hybrid_only = ("fusion", "rerank", "relevance")
+    own = {f.name: getattr(p, f.name) for f in fields(p) if f.name != "doc" and f.name not in hybrid_only}
+    hybrid = {name: getattr(p, name) for name in hybrid_only} if p.fusion is not None else {}
     return HitOut.model_validate({**asdict(p.doc), **own, **hybrid, "terms": list(p.terms)})
 
 
@@ -759,6 +782,7 @@ def query_response(
         warnings=out.warnings,
         expansion=None if out.expansion is None else [ExpandedOut(type=t, query=q) for t, q in out.expansion],
         below_min_score=out.below_min_score,
+        closest=None if out.closest is None else result(out.closest),
         elapsed_ms=round(out.elapsed_ms, 1),
         budget_ms=out.budget_ms,
         filter=filter_out(out.filter),

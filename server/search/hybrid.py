@@ -39,6 +39,7 @@ from qmd.server.search.keyword import fuzzed, lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
+from qmd.server.search.relevance import CosineScale, Evidence, relevance
 from qmd.server.search.rerank import NOT_BY_DEFAULT, SCORING, CosineScorer, Reranker, reranks
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
@@ -87,6 +88,8 @@ class QueryOptions:
     collections: list[str] | None = None
     limit: int = 10
     min_score: float = 0.0
+    min_relevance: float = 0.0
+    """Drop results less likely than this to be relevant (`relevance`); MCP's default is `AGENT_FLOOR`."""
     all_results: bool = False
     candidate_limit: int = DEFAULT_CANDIDATES
     rerank: bool | None = None
@@ -117,6 +120,8 @@ class HybridOutcome:
     warnings: list[str] = field(default_factory=list)
     expansion: list[tuple[SubQueryType, str]] | None = None
     below_min_score: bool = False
+    closest: Pointer | None = None
+    """When `min_relevance` dropped every result: the most relevant of them, for the answer to name."""
     elapsed_ms: float = 0.0
     budget_ms: float | None = None
     filter: FilterReport | None = None
@@ -162,6 +167,8 @@ class VectorLeg:
     nearest: Callable[[Sequence[float], Mapping[str, Sequence[int]]], dict[int, VecHit]]
     """Given documents' nearest chunks (ids by collection), exact: what cosine reranking reads."""
     model: str
+    scale: Callable[[], CosineScale] | None = None
+    """The embedder's cosine scale (`relevance.Scales`), what a hit's relevance reads its cosine on."""
     warning: str | None = None  # e.g. documents still pending
 
 
@@ -710,6 +717,22 @@ class HybridQuery:
         coll = self.config.collections.get(doc.collection)
         return opts.chunk_strategy or (coll.chunk_strategy if coll else DEFAULT_CHUNK_STRATEGY)
 
+    def _relevance(self, run: _Run, out: HybridOutcome) -> dict[int, float]:
+        """Each candidate's `relevance`. Without vector evidence (no vector list ran, or the
+        embedder's scale could not be measured) it comes from keywords alone, which a floor
+        applied to it says."""
+        cosines = {d: 1.0 - h.distance for d, h in run.vec_hits.items()}
+        scale = None
+        if cosines and self.legs.vector is not None and self.legs.vector.scale is not None:
+            try:
+                with wait_at_most(run.clock.worker_wait()):
+                    scale = self.legs.vector.scale()
+            except QmdError as e:
+                out.warnings.append(f"relevance from keyword evidence alone: {e.message}")
+        elif run.opts.min_relevance > 0:
+            out.warnings.append("relevance from keyword evidence alone (no vector search ran): the floor is less sure")
+        return {c.doc_id: relevance(_evidence(c, cosines, scale)) for c in run.candidates}
+
     def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:
         opts = run.opts
         reranked = bool(rerank)
@@ -722,8 +745,10 @@ class HybridQuery:
                 score, w = c.fusion, 1.0
             scored.append((score, w, c))
         scored.sort(key=lambda x: (-x[0], x[2].rrf_rank))
-        kept = [x for x in scored if x[0] >= opts.min_score]
-        out.below_min_score = bool(scored) and not kept
+        chance = self._relevance(run, out)
+        above = [x for x in scored if x[0] >= opts.min_score]
+        out.below_min_score = bool(scored) and not above
+        kept = [x for x in above if chance[x[2].doc_id] >= opts.min_relevance]
         if not opts.all_results:
             kept = kept[: opts.limit]
 
@@ -743,10 +768,22 @@ class HybridQuery:
             )
             hit.fusion = c.fusion
             hit.rerank = got[0] if got else None
+            hit.relevance = round(chance[c.doc_id], 4)
             return hit
 
+        if above and not kept:
+            out.closest = pointer(*max(above, key=lambda x: chance[x[2].doc_id]))
         out.hits, cut = within_answer((pointer(*x) for x in kept), len(kept))
         out.warnings += [cut] if cut else []
+
+
+def _evidence(c: Candidate, cosines: dict[int, float], scale: CosineScale | None) -> Evidence:
+    """A candidate's keyword score and its cosine on the embedder's scale. A candidate no
+    vector list found is at most as near as the least near one listed: that bound counts."""
+    keyword = max((k.backend_score for k in c.contributions if k.source == "fts"), default=0.0)
+    if scale is None or not cosines:
+        return Evidence(keyword, None)
+    return Evidence(keyword, scale(cosines.get(c.doc_id, min(cosines.values()))))
 
 
 def _behind(ahead: float) -> str:

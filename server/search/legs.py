@@ -18,6 +18,7 @@ from qmd.server.models.worker import WorkerClient
 from qmd.server.search.expansion import Expander, remote_expander, worker_generate
 from qmd.server.search.hybrid import VectorLeg
 from qmd.server.search.pointers import SearchOptions, SearchOutcome
+from qmd.server.search.relevance import Scales
 from qmd.server.search.rerank import CosineScorer, Reranker, make_reranker, remote_reranker
 from qmd.server.search.vector import VectorUnavailable, index_loading, nearest_chunks, vector_hits, vector_search
 from qmd.server.store import vectors
@@ -35,10 +36,15 @@ def spaces(store: IndexStore, emb: Embedder, strategies: dict[str, ChunkStrategy
 
 
 def vector_leg(
-    store: IndexStore, emb: Embedder, spaces: dict[str, vectors.Space], warning: str | None = None
+    store: IndexStore,
+    emb: Embedder,
+    spaces: dict[str, vectors.Space],
+    scales: Scales,
+    warning: str | None = None,
 ) -> VectorLeg:
     """KNN over `spaces` with queries embedded by `emb`; a query that cannot be embedded
-    makes the leg unavailable (`VectorUnavailable`), never the request."""
+    makes the leg unavailable (`VectorUnavailable`), never the request. Its cosines are read
+    on `emb`'s scale (`relevance.Scales`), measured by the same backend on first use."""
 
     def embed(texts: list[str]) -> list[list[float]]:
         try:
@@ -51,6 +57,7 @@ def vector_leg(
         search=lambda qvec, k, scope: vector_hits(store, spaces, qvec, scope, k),
         nearest=lambda qvec, docs: nearest_chunks(store, spaces, qvec, docs),
         model=emb.uri,
+        scale=lambda: scales.of(emb.fingerprint, emb.backend.embed),
         warning="; ".join(w for w in (warning, index_loading(store, spaces)) if w) or None,
     )
 

@@ -66,6 +66,8 @@ class Pointer:
     """Hybrid query: the fused rank score (1.0 = first in every list)."""
     rerank: float | None = None
     """Hybrid query: the reranker's relevance, None when it did not score this one."""
+    relevance: float | None = None
+    """Hybrid query: the probability that this result is relevant (search/relevance.py)."""
     explain: dict[str, Any] | None = None
     """Why it ranked where it did (`--explain`): a trace, shaped by the stage that made it."""
     metadata: Metadata = field(default_factory=dict)

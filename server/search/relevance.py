@@ -1,0 +1,201 @@
+"""Relevance: a score with the same meaning for every query, which an agent can threshold.
+
+The fused score (`fusion`) ranks, but it is relative to one query's lists: without a
+reranker any query's first result scores near 1, relevant or not. `relevance` is instead
+the probability that a hit is relevant, from evidence whose scale does not depend on the
+query:
+
+    keyword  the hit's `LexHit.score`: the fraction of the query's attainable BM25 it reaches
+             (0 when the keyword lists did not find it)
+    vector   the cosine of its nearest chunk on the embedder's own scale (`CosineScale`):
+             0 where the model puts unrelated texts, 1 where it puts a question and the
+             passage that answers it. A raw cosine means something else for every model
+             (MiniLM's relevant notes sit at 0.4-0.8; another model's unrelated ones may sit
+             at 0.5); the model's cosines of `ANCHORS`, measured once, say where.
+
+    relevance = 1 / (1 + exp(-(W_KEYWORD * keyword + W_VECTOR * vector + BIAS)))
+
+Fitted by logistic regression (bench/relevance_fit.py over bench/bench_fusion.py's lists)
+on three BEIR sets made from this machine's docs (Node.js API markdown, pydoc, man pages,
+MiniLM): 450 questions with their one relevant document, against 900 questions about the
+other two sets and 447 everyday questions no software manual answers
+(bench/data/offtopic_queries.txt). Held out one set at a time, the agents' floor
+(`AGENT_FLOOR`, 0.02) refused 78-85% of the everyday questions and 23-42% of the other sets'
+while dropping none of the right first answers; on the eval notes (six of them, queries
+written unlike the notes' words) it refused 138 of the 149 everyday questions and dropped 6
+of 32 right first answers, whose cosines MiniLM puts at 0.2-0.3 (docs/benchmarks.md#relevance).
+A floor cuts, so the closest result is still named: a question phrased unlike the notes
+can score low and be right.
+A cosine measured against the collection (standard deviations above the
+query's cosines with its chunks) would not transfer: a relevant document in a collection of
+six notes stands fewer deviations above the rest than in one of a thousand.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from qmd.defaults import AGENT_RELEVANCE_FLOOR
+
+W_KEYWORD = 4.72
+W_VECTOR = 6.91
+BIAS = -7.96
+KEYWORD_ONLY = (5.49, -3.74)
+"""(weight, bias) when the query had no vector evidence (no embedder, nothing embedded):
+fitted on the same lists without the vector term; it separates far less well, and an answer
+a floor cut says relevance came from keywords alone."""
+AGENT_FLOOR = AGENT_RELEVANCE_FLOOR
+"""MCP `query`'s default `minRelevance` (qmd/defaults.py, which the CLI's help quotes too)."""
+
+ANCHORS: tuple[tuple[str, str], ...] = (
+    (
+        "how do I undo the last commit",
+        "To undo the most recent commit but keep its changes, run git reset --soft HEAD~1; the files stay staged.",
+    ),
+    (
+        "symptoms of dehydration",
+        "Signs of dehydration include thirst, dark urine, dizziness, tiredness and a dry mouth; drink water and rest.",
+    ),
+    (
+        "when was the printing press invented",
+        "Johannes Gutenberg built his movable-type printing press in Mainz around 1440.",
+    ),
+    (
+        "set a timeout on an HTTP request",
+        "Pass timeout=5 to the client's get() call; it raises a Timeout error when the server has not "
+        "answered in five seconds.",
+    ),
+    (
+        "how to repot a houseplant",
+        "Water the plant a day before, ease it out of the old pot, loosen the roots and set it in a pot "
+        "one size larger with fresh soil.",
+    ),
+    (
+        "what causes inflation",
+        "Inflation rises when demand outpaces supply, when production costs climb, or when the money "
+        "supply grows faster than output.",
+    ),
+    (
+        "rotate log files every day",
+        "Configure logrotate with the daily directive and rotate 7 so each log file is rotated once a day"
+        " and a week of old logs is kept.",
+    ),
+    (
+        "rules for a penalty kick",
+        "A penalty kick is taken from the penalty mark; every player but the kicker and the goalkeeper "
+        "stays outside the area until the ball is kicked.",
+    ),
+    (
+        "reset a forgotten database password",
+        "Stop the server, start it with authentication disabled, set a new password for the user with "
+        "ALTER USER, then restart it normally.",
+    ),
+    (
+        "how long to bake banana bread",
+        "Bake the loaf at 175 C for 55 to 65 minutes, until a skewer in the centre comes out clean.",
+    ),
+    (
+        "meeting notes about the hiring plan",
+        "Hiring plan sync: we agreed to open two backend roles this quarter and postpone the designer "
+        "hire until the budget review.",
+    ),
+    (
+        "why is the sky blue",
+        "Sunlight scatters off air molecules, and short blue wavelengths scatter far more than red ones, "
+        "so the sky looks blue.",
+    ),
+    (
+        "list the files in a directory",
+        "The ls command lists a directory's contents; ls -la also shows hidden files, permissions and sizes.",
+    ),
+    (
+        "train a dog to sit",
+        "Hold a treat above the dog's nose and move it back; as its bottom lowers, say sit and give the "
+        "treat. Repeat in short sessions.",
+    ),
+    (
+        "how does a vaccine work",
+        "A vaccine shows the immune system a harmless piece or copy of a pathogen, so it makes antibodies"
+        " and memory cells in advance.",
+    ),
+    (
+        "parse a date string",
+        "Use datetime.strptime(text, '%Y-%m-%d') to turn a string such as 2024-03-01 into a datetime object.",
+    ),
+)
+"""Questions and the passages that answer them, on unrelated topics: an embedder's cosine of
+each pair is where it puts relevant text, of the crossed pairs where it puts unrelated text."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a hit's relevance is computed from."""
+
+    keyword: float
+    """Its keyword score (`LexHit.score`), 0 when no keyword list found it."""
+    vector: float | None
+    """Its cosine on the embedder's scale (`CosineScale`); None without vector evidence."""
+
+
+def relevance(e: Evidence) -> float:
+    if e.vector is None:
+        w, b = KEYWORD_ONLY
+        return _sigmoid(w * e.keyword + b)
+    return _sigmoid(W_KEYWORD * e.keyword + W_VECTOR * e.vector + BIAS)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@dataclass(frozen=True)
+class CosineScale:
+    """Where an embedder puts related and unrelated text (its mean cosine over `ANCHORS`)."""
+
+    related: float
+    unrelated: float
+
+    def __call__(self, cosine: float) -> float:
+        return (cosine - self.unrelated) / ((self.related - self.unrelated) or 1.0)
+
+
+Embed = Callable[[list[str], Literal["query", "document"]], list[list[float]]]
+"""An embedder's texts → vectors, as queries or as documents (`EmbedBackend.embed`)."""
+
+
+class Scales:
+    """Each embedder's `CosineScale`, measured on first use (32 short texts) and kept for the
+    daemon's life: it depends on the model and its prompt format only (its fingerprint)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[str, CosineScale] = {}
+
+    def of(self, fingerprint: str, embed: Embed) -> CosineScale:
+        with self._lock:
+            known = self._known.get(fingerprint)
+        if known is not None:
+            return known
+        q = _unit(embed([a for a, _ in ANCHORS], "query"))
+        p = _unit(embed([b for _, b in ANCHORS], "document"))
+        cosines = q @ p.T
+        n = len(ANCHORS)
+        scale = CosineScale(
+            related=float(np.trace(cosines)) / n,
+            unrelated=float(cosines.sum() - np.trace(cosines)) / (n * n - n),
+        )
+        with self._lock:
+            self._known[fingerprint] = scale
+        return scale
+
+
+def _unit(vectors: list[list[float]]) -> np.ndarray:
+    x = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)

@@ -1,0 +1,125 @@
+"""`relevance`: each hybrid result's probability of being relevant, and the floor MCP agents
+get by default. The math in process; the floor through a real daemon with the MiniLM
+embedder, over HTTP, the CLI and the MCP SDK's client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Daemon, Env, embedded_eval_and_notes
+from mcp import Client, types
+
+from qmd.defaults import AGENT_RELEVANCE_FLOOR
+from qmd.server.http.mcp import TOOLS
+from qmd.server.search.relevance import ANCHORS, CosineScale, Evidence, Scales, relevance
+
+OFF_TOPIC = "how long should I boil an egg for a runny yolk"
+ON_TOPIC = "Series A fundraising"
+
+
+def test_relevance_grows_with_each_kind_of_evidence() -> None:
+    assert relevance(Evidence(0.2, 0.3)) < relevance(Evidence(0.6, 0.3)) < relevance(Evidence(0.6, 0.8))
+    assert 0.0 < relevance(Evidence(0.0, 0.0)) < AGENT_RELEVANCE_FLOOR < relevance(Evidence(0.7, 0.9)) < 1.0
+    # without vector evidence, keywords alone (a separate fit)
+    assert relevance(Evidence(0.1, None)) < relevance(Evidence(0.5, None)) < relevance(Evidence(0.9, None))
+    assert relevance(Evidence(0.9, None)) > 0.5
+
+
+def test_a_cosine_scale_is_measured_once_per_embedder() -> None:
+    calls: list[str] = []
+
+    def embed(texts: list[str], kind: str) -> list[list[float]]:
+        calls.append(kind)
+        # each question points where its own answer does, and nowhere near the others'
+        return [[1.0 if i == j else 0.1 for j in range(len(ANCHORS))] for i in range(len(texts))]
+
+    scales = Scales()
+    scale = scales.of("fp", embed)  # type: ignore[arg-type]
+    assert scales.of("fp", embed) is scale and calls == ["query", "document"]  # type: ignore[arg-type]
+    assert scale.related == pytest.approx(1.0) and 0 < scale.unrelated < 0.3
+    assert scale(scale.unrelated) == pytest.approx(0.0) and scale(scale.related) == pytest.approx(1.0)
+    assert CosineScale(related=0.5, unrelated=0.5)(0.7) == pytest.approx(0.2)  # a degenerate scale does not divide by 0
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, Daemon]]:
+    env, d = embedded_eval_and_notes(tmp_path_factory.mktemp("relevance"))
+    yield env, d
+    d.stop()
+
+
+def query(d: Daemon, text: str, **body: object) -> dict:
+    r = d.http.post("/v1/query", json={"query": text, "collections": ["eval"], **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_every_hybrid_result_carries_its_relevance(embedded: tuple[Env, Daemon]) -> None:
+    _, d = embedded
+    on = query(d, ON_TOPIC)
+    assert on["results"][0]["path"] == "startup-fundraising-memo.md"
+    chances = [h["relevance"] for h in on["results"]]
+    assert all(0.0 <= c <= 1.0 for c in chances) and chances[0] > 0.5
+    off = query(d, OFF_TOPIC)
+    assert off["results"] and off["results"][0]["relevance"] < AGENT_RELEVANCE_FLOOR  # no floor: every result
+    assert off.get("closest") is None
+    public = d.http.post("/query", json={"query": ON_TOPIC, "collections": ["eval"]}).json()
+    assert public["results"][0]["relevance"] == pytest.approx(chances[0], abs=0.01)  # rounded as scores are
+
+
+def test_a_floor_keeps_what_is_relevant_and_names_the_closest_when_nothing_is(embedded: tuple[Env, Daemon]) -> None:
+    _, d = embedded
+    on = query(d, ON_TOPIC, min_relevance=0.3)
+    assert on["results"] and all(h["relevance"] >= 0.3 for h in on["results"]) and on.get("closest") is None
+    off = query(d, OFF_TOPIC, min_relevance=AGENT_RELEVANCE_FLOOR)
+    assert off["results"] == []
+    assert off["closest"]["relevance"] < AGENT_RELEVANCE_FLOOR and off["closest"]["file"].startswith("qmd://eval/")
+    bad = d.http.post("/v1/query", json={"query": ON_TOPIC, "min_relevance": 2})
+    assert bad.status_code == 400 and "min_relevance" in bad.text
+
+
+def test_the_cli_says_nothing_is_above_the_floor(embedded: tuple[Env, Daemon]) -> None:
+    env, _ = embedded
+    r = env.qmd("query", "-c", "eval", "--min-relevance", str(AGENT_RELEVANCE_FLOOR), OFF_TOPIC)
+    assert r.returncode == 0 and r.stdout.strip() == "No results found.", r.stdout
+    assert f"no result above the relevance floor ({AGENT_RELEVANCE_FLOOR:g}); the closest: qmd://eval/" in r.stderr
+    bad = env.qmd("query", "--min-relevance", "1.5", ON_TOPIC)
+    assert bad.returncode == 2 and "--min-relevance" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def mcp_query(d: Daemon, arguments: dict) -> types.CallToolResult:
+    async def body() -> types.CallToolResult:
+        async with Client(f"{d.env.url}/mcp", mode="legacy", read_timeout_seconds=60) as client:
+            return await client.call_tool("query", arguments)
+
+    return asyncio.run(body())
+
+
+def test_agents_get_the_floor_by_default(embedded: tuple[Env, Daemon]) -> None:
+    _, d = embedded
+    assert f"(default {AGENT_RELEVANCE_FLOOR:g})" in (TOOLS["query"].definition.description or "")
+    off = mcp_query(d, {"query": OFF_TOPIC, "collections": ["eval"]})
+    text = off.content[0].text  # type: ignore[union-attr]
+    assert not off.is_error and f"is above the relevance floor ({AGENT_RELEVANCE_FLOOR:g})" in text
+    assert "qmd://eval/" in text and "(relevance 0.0" in text  # the closest, still named and numbered
+    structured = off.structured_content or {}
+    assert structured["results"] == [] and structured["closest"]["relevance"] < AGENT_RELEVANCE_FLOOR
+    on = mcp_query(d, {"query": ON_TOPIC, "collections": ["eval"]})
+    assert "Found" in on.content[0].text and "startup-fundraising-memo.md" in on.content[0].text  # type: ignore[union-attr]
+    everything = mcp_query(d, {"query": OFF_TOPIC, "collections": ["eval"], "minRelevance": 0})
+    assert (everything.structured_content or {})["results"]
+
+
+def test_keyword_evidence_alone_is_announced_under_a_floor(tmp_path: Path, env: Env, daemon: Daemon) -> None:
+    """No embedder: relevance comes from keywords alone, which a floor's answer says."""
+    notes = tmp_path / "kw"
+    notes.mkdir()
+    (notes / "a.md").write_text("# Fundraising\n\nSeries A fundraising closes in March.\n")
+    env.ok("collection", "add", str(notes), "--name", "kw")
+    r = daemon.http.post("/v1/query", json={"query": ON_TOPIC, "collections": ["kw"], "min_relevance": 0.01})
+    body = r.json()
+    assert r.status_code == 200 and body["results"][0]["relevance"] is not None
+    assert any("relevance from keyword evidence alone" in w for w in body["warnings"])
