@@ -22,6 +22,7 @@ import pytest
 from conftest import NOTES, Daemon, Env, write
 from mcp import Client, MCPError, types
 
+from qmd.defaults import AGENT_RELEVANCE_FLOOR
 from qmd.server.http.mcp import TOOLS
 from qmd.version import __version__
 
@@ -164,6 +165,7 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
         "query",
         "limit",
         "minScore",
+        "minRelevance",
         "candidateLimit",
         "collections",
         "intent",
@@ -176,6 +178,7 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
     ]
     assert query["properties"]["limit"]["default"] == 8
     assert query["properties"]["budgetMs"]["default"] == 4000
+    assert query["properties"]["minRelevance"]["default"] == AGENT_RELEVANCE_FLOOR
     assert query["properties"]["rerank"].get("default") is None  # as asked, else with a model trained to rank
     assert query["properties"]["searches"]["maxItems"] == 10
     assert query["properties"]["searches"]["items"]["properties"]["type"]["enum"] == ["lex", "vec", "hyde"]
@@ -263,7 +266,8 @@ def test_query_files_are_the_uris_http_gives_and_get_takes_back(shared: Daemon) 
     assert all(f.startswith("qmd://") for f in files)
     text = text_of(answer)
     for r in results:
-        assert f"{r['docid']} {round(r['score'] * 100)}% {r['file']}:{r['lines']} - {r['title']}\n" in text
+        chance = f" (relevance {r['relevance']:.2f})"
+        assert f"{r['docid']} {round(r['score'] * 100)}% {r['file']}:{r['lines']} - {r['title']}{chance}\n" in text
 
     for r in results[:3]:
         start, end = (int(x) for x in r["lines"].split("-"))

@@ -24,6 +24,7 @@ from qmd.server.config import Collection, Config
 from qmd.server.models.embedders import EmbedBackend, Embedder
 from qmd.server.search import legs
 from qmd.server.search.pointers import SearchOptions
+from qmd.server.search.relevance import Scales
 from qmd.server.search.vector import index_loading, vector_search
 from qmd.server.store import copy as index_copy
 from qmd.server.store import schema, sqlite, vector_index, vectors
@@ -241,12 +242,13 @@ def test_a_search_while_the_index_loads_says_so(tmp_path: Path) -> None:
         cold = vector_search(c.store, config, spaces, q, "q", SearchOptions(), None)
         assert cold.hits and vectors.LOADING in cold.warnings  # and the build started
         deadline = time.monotonic() + 30
-        while (leg := legs.vector_leg(c.store, embedder, spaces)).warning is not None:
+        while (leg := legs.vector_leg(c.store, embedder, spaces, Scales())).warning is not None:
             assert leg.warning == vectors.LOADING and time.monotonic() < deadline
             time.sleep(0.01)
         warm = vector_search(c.store, config, spaces, q, "q", SearchOptions(), None)
         assert warm.hits == cold.hits and vectors.LOADING not in warm.warnings
-        assert legs.vector_leg(c.store, embedder, spaces, "2 documents pending").warning == "2 documents pending"
+        pending = legs.vector_leg(c.store, embedder, spaces, Scales(), "2 documents pending")
+        assert pending.warning == "2 documents pending"
         assert index_loading(c.store, {}) is None
     finally:
         c.store.close()
