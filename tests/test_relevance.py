@@ -122,4 +122,8 @@ def test_keyword_evidence_alone_is_announced_under_a_floor(tmp_path: Path, env: 
     r = daemon.http.post("/v1/query", json={"query": ON_TOPIC, "collections": ["kw"], "min_relevance": 0.01})
     body = r.json()
     assert r.status_code == 200 and body["results"][0]["relevance"] is not None
-    assert any("relevance from keyword evidence alone" in w for w in body["warnings"])
+    assert not any("keyword evidence alone" in w for w in body["warnings"])  # the floor dropped nothing
+    r = daemon.http.post("/v1/query", json={"query": "march", "collections": ["kw"], "min_relevance": 0.99})
+    body = r.json()
+    assert body["results"] == [] and body["closest"]["path"] == "a.md"
+    assert any("read keyword evidence alone" in w for w in body["warnings"])

@@ -717,10 +717,9 @@ class HybridQuery:
         coll = self.config.collections.get(doc.collection)
         return opts.chunk_strategy or (coll.chunk_strategy if coll else DEFAULT_CHUNK_STRATEGY)
 
-    def _relevance(self, run: _Run, out: HybridOutcome) -> dict[int, float]:
-        """Each candidate's `relevance`. Without vector evidence (no vector list ran, or the
-        embedder's scale could not be measured) it comes from keywords alone, which a floor
-        applied to it says."""
+    def _relevance(self, run: _Run, out: HybridOutcome) -> tuple[dict[int, float], bool]:
+        """Each candidate's `relevance`, and whether it had vector evidence: without (no vector
+        list ran, or the embedder's scale could not be measured) it comes from keywords alone."""
         cosines = {d: 1.0 - h.distance for d, h in run.vec_hits.items()}
         scale = None
         if cosines and self.legs.vector is not None and self.legs.vector.scale is not None:
@@ -729,9 +728,8 @@ class HybridQuery:
                     scale = self.legs.vector.scale()
             except QmdError as e:
                 out.warnings.append(f"relevance from keyword evidence alone: {e.message}")
-        elif run.opts.min_relevance > 0:
-            out.warnings.append("relevance from keyword evidence alone (no vector search ran): the floor is less sure")
-        return {c.doc_id: relevance(_evidence(c, cosines, scale)) for c in run.candidates}
+        chances = {c.doc_id: relevance(_evidence(c, cosines, scale)) for c in run.candidates}
+        return chances, scale is not None
 
     def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:
         opts = run.opts
@@ -745,10 +743,12 @@ class HybridQuery:
                 score, w = c.fusion, 1.0
             scored.append((score, w, c))
         scored.sort(key=lambda x: (-x[0], x[2].rrf_rank))
-        chance = self._relevance(run, out)
+        chance, vector_evidence = self._relevance(run, out)
         above = [x for x in scored if x[0] >= opts.min_score]
         out.below_min_score = bool(scored) and not above
         kept = [x for x in above if chance[x[2].doc_id] >= opts.min_relevance]
+        if len(kept) < len(above) and not vector_evidence:
+            out.warnings.append("the relevance floor read keyword evidence alone (no vector search ran): less sure")
         if not opts.all_results:
             kept = kept[: opts.limit]
 
