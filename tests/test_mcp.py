@@ -239,7 +239,8 @@ def test_query_returns_pointers_that_get_reads_back(shared: Daemon, mode: str) -
     ]
     text = text_of(found)
     assert text.startswith('Found 2 result(s) for "angel investors":\n\nNot run:\n  - rerank: ')
-    assert re.search(r"^#[0-9a-f]{6} \d+% qmd://notes/fundraising\.md:6-9 - Raising a seed round$", text, re.M)
+    line = r"^#[0-9a-f]{6} \d+% qmd://notes/fundraising\.md:6-9 - Raising a seed round \(relevance 0\.\d\d\)$"
+    assert re.search(line, text, re.M)
     assert "7: Angel investors fund early startups." in text
     assert 'get file="qmd://notes/fundraising.md:6:4"' in text and "before citing" in text.lower().replace("\n", " ")
     [doc] = resources_of(read)
