@@ -472,6 +472,8 @@ def _search_json(hits: Sequence[api.HitOut], idents: Sequence[_Ident], full: boo
             item["fusion"] = _rounded(hit.get("fusion"))
         if "rerank" in hit:
             item["rerank"] = _rounded(hit.get("rerank"))
+        if "relevance" in hit:
+            item["relevance"] = _rounded(hit.get("relevance"))
         item["file"] = ident.name
         item["line"] = hit["line"]
         item["lines"] = f"{hit['start_line']}-{hit['end_line']}"

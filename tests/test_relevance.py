@@ -5,6 +5,7 @@ embedder, over HTTP, the CLI and the MCP SDK's client."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,6 +87,8 @@ def test_the_cli_says_nothing_is_above_the_floor(embedded: tuple[Env, Daemon]) -
     r = env.qmd("query", "-c", "eval", "--min-relevance", str(AGENT_RELEVANCE_FLOOR), OFF_TOPIC)
     assert r.returncode == 0 and r.stdout.strip() == "No results found.", r.stdout
     assert f"no result above the relevance floor ({AGENT_RELEVANCE_FLOOR:g}); the closest: qmd://eval/" in r.stderr
+    listed = env.qmd("query", "-c", "eval", "--json", ON_TOPIC)
+    assert listed.returncode == 0 and json.loads(listed.stdout)[0]["relevance"] > 0.5
     bad = env.qmd("query", "--min-relevance", "1.5", ON_TOPIC)
     assert bad.returncode == 2 and "--min-relevance" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -578,6 +578,7 @@ def test_a_failed_build_leaves_vec0_answering(
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(vector_index, "_batches", broken)
+    monkeypatch.setattr(vector_index, "BUILD_INLINE", 10)  # the background build; the inline one below
     q = corpus.query()
     with caplog.at_level(logging.ERROR, logger="qmd.vector_index"):
         assert corpus.search(q) == corpus.search(q, index=False)
@@ -588,7 +589,11 @@ def test_a_failed_build_leaves_vec0_answering(
     idx = vector_index.index_of(corpus.store)
     while any(p.building for p in idx._parts.values()):  # noqa: SLF001 - the retry needs the failed build gone
         time.sleep(0.01)
-    assert _snapshot(corpus) is None
+    monkeypatch.setattr(vector_index, "BUILD_INLINE", 10**6)
+    with caplog.at_level(logging.ERROR, logger="qmd.vector_index"):
+        caplog.clear()
+        assert corpus.search(q) == corpus.search(q, index=False)  # built inline, failed, answered exactly
+        assert "could not build the vector index" in caplog.text and _snapshot(corpus) is None
     monkeypatch.undo()
     assert corpus.search(q) == corpus.search(q, index=False)  # starts the build again
     deadline = time.monotonic() + 30

@@ -228,10 +228,11 @@ def test_the_exact_scan_is_the_index_s_exact_pass_and_brute_force(tmp_path: Path
         c.store.close()
 
 
-def test_a_search_while_the_index_loads_says_so(tmp_path: Path) -> None:
+def test_a_search_while_the_index_loads_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Until a partition's in-memory index is in, its searches are answered by the exact scan
     (about twice vec0's cost) and say so, `vsearch` and the hybrid query's vector leg alike;
     once it is in, they answer the same and say nothing."""
+    monkeypatch.setattr(vector_index, "BUILD_INLINE", 10)  # this partition is built in the background
     c = Corpus(tmp_path / "index.sqlite", seed=6)
     try:
         c.add(100)
@@ -273,3 +274,18 @@ def test_a_copy_keeps_the_vectors_once_and_answers_the_same(tmp_path: Path) -> N
             assert searches(store, c.space, q) == (want, want)
     finally:
         store.close()
+
+
+def test_a_small_partition_is_built_by_its_first_search(tmp_path: Path) -> None:
+    """A note folder just embedded is searched from its in-memory index at once, without a
+    "still loading" note: a partition of at most `BUILD_INLINE` rows is built inline."""
+    c = Corpus(tmp_path / "index.sqlite", seed=7)
+    try:
+        c.add(100)
+        config = Config(collections={"big": Collection(name="big", path=str(tmp_path))})
+        spaces = {"big": c.space}
+        first = vector_search(c.store, config, spaces, c.query(), "q", SearchOptions(), None)
+        assert first.hits and vectors.LOADING not in first.warnings
+        assert index_loading(c.store, spaces) is None
+    finally:
+        c.store.close()

@@ -103,6 +103,10 @@ MIN_RESCORED = 64
 INLINE = 50_000
 """A refresh reading more new rows than this goes to the background (the exact scan answers
 meanwhile)."""
+BUILD_INLINE = 10_000
+"""A partition of at most this many rows is built by the search that first needs it (tens of
+milliseconds), not in the background: a note folder just embedded is searched from its index
+at once, without a "still loading" note."""
 BATCH = 8192
 """Rows read and coded at a time while building: no float copy of a partition is ever held."""
 BLOCK = 4096
@@ -259,6 +263,15 @@ def _signature(conn: sqlite3.Connection, space_id: int, cid: int) -> tuple[int, 
     """Row count and id sums of the partition (one read of `vector_rows`)."""
     count, ids, chunks = conn.execute(_SIGNATURE_SQL, (space_id, cid)).fetchone()
     return int(count), float(ids), float(chunks)
+
+
+def _at_most(conn: sqlite3.Connection, space: Space, cid: int, rows: int) -> bool:
+    """Whether the partition holds at most `rows` rows, reading no more than one past them."""
+    (n,) = conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM vector_rows WHERE space_id = ? AND collection_id = ? LIMIT ?)",
+        (space.id, cid, rows + 1),
+    ).fetchone()
+    return int(n) <= rows
 
 
 def _pairs(conn: sqlite3.Connection, space: Space, cid: int) -> tuple[I64, I64]:
@@ -613,6 +626,12 @@ class VectorIndex:
             return None
         with part.lock:
             snap = part.snapshot
+            if snap is None and not part.building and _at_most(conn, space, cid, BUILD_INLINE):
+                try:
+                    part.snapshot = self._build(space, cid)
+                except Exception:  # noqa: BLE001 - this search takes the exact scan; logged, retried by the next
+                    log.exception("could not build the vector index of space %d, collection %d", space.id, cid)
+                return part.snapshot
             if snap is None or part.building:
                 self._start(space, cid, part)
                 return None
