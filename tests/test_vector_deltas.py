@@ -16,7 +16,7 @@ import pytest
 from test_vectors import CHUNKS, DIMS, Corpus
 
 from qmd.server.store import vectors
-from qmd.server.store.db import sqlite3
+from qmd.server.store.db import Connection, sqlite3
 from qmd.server.store.sqlite import utcnow
 
 pytestmark = pytest.mark.sqlite_only("the change marks are SQLite's (TEMP triggers, rowid order); Postgres counts")
@@ -41,10 +41,9 @@ def traced(conn: sqlite3.Connection) -> Iterator[list[str]]:
         conn.set_trace_callback(None)
 
 
-def truth(conn: sqlite3.Connection, space: vectors.Space) -> tuple[set[str], set[str], tuple[int, int]]:
-    """(complete, pending, (embedded chunks, orphan chunks)) from the tables, as the store
-    counted them before it kept a tally."""
-    complete = {
+def complete_in(conn: Connection, space: vectors.Space) -> set[str]:
+    """Contents complete in the space, from the tables: every chunk written, or cut into none."""
+    return {
         r[0]
         for r in conn.execute(
             "SELECT hash FROM content_vectors WHERE space_id = ? GROUP BY hash HAVING COUNT(*) = MAX(total_chunks)"
@@ -52,6 +51,12 @@ def truth(conn: sqlite3.Connection, space: vectors.Space) -> tuple[set[str], set
             (space.id, space.id),
         )
     }
+
+
+def truth(conn: sqlite3.Connection, space: vectors.Space) -> tuple[set[str], set[str], tuple[int, int]]:
+    """(complete, pending, (embedded chunks, orphan chunks)) from the tables, as the store
+    counted them before it kept a tally."""
+    complete = complete_in(conn, space)
     active = {r[0] for r in conn.execute("SELECT DISTINCT hash FROM documents WHERE active = 1")}
     held = "EXISTS (SELECT 1 FROM documents d WHERE d.hash = cv.hash AND d.active = 1)"
     embedded, orphans = conn.execute(

@@ -728,7 +728,9 @@ class HybridQuery:
                     scale = self.legs.vector.scale()
             except QmdError as e:
                 out.warnings.append(f"relevance from keyword evidence alone: {e.message}")
-        chances = {c.doc_id: relevance(_evidence(c, cosines, scale)) for c in run.candidates}
+        # a candidate no vector list found is at most as near as the least near one listed
+        floor = min(cosines.values(), default=0.0)
+        chances = {c.doc_id: relevance(_evidence(c, cosines.get(c.doc_id, floor), scale)) for c in run.candidates}
         return chances, scale is not None
 
     def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:
@@ -777,13 +779,10 @@ class HybridQuery:
         out.warnings += [cut] if cut else []
 
 
-def _evidence(c: Candidate, cosines: dict[int, float], scale: CosineScale | None) -> Evidence:
-    """A candidate's keyword score and its cosine on the embedder's scale. A candidate no
-    vector list found is at most as near as the least near one listed: that bound counts."""
+def _evidence(c: Candidate, cosine: float, scale: CosineScale | None) -> Evidence:
+    """A candidate's keyword score and its cosine on the embedder's scale (none without one)."""
     keyword = max((k.backend_score for k in c.contributions if k.source == "fts"), default=0.0)
-    if scale is None or not cosines:
-        return Evidence(keyword, None)
-    return Evidence(keyword, scale(cosines.get(c.doc_id, min(cosines.values()))))
+    return Evidence(keyword, None if scale is None else scale(cosine))
 
 
 def _behind(ahead: float) -> str:

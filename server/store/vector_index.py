@@ -1,8 +1,9 @@
 """The daemon's in-memory first pass over each vector partition, so a KNN reads no floats.
 
-vec0 answers a KNN by reading every float of the partition (65-82 ms at 100k vectors of 384
-dims on 2 cores); its bit and int8 quantized tables were measured at only 2x and 0.6x of
-that here. So each searched (space, collection) partition gets, in memory:
+An exact KNN reads every float of the partition (sqlite-vec's vec0, before schema 9: 65-82
+ms at 100k vectors of 384 dims on 2 cores; its bit and int8 quantized tables were measured
+at only 2x and 0.6x of that here; the scan of `content_vectors` that replaced it, 1.6-2x).
+So each searched (space, collection) partition gets, in memory:
 
 1. a sign-bit code per vector (unit vector minus the partition's mean; RaBitQ's estimator
    without its rotation), scored against the query quantized to sign and 3 bits of
@@ -12,8 +13,8 @@ that here. So each searched (space, collection) partition gets, in memory:
 2. an int8 copy of each unit vector (per-vector scale), ranking that shortlist: int8 · an
    integer copy of the query summed in int32, exact, a block at a time (no float copy of a
    row: the float pass this replaced made 96 MB of floats a search at 1M);
-3. then `rescore`: `vec_distance_cosine` in SQLite on the best 2k, the function vec0
-   computes, so the distances are the very ones an exact vec0 KNN returns, and a row
+3. then `rescore`: `vec_distance_cosine` in SQLite on the best 2k, the function the exact
+   scan computes, so the distances are the very ones an exact KNN returns, and a row
    deleted since the snapshot is simply not found: no hit can be stale.
 Measured on Gaussian unit vectors (no clusters: the hard case), the passes this replaced
 and these interleaved in one process on 2 cores, `nearest` with SQLite's rescoring on a
@@ -28,7 +29,7 @@ Where the answer must be exact (a metadata filter's widened KNN, a partition of 
 `MIN_SHORTLIST` rows), the int8 copy is a bound instead: each row's residual e (|u −
 s·int8|) and the query's own f cap how far the estimate can be off (`_bounded`), so every
 row whose estimate plus that reaches the k-th best estimate minus it is measured in
-SQLite, and the rows are vec0's own.
+SQLite, and the rows are the exact scan's own.
 
 What it costs: 460 bytes a vector of 384 dims (48 of sign bits, 384 of int8, 16 of ids,
 12 of factors), 46 MB per 100k vectors (52 MB allocated, room for appends), against 154 MB
@@ -349,8 +350,8 @@ def _code(row_ids: I64, chunk_ids: I64, unit: F32, mean: F32) -> Coded:
 def rescore(
     conn: sqlite3.Connection, space: Space, cid: int, qblob: bytes, row_ids: Sequence[int]
 ) -> list[tuple[int, float]]:
-    """Exact cosine distances of these rows, nearest first, by `vec_distance_cosine` (what
-    vec0's `distance_metric=cosine` computes): rows no longer in the partition are not found."""
+    """Exact cosine distances of these rows, nearest first, by `vec_distance_cosine` (what the
+    exact scan, `vectors._knn`, computes): rows no longer in the partition are not found."""
     rows = conn.execute(
         "SELECT vr.id, vec_distance_cosine(cv.embedding, ?) FROM vector_rows vr CROSS JOIN content_vectors cv"
         " ON cv.id = vr.chunk_id WHERE vr.id IN (SELECT value FROM json_each(?))"
