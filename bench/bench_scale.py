@@ -29,7 +29,9 @@ Per size N (chunks), one isolated installation (bench/_common.py's `Isolated`):
    answer and to its in-memory vector index loaded (vector searches stop saying it is
    loading), then over HTTP from a warm client: keyword (`POST /v1/keyword`, the CLI's body),
    the full `query` without model stages but the query's embedding (`POST /v1/query`, expand
-   and rerank off), `update` with nothing changed, an embed call with nothing to do
+   and rerank off), each round and each of the two on summary lines of its own (the daemon
+   keeps each word's document count until the index changes: a repeated query would time
+   what it remembers), `update` with nothing changed, an embed call with nothing to do
    (`POST /v1/embed`), daemon RSS with the index loaded, the index size on disk, and last
    `update` after 1% of the notes were edited.
 
@@ -353,20 +355,22 @@ def query_body(query: str) -> dict[str, Any]:
     return {"query": query, "limit": 5, "expand": False, "rerank": False, "full": False, "all": False}
 
 
-def over_http(env: Isolated, root: Path, queries: list[str], rounds: int) -> dict[str, Any]:
-    """Step 4 of the module's docstring."""
+def over_http(env: Isolated, root: Path, batches: list[list[str]]) -> dict[str, Any]:
+    """Step 4 of the module's docstring: `batches` are the warm-up's queries, then a keyword
+    and a query batch per round."""
     started = time.perf_counter()
-    daemon, cold = first_answer(env, queries[0])
+    warm, rounds = batches[0], batches[1:]
+    daemon, cold = first_answer(env, warm[0])
     try:
         http = daemon.http
         rss_cold = proc_status_kb(daemon.pid, "VmRSS")
-        loaded = vectors_loaded(http, queries[0], started)
-        for q in queries:  # warm-up: connection, page cache, the query embedder
+        loaded = vectors_loaded(http, warm[0], started)
+        for q in warm:  # warm-up: connection, page cache, the query embedder
             http.post("/v1/query", json=query_body(q)).raise_for_status()
         keyword, query = [], []
-        for _ in range(rounds):
-            for q in queries:
-                keyword.append(timed(lambda q=q: http.post("/v1/keyword", json=keyword_body(q)).raise_for_status()))
+        for words, questions in zip(rounds[::2], rounds[1::2], strict=True):
+            for w, q in zip(words, questions, strict=True):
+                keyword.append(timed(lambda w=w: http.post("/v1/keyword", json=keyword_body(w)).raise_for_status()))
                 query.append(timed(lambda q=q: http.post("/v1/query", json=query_body(q)).raise_for_status()))
         update_noop = [timed(lambda: job(http, "/v1/update", {})) for _ in range(3)]
         embed_noop = [timed(lambda: job(http, "/v1/embed", {})) for _ in range(3)]
@@ -421,7 +425,9 @@ def one_size(size: int, pool: Pool, model: str, args: argparse.Namespace) -> dic
         vec = in_process(env, args)
         print("  vector leg measured in process", flush=True)
         rng = random.Random(f"qmd-bench-scale-queries-{args.seed}")
-        web = over_http(env, root, rng.sample(pool.summaries, args.keyword_queries), args.rounds)
+        n = args.keyword_queries
+        lines = rng.sample(pool.summaries, n * (1 + 2 * args.rounds))
+        web = over_http(env, root, [lines[i : i + n] for i in range(0, len(lines), n)])
         print("  daemon measured", flush=True)
         return {
             "size": vec["vectors"],
@@ -498,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=50, help="random query vectors per size")
     ap.add_argument("--exact-queries", type=int, default=20, help="of those, how many also run the exact scan")
     ap.add_argument("--keyword-queries", type=int, default=20, help="summary lines used as keyword queries")
-    ap.add_argument("--rounds", type=int, default=3, help="HTTP rounds over the keyword queries")
+    ap.add_argument("--rounds", type=int, default=3, help="HTTP rounds, each on new summary lines")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model", default=None, help="embed GGUF [$QMD_BENCH_EMBED_MODEL or the shared MiniLM Q8_0]")
     ap.add_argument("--keep", action="store_true", help="keep each size's temporary folder")

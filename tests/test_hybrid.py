@@ -125,6 +125,23 @@ def test_no_expand_turns_the_stage_off_and_asks_no_model(engine: Engine) -> None
     assert {s.stage: s for s in out.stages}["expand"].status == "ran" and len(calls) == 1
 
 
+def test_a_strong_keyword_signal_skips_the_expansion(engine: Engine, tmp_path: Path) -> None:
+    """The probe counts its hits' items only when an expansion may run (they feed spec §13.2's
+    strong-signal test, and cost a pass over each item's documents): words one note holds in
+    its title and throughout answer without the model, where a weaker match still expands."""
+    text = "# Zephyrine quillwort\n\nZephyrine and quillwort, zephyrine by quillwort: zephyrine, quillwort.\n"
+    write(tmp_path / "notes", {"zephyr.md": text})
+    engine.update()
+    calls, generate = answering("lex: angel investors")
+    expander = Expander(generate, "scripted", None, False, engine.store)
+    out = run(engine, "zephyrine quillwort", legs(expander=expander), rerank=False, expand=True)
+    st = {s.stage: s for s in out.stages}
+    assert st["expand"].status == "skipped" and "strong keyword signal" in st["expand"].detail, st["expand"]
+    assert calls == [] and out.hits[0].doc.path == "zephyr.md"
+    weak = run(engine, "money investors", legs(expander=expander), rerank=False, expand=True)
+    assert {s.stage: s for s in weak.stages}["expand"].status == "ran" and len(calls) == 1
+
+
 def test_a_fallback_expansion_is_kept_for_the_next_query(engine: Engine) -> None:
     calls, chatter = answering("Sure! Happy to help.")
     expander = Expander(chatter, "scripted", None, False, engine.store)

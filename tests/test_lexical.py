@@ -13,11 +13,19 @@ from types import ModuleType
 
 import pytest
 
-from qmd.server.search.lexical import STOP_WORDS, LexQuery, indexed_rows, parse_lex, resolve_prefixes, search_fts
+from qmd.server.search.lexical import (
+    STOP_WORDS,
+    LexHit,
+    LexQuery,
+    indexed_rows,
+    parse_lex,
+    resolve_prefixes,
+    search_fts,
+)
 from qmd.server.store.db import sqlite3 as sqlite_index
 from qmd.server.store.fts import FtsDoc, fts_delete, fts_put, repair_fts_totals
 from qmd.server.store.schema import FTS_TABLE
-from qmd.server.store.sqlite import Store
+from qmd.server.store.sqlite import ReadConnection, Store
 from qmd.server.text.cjk import norm_cjk
 
 SCHEMA = """
@@ -854,3 +862,39 @@ def test_a_hit_whose_items_all_read_no_documents_still_scores() -> None:
     from qmd.server.search.lexical import hit_score
 
     assert hit_score(-3.2, [0.0, 0.0]) == 1.0 and 0 < hit_score(-0.5, [1.2, 0.8]) < 1
+
+
+def test_reading_connection_keeps_counts_until_the_index_changes(tmp_path: Path) -> None:
+    """A reader keeps each item's document count between searches (`ReadConnection.memo`),
+    and a commit by another connection empties it: the scores after a write are a fresh
+    connection's, to the last bit. Inside a transaction nothing is kept."""
+    path = tmp_path / "index.sqlite"
+    writer = sqlite_index.connect(str(path), isolation_level=None)
+    writer.executescript(SCHEMA)
+    for body in ("otters in rivers", "otters again", "rivers without them"):
+        add(writer, body)
+    add_filler(writer, 3)
+    reader = sqlite_index.connect(str(path), isolation_level=None, factory=ReadConnection)
+    reader.execute("PRAGMA query_only = 1")
+
+    def fresh(query: str) -> list[LexHit]:
+        other = sqlite_index.connect(str(path))
+        try:
+            return search_fts(other, parse_lex(query), None, 10)
+        finally:
+            other.close()
+
+    before = search_fts(reader, parse_lex("otters rivers"), None, 10)
+    assert before == fresh("otters rivers")
+    memo = reader.memo()
+    assert memo is not None and memo['"otters"*'] == 2
+    for _ in range(4):
+        add(writer, "otters everywhere")
+    after = search_fts(reader, parse_lex("otters rivers"), None, 10)
+    assert after == fresh("otters rivers") and after != before
+    assert reader.memo() == {'"otters"*': 6, '"rivers"*': 2}
+    reader.execute("BEGIN")
+    assert reader.memo() is None
+    reader.execute("COMMIT")
+    reader.close()
+    writer.close()

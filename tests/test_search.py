@@ -158,6 +158,13 @@ def test_all_terms_rank_first(env: Env, daemon: Daemon, tmp_path: Path) -> None:
     # "alpha" and "beta" are in most of the three documents: BM25 gives them no weight
     # (FTS5 clamps their idf to 1e-6), so only the document with "gamma" scores.
     assert raw[0]["score"] > 0.5 and raw[1]["score"] < 0.01 and raw[2]["score"] < 0.01
+    # --explain counts each hit's items (a search without it does not pay that pass)
+    explained = env.ok("search", "alpha beta gamma", "--explain", "-n", "3")
+    assert [line for line in explained.splitlines() if "Explain" in line] == [
+        "Explain: BM25 matched 3 of 3 terms",
+        "Explain: BM25 matched 2 of 3 terms",
+        "Explain: BM25 matched 1 of 3 terms",
+    ]
 
 
 def test_syntax_phrases_negation_dots_hyphens(shared_daemon: Daemon, corpus: Path) -> None:

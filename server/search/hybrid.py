@@ -35,7 +35,7 @@ from qmd.server.models.worker import wait_at_most
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
 from qmd.server.search.filters import Filter
 from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
-from qmd.server.search.keyword import fuzzed, lexical_hits
+from qmd.server.search.keyword import KeywordHit, fuzzed, lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
@@ -359,7 +359,8 @@ class HybridQuery:
         query = doc.query
         idents = identifier_tokens(query)
         t = time.perf_counter()
-        probe = self._fts(query, scope)
+        expander = self.legs.expander
+        probe = self._fts(query, scope, count_matched=self._may_expand(opts))
         weight = 2.0 * (IDENTIFIER_BOOST if idents else 1.0)
         lists.append(RankedList("fts", "original", query, weight, [(h.doc.id, h.score) for h in probe]))
         detail = f"{len(probe)} keyword hits"
@@ -369,11 +370,6 @@ class HybridQuery:
         subs = [_Sub("original", query, 2.0)]
 
         t = time.perf_counter()
-        # The spec's test, on the original's scores: BM25's top hit, then the best of the rest.
-        scores = (
-            [probe[0].coordination, *sorted((h.coordination for h in probe[1:]), reverse=True)[:1]] if probe else []
-        )
-        expander = self.legs.expander
         if opts.expand is False:
             stages.append(Stage("expand", "off", 0, "not requested (--no-expand / expand: false)"))
             return subs
@@ -388,12 +384,13 @@ class HybridQuery:
                 )
             )
             return subs
-        if strong_signal(scores, doc.intent, top_matched_all=bool(probe) and probe[0].matched == probe[0].total):
-            second = scores[1] if len(scores) > 1 else 0.0
-            stages.append(Stage("expand", "skipped", 0, f"strong keyword signal ({scores[0]:.2f} vs {second:.2f})"))
-            return subs
         if expander is None:
             stages.append(Stage("expand", "skipped", 0, self.legs.expander_reason))
+            return subs
+        scores, top_matched_all = _signal(probe)
+        if strong_signal(scores, doc.intent, top_matched_all=top_matched_all):
+            second = scores[1] if len(scores) > 1 else 0.0
+            stages.append(Stage("expand", "skipped", 0, f"strong keyword signal ({scores[0]:.2f} vs {second:.2f})"))
             return subs
         cached = expander.cached(query)
         if cached is None:
@@ -450,14 +447,14 @@ class HybridQuery:
                 f"SELECT COUNT(*) FROM documents WHERE active = 1 AND collection IN ({marks})", scope.collections
             ).fetchone()[0]
 
-    def _fts(self, text: str, scope: Scope) -> list:
+    def _fts(self, text: str, scope: Scope, *, count_matched: bool = False) -> list[KeywordHit]:
         lexq = parse_lex(text)
         if self._typos is not None:
             lexq = fuzzed(self.store, lexq, self._typos)
         if not lexq.positives:
             return []
         t = time.perf_counter()
-        hits = lexical_hits(self.store, lexq, scope, LIST_FETCH)
+        hits = lexical_hits(self.store, lexq, scope, LIST_FETCH, count_matched=count_matched)
         self.costs.observe("fts", time.perf_counter() - t)
         return hits
 
@@ -499,6 +496,14 @@ class HybridQuery:
         embed = self.costs.estimate("embed", self.legs.vector.model)
         return embed + len(scope.collections) * self.costs.estimate("vsearch")
 
+    def _may_expand(self, opts: QueryOptions) -> bool:
+        """Whether an expand-mode query may run the expansion model: asked for, or by default
+        with a model fine-tuned for it (`_expand_mode` says why not otherwise)."""
+        expander = self.legs.expander
+        if expander is None or opts.expand is False:
+            return False
+        return bool(opts.expand) or expander.fine_tuned
+
     def _vectors_beside(self, doc: QueryDoc, scope: Scope, run: _Run) -> Future[_VectorWork] | None:
         """The vector leg of the texts known before the probe (a plain query's own text, a
         typed query's vec and hyde lines), started now on `_BESIDE`. None when there are
@@ -508,9 +513,7 @@ class HybridQuery:
         if leg is None:
             return None
         if doc.mode == "expand":
-            expander = self.legs.expander
-            may_expand = run.opts.expand or (run.opts.expand is None and expander is not None and expander.fine_tuned)
-            texts = [] if may_expand else [doc.query]
+            texts = [] if self._may_expand(run.opts) else [doc.query]
         else:
             texts = [s.text for s in _typed_subs(doc) if s.kind in ("vec", "hyde")]
         clock = run.clock
@@ -783,6 +786,18 @@ def _evidence(c: Candidate, cosine: float, scale: CosineScale | None) -> Evidenc
     """A candidate's keyword score and its cosine on the embedder's scale (none without one)."""
     keyword = max((k.backend_score for k in c.contributions if k.source == "fts"), default=0.0)
     return Evidence(keyword, None if scale is None else scale(cosine))
+
+
+def _signal(probe: list[KeywordHit]) -> tuple[list[float], bool]:
+    """Spec §13.2's strong-signal inputs, on the original's scores: the coordination of
+    BM25's top hit and the best of the rest's, and whether the top hit holds every item.
+    The probe counted its items (`count_matched`)."""
+    coordinations = [h.coordination for h in probe]
+    if None in coordinations:
+        raise RuntimeError("the strong-signal test needs a probe that counted its items")
+    scores = [c for c in coordinations if c is not None]
+    top_matched_all = bool(probe) and probe[0].matched == probe[0].total
+    return scores[:1] + sorted(scores[1:], reverse=True)[:1], top_matched_all
 
 
 def _behind(ahead: float) -> str:

@@ -29,16 +29,20 @@ class KeywordHit:
 
     doc: DocRow
     score: float
-    matched: int
+    matched: int | None
+    """How many of the query's items it holds, where the search counted them (`LexHit.matched`)."""
     total: int
-    coordination: float
+    coordination: float | None
     """The original's score (`LexHit.coordination`), for spec §13.2's strong-signal test."""
 
 
-def _search(conn: Connection, query: LexQuery, collection: str, fetch: int, scope: Scope) -> list[LexHit]:
-    """One collection's best `fetch` by bm25, from FTS5 or from the Postgres postings."""
+def _search(
+    conn: Connection, query: LexQuery, collection: str, fetch: int, scope: Scope, count_matched: bool
+) -> list[LexHit]:
+    """One collection's best `fetch` by bm25, from FTS5 or from the Postgres postings (whose
+    ranking counts each hit's items anyway)."""
     if isinstance(conn, sqlite3.Connection):
-        return search_fts(conn, query, collection, fetch, scope.doc_filter)
+        return search_fts(conn, query, collection, fetch, scope.doc_filter, count_matched=count_matched)
     from qmd.server.search.lexical_pg import search_pg
     from qmd.server.store.pg_store import raw
 
@@ -59,11 +63,14 @@ def fuzzed(store: IndexStore, query: LexQuery, notes: list[str]) -> LexQuery:
     return query
 
 
-def lexical_hits(store: IndexStore, query: LexQuery, scope: Scope, fetch: int) -> list[KeywordHit]:
+def lexical_hits(
+    store: IndexStore, query: LexQuery, scope: Scope, fetch: int, *, count_matched: bool = False
+) -> list[KeywordHit]:
+    """The best `fetch` documents of the scope; `count_matched` for each hit's item count."""
     with store.read() as conn:
         best: dict[int, LexHit] = {}
         for name in scope.collections:
-            for h in _search(conn, query, name, fetch, scope):
+            for h in _search(conn, query, name, fetch, scope, count_matched):
                 if h.doc_id not in best or h.score > best[h.doc_id].score:
                     best[h.doc_id] = h
         ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]
@@ -90,7 +97,7 @@ def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, i
         out.warnings.append("the query has no searchable terms (only negations, punctuation or nothing)")
         return out
     fetch = ALL_LIMIT if opts.all_results else max(50, 2 * opts.limit)
-    hits = lexical_hits(store, lexq, scope, fetch)
+    hits = lexical_hits(store, lexq, scope, fetch, count_matched=opts.explain)
     with store.read() as conn:
         out.filter = filter_report(conn, scope)
     kept = [h for h in hits if h.score >= opts.min_score]

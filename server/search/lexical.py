@@ -61,6 +61,7 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
+from qmd.server.store.sqlite import ReadConnection
 from qmd.server.text.cjk import CJK_RUN, norm_cjk
 
 __all__ = [
@@ -262,18 +263,22 @@ class LexHit:
     """``documents.id`` (= ``documents_fts.rowid``)."""
     bm25: float
     """Raw FTS5 bm25 with column weights (1.5, 4.0, 1.0): negative, lower is better."""
-    matched: int
-    """How many positive items the document contains."""
+    matched: int | None
+    """How many positive items the document contains; None unless the search counted them
+    (`count_matched`: on SQLite one more pass over each item's documents, a fifth of a
+    search's time, for what only the expansion's strong-signal test and `--explain` read)."""
     total: int
     """How many positive items the query has."""
     score: float
     """``|bm25|`` as a fraction of the query's attainable BM25; see the module docstring."""
 
     @property
-    def coordination(self) -> float:
+    def coordination(self) -> float | None:
         """The original's score for this hit, ``b = |bm25| / (1 + |bm25|)`` for a document
         with every item, ``(matched - 1 + b) / total`` for fewer: what spec §13.2's
-        strong-signal thresholds were set on."""
+        strong-signal thresholds were set on. None where `matched` was not counted."""
+        if self.matched is None:
+            return None
         b = abs(self.bm25) / (1.0 + abs(self.bm25))
         return (self.matched - 1 + b) / self.total
 
@@ -421,7 +426,16 @@ class FtsVocabulary:
 
 
 def _count(conn: sqlite3.Connection, expression: str) -> int:
-    return conn.execute("SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?", (expression,)).fetchone()[0]
+    """The documents holding `expression`, kept on a reading connection until the index
+    changes (`ReadConnection.memo`): a query's common words cost a pass over most of the
+    index each (a fifth of a search at a million chunks), and recur across queries."""
+    memo = conn.memo() if isinstance(conn, ReadConnection) else None
+    if memo is not None and (n := memo.get(expression)) is not None:
+        return n
+    n = conn.execute("SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?", (expression,)).fetchone()[0]
+    if memo is not None:
+        memo[expression] = n
+    return int(n)
 
 
 def common_tail(idfs: list[float]) -> set[int]:
@@ -493,8 +507,11 @@ def search_fts(
     collection: str | None,
     limit: int,
     doc_filter: DocFilter | None = None,
+    *,
+    count_matched: bool = True,
 ) -> list[LexHit]:
-    """Return the best ``limit`` documents for ``query`` by disjunctive BM25.
+    """Return the best ``limit`` documents for ``query`` by disjunctive BM25, each with how
+    many of its items it holds when `count_matched`.
 
     Expects ``documents_fts`` (rowid = ``documents.id``, active documents only) and
     ``documents``. The collection and the metadata filter sit inside the ranking statement,
@@ -510,9 +527,9 @@ def search_fts(
     idfs = item_idfs([_count(conn, expr) for expr in query.positives], rows_total)
     scope = None if collection is None and doc_filter is None else _Scope(collection, doc_filter)
     rows = _ranked(conn, query, scope, limit, idfs)
-    matched = _matched(conn, query, [doc_id for doc_id, _ in rows])
+    matched = _matched(conn, query, [doc_id for doc_id, _ in rows]) if count_matched else {}
     total = len(query.positives)
-    return [LexHit(doc_id, bm25, matched[doc_id], total, hit_score(bm25, idfs)) for doc_id, bm25 in rows]
+    return [LexHit(doc_id, bm25, matched.get(doc_id), total, hit_score(bm25, idfs)) for doc_id, bm25 in rows]
 
 
 _INTENT_STOP = STOP_WORDS | frozenset("find need show tell want looking notes search".split())

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from qmd.paths import ForeignFile, private_file
 from qmd.server.config import describe_url
@@ -36,8 +36,35 @@ def utcnow() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+class ReadConnection(sqlite3.Connection):
+    """A reading connection (``query_only``) that keeps what searches derive from the index
+    between statements, such as each query word's document count: a full pass over its
+    documents, the same for every query until the index changes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._seen = -1
+        self._memo: dict[str, int] = {}
+
+    def memo(self) -> dict[str, int] | None:
+        """A dict that holds until another connection commits (``PRAGMA data_version``
+        moves; this one never writes); None inside a transaction, whose snapshot may be
+        older than the data version it would be kept under."""
+        if self.in_transaction:
+            return None
+        (version,) = self.execute("PRAGMA data_version").fetchone()
+        if version != self._seen or len(self._memo) > MEMO_ENTRIES:
+            self._memo, self._seen = {}, version
+        return self._memo
+
+
+MEMO_ENTRIES = 10_000
+"""At most this many derived values a connection keeps between writes (then it starts again)."""
+
+
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+    factory = ReadConnection if readonly else sqlite3.Connection
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30, factory=factory)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA busy_timeout = 30000")
     conn.execute("PRAGMA foreign_keys = ON")
