@@ -15,9 +15,9 @@ Per size: insert and build time, table and index size, then per query back to ba
 exact scan of `big` (`knn_exact`: the baseline) and `knn` (HNSW, k=10); recall@10 of the
 second against the first, and against float32 brute force (numpy), which also gives the
 largest difference between a halfvec distance and the float32 one sqlite-vec computes;
-and `knn` in `small` (exact by `EXACT_UP_TO`) next to `knn` there with the threshold off
+and `knn` in `small` (exact by `EXACT_UP_TO` or `EXACT_SHARE`) next to `knn` there with both off
 (the planner's plan: the HNSW walk with the iterative scan, or the btree and a sort where its
-estimate prefers them): what decides `EXACT_UP_TO`.
+estimate prefers them): what decides the two.
 At --float32-at, the same rows also go into a `vector` (float32) twin with its own HNSW
 index, for halfvec's price in recall and its saving in size. Figures only, never assertions.
 """
@@ -140,11 +140,12 @@ def run_size(
         lat["hnsw"].append(s)
         s, small = timed(lambda b=blob: pv.knn(conn, space, b, K, SMALL))
         lat["small"].append(s)
-        saved, pv.EXACT_UP_TO = pv.EXACT_UP_TO, 0  # the planner's plan for the same collection
+        saved = pv.EXACT_UP_TO, pv.EXACT_SHARE
+        pv.EXACT_UP_TO, pv.EXACT_SHARE = 0, 0.0  # the planner's plan for the same collection
         try:
             s, walked = timed(lambda b=blob: pv.knn(conn, space, b, K, SMALL))
         finally:
-            pv.EXACT_UP_TO = saved
+            pv.EXACT_UP_TO, pv.EXACT_SHARE = saved
         lat["small_hnsw"].append(s)
         full = 1.0 - (x @ q) / (np.linalg.norm(x, axis=1) * np.linalg.norm(q))
         truth = set(big_ids[np.argsort(full[big_ids - 1])[:K]].tolist())
@@ -228,7 +229,8 @@ def main() -> None:
     mib = 2**20
     print(
         f"{DIMS} dims, gaussian mixture, {args.queries} queries, k={K}; m={pv.HNSW_M},"
-        f" ef_construction={pv.HNSW_EF_CONSTRUCTION}, ef_search={pv.EF_SEARCH}, EXACT_UP_TO={pv.EXACT_UP_TO}"
+        f" ef_construction={pv.HNSW_EF_CONSTRUCTION}, ef_search={pv.EF_SEARCH},"
+        f" EXACT_UP_TO={pv.EXACT_UP_TO}, EXACT_SHARE={pv.EXACT_SHARE}"
     )
     print(
         table(

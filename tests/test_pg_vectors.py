@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -129,6 +130,7 @@ def test_iterative_scan_fills_k_under_a_filter(conn: psycopg.Connection, monkeyp
     cids = [2 if i % 100 == 0 else 1 for i in range(2_000)]
     load(conn, 1, x, cids, bulk=True)
     monkeypatch.setattr(pv, "EXACT_UP_TO", 0)
+    monkeypatch.setattr(pv, "EXACT_SHARE", 0.0)
     conn.execute("SET enable_sort = off")
     q = unit(rng, 1)[0].tolist()
     plan = conn.execute(
@@ -141,6 +143,33 @@ def test_iterative_scan_fills_k_under_a_filter(conn: psycopg.Connection, monkeyp
     assert {cids[rid - 1] for rid, _ in got} == {2}
 
 
+def test_a_small_share_of_a_big_space_is_searched_exactly(
+    conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection of 1% of its space's rows is scanned exactly whatever its size (a filtered
+    walk loses its way there: a quarter of the top 10 at a million rows); without the share
+    rule the same search is the walk."""
+    rng = np.random.default_rng(11)
+    x = unit(rng, 2_000)
+    load(conn, 1, x, [2 if i % 100 == 0 else 1 for i in range(2_000)], bulk=True)
+    conn.execute(f"ANALYZE {pv.table_name(1)}")
+    monkeypatch.setattr(pv, "EXACT_UP_TO", 0)
+    scans: list[str] = []
+    exact = pv._exact
+
+    def recorded(*args: Any) -> list[tuple[int, float]]:
+        scans.append(args[3])
+        return exact(*args)
+
+    monkeypatch.setattr(pv, "_exact", recorded)
+    q = unit(rng, 1)[0].tolist()
+    assert pv.knn(conn, 1, q, 10, 2) == pv.knn_exact(conn, 1, q, 10, 2)
+    assert scans == ["collection_id = %s", "collection_id = %s"]  # knn's own scan, then knn_exact's
+    assert len(pv.knn(conn, 1, q, 10, 1)) == 10 and len(scans) == 2  # 99% of the rows: the walk
+    monkeypatch.setattr(pv, "EXACT_SHARE", 0.0)
+    assert len(pv.knn(conn, 1, q, 10, 2)) == 10 and len(scans) == 2
+
+
 def test_a_walk_that_gives_up_is_answered_exactly(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     """A walk stopped after one tuple (``hnsw.max_scan_tuples``) with a candidate list of 10
     reaches a few of a 1% collection's rows, not 10: the exact scan answers instead."""
@@ -148,6 +177,7 @@ def test_a_walk_that_gives_up_is_answered_exactly(conn: psycopg.Connection, monk
     x = unit(rng, 2_000)
     load(conn, 1, x, [2 if i % 100 == 0 else 1 for i in range(2_000)], bulk=True)
     monkeypatch.setattr(pv, "EXACT_UP_TO", 0)
+    monkeypatch.setattr(pv, "EXACT_SHARE", 0.0)
     monkeypatch.setattr(pv, "EF_SEARCH", 10)
     conn.execute("SET enable_sort = off")
     conn.execute("SET hnsw.max_scan_tuples = 1")

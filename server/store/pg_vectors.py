@@ -15,7 +15,8 @@ swap two hits that close and nothing else (exact top 10s held float32's rows in 
 searches of a large collection; 4 of 300 of a small one differed in order or in a tenth row).
 
 A search in a collection is exact while the collection is small (``EXACT_UP_TO`` rows: a
-scan of its rows by the btree beats a filtered HNSW walk there), and otherwise an HNSW
+scan of its rows by the btree beats a filtered HNSW walk there) or a small share of its
+space (``EXACT_SHARE``: there a filtered walk loses its way), and otherwise an HNSW
 walk with pgvector 0.8's iterative scan, which keeps walking until the filter has let `k`
 rows through; should it give up (``hnsw.max_scan_tuples``) before that, the exact scan
 answers, so a collection with `k` rows always returns `k`. The HNSW settings are
@@ -57,6 +58,12 @@ EXACT_UP_TO = 5_000
 0.75 ms per 1,000 rows at 384 dims (measured), so at most about what an HNSW walk does, and
 the answer is exact. (Left alone, the planner often makes the same choice from its estimates;
 this makes it a rule.)"""
+EXACT_SHARE = 0.05
+"""A collection of at most this share of its space's rows (the table's row estimate) is
+searched exactly too, however many rows that is: a walk filtered to a share s passes about
+1/s rows for each it keeps and loses its way, so at a million rows a 1% collection's walk
+found a quarter of the true top 10 (bench/bench_postgres_vectors.py), where the exact scan
+of its 10,000 rows takes ~9 ms."""
 MAX_HNSW_DIMS = 4_000
 """pgvector indexes a halfvec of at most 4,000 dimensions with HNSW."""
 HALF_MAX = 65_504.0
@@ -245,16 +252,18 @@ def knn(
     conn: psycopg.Connection, space_id: int, query: bytes | Sequence[float], k: int, collection_id: int
 ) -> list[tuple[int, float]]:
     """The collection's `k` nearest rows, (row id, cosine distance) nearest first: exact for a
-    collection of at most `EXACT_UP_TO` rows, else HNSW (approximate) with an iterative scan;
-    fewer than `k` only when the collection holds fewer."""
+    collection of at most `EXACT_UP_TO` rows or `EXACT_SHARE` of the space's, else HNSW
+    (approximate) with an iterative scan; fewer than `k` only when the collection holds fewer."""
     if k < 1:
         return []
     q = _literal(query)
     t = table_name(space_id)
     with _errors(space_id), conn.transaction(force_rollback=True):
+        estimate = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (t,)).fetchone()
+        exact_up_to = max(EXACT_UP_TO, int(max(0.0, estimate[0] if estimate else 0.0) * EXACT_SHARE))
         small = conn.execute(
             f"SELECT count(*) <= %s FROM (SELECT 1 FROM {t} WHERE collection_id = %s LIMIT %s) s",
-            (EXACT_UP_TO, collection_id, EXACT_UP_TO + 1),
+            (exact_up_to, collection_id, exact_up_to + 1),
         ).fetchone()
         if small and small[0]:
             return _exact(conn, space_id, q, "collection_id = %s", (collection_id,), k)
