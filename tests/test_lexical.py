@@ -898,3 +898,38 @@ def test_reading_connection_keeps_counts_until_the_index_changes(tmp_path: Path)
     reader.execute("COMMIT")
     reader.close()
     writer.close()
+
+
+def test_a_search_of_every_collection_is_one_ranking_of_the_index(tmp_path: Path) -> None:
+    """Collections that hold every active document are searched as the whole index, with no
+    scope test, and the same hits as collection by collection; that knowledge is dropped
+    with the index's next change, so a collection added later is never searched unasked."""
+    from conftest import write
+
+    from qmd.paths import IndexPaths
+    from qmd.server.engine import Engine
+    from qmd.server.search.pointers import SearchOptions
+
+    engine = Engine(IndexPaths("test", tmp_path / "index.sqlite", tmp_path / "index.yml", tmp_path))
+    try:
+        notes = {f"n{i}.md": f"# Note {i}\n\nOtters and rivers, note {i}.\n" for i in range(6)}
+        engine.create_collection(str(write(tmp_path / "a", notes)), name="a")
+        engine.update()
+        first = engine.search("otters rivers", SearchOptions(collections=["a"], limit=10))
+        assert len(first.hits) == 6
+        engine.create_collection(str(write(tmp_path / "b", {"b.md": "# B\n\nOtters, otters, rivers.\n"})), name="b")
+        engine.update()
+        only_a = engine.search("otters rivers", SearchOptions(collections=["a"], limit=10))
+        assert {h.doc.collection for h in only_a.hits} == {"a"} and len(only_a.hits) == 6
+        both = engine.search("otters rivers", SearchOptions(collections=["a", "b"], limit=10))
+        one_by_one = sorted(
+            (
+                h
+                for name in ("a", "b")
+                for h in engine.search("otters rivers", SearchOptions(collections=[name], limit=10)).hits
+            ),
+            key=lambda h: -h.score,
+        )
+        assert [(h.doc.file, h.score) for h in both.hits] == [(h.doc.file, h.score) for h in one_by_one]
+    finally:
+        engine.close()

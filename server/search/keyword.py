@@ -1,8 +1,9 @@
 """Keyword (BM25) search over collections, shaped into pointers.
 
 Each collection is searched on its own and the lists merged by score (spec §10.4),
-so one big collection never starves a small one. Every hit names a file, a docid
-and the line range of its best passage.
+so one big collection never starves a small one; when the collections searched hold
+every active document, one ranking of the whole index gives the same list for less.
+Every hit names a file, a docid and the line range of its best passage.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from qmd.server.search.typos import correct
 from qmd.server.store.db import Connection, IndexStore, sqlite3
 from qmd.server.store.documents import DocRow, fetch_ids
 from qmd.server.store.metadata import ids_sql
+from qmd.server.store.sqlite import ReadConnection
 
 MAX_QUERY_CHARS = 20_000
 ALL_LIMIT = 100_000
@@ -36,8 +38,27 @@ class KeywordHit:
     """The original's score (`LexHit.coordination`), for spec §13.2's strong-signal test."""
 
 
+def _whole_index(conn: Connection, collections: list[str]) -> bool:
+    """Whether every active document is in `collections`: then their search is the index's,
+    one ranking with no scope test (each collection's own ranking, then the lists merged,
+    gives the same top `fetch`: the scores share the index's statistics), where a scoped one
+    tests each match against a list of every document in scope (15 ms at 125k documents).
+    Kept on a reading connection until the index changes."""
+    memo = conn.memo() if isinstance(conn, ReadConnection) else None
+    key = "\x00whole-index\x00" + "\x00".join(sorted(collections))
+    if memo is not None and (known := memo.get(key)) is not None:
+        return bool(known)
+    marks = ",".join("?" * len(collections))
+    other = conn.execute(
+        f"SELECT 1 FROM documents WHERE active = 1 AND collection NOT IN ({marks}) LIMIT 1", collections
+    ).fetchone()
+    if memo is not None:
+        memo[key] = int(other is None)
+    return other is None
+
+
 def _search(
-    conn: Connection, query: LexQuery, collection: str, fetch: int, scope: Scope, count_matched: bool
+    conn: Connection, query: LexQuery, collection: str | None, fetch: int, scope: Scope, count_matched: bool
 ) -> list[LexHit]:
     """One collection's best `fetch` by bm25, from FTS5 or from the Postgres postings (whose
     ranking counts each hit's items anyway)."""
@@ -69,7 +90,9 @@ def lexical_hits(
     """The best `fetch` documents of the scope; `count_matched` for each hit's item count."""
     with store.read() as conn:
         best: dict[int, LexHit] = {}
-        for name in scope.collections:
+        whole = scope.doc_filter is None and _whole_index(conn, scope.collections)
+        names: list[str | None] = [None] if whole else list(scope.collections)
+        for name in names:
             for h in _search(conn, query, name, fetch, scope, count_matched):
                 if h.doc_id not in best or h.score > best[h.doc_id].score:
                     best[h.doc_id] = h
