@@ -12,7 +12,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import write
 
+from qmd.paths import IndexPaths
+from qmd.server.engine import Engine
+from qmd.server.ingest import indexer
 from qmd.server.search.lexical import (
     STOP_WORDS,
     LexHit,
@@ -22,6 +26,7 @@ from qmd.server.search.lexical import (
     resolve_prefixes,
     search_fts,
 )
+from qmd.server.search.pointers import SearchOptions
 from qmd.server.store.db import sqlite3 as sqlite_index
 from qmd.server.store.fts import FtsDoc, fts_delete, fts_put, repair_fts_totals
 from qmd.server.store.schema import FTS_TABLE
@@ -904,12 +909,6 @@ def test_a_search_of_every_collection_is_one_ranking_of_the_index(tmp_path: Path
     """Collections that hold every active document are searched as the whole index, with no
     scope test, and the same hits as collection by collection; that knowledge is dropped
     with the index's next change, so a collection added later is never searched unasked."""
-    from conftest import write
-
-    from qmd.paths import IndexPaths
-    from qmd.server.engine import Engine
-    from qmd.server.search.pointers import SearchOptions
-
     engine = Engine(IndexPaths("test", tmp_path / "index.sqlite", tmp_path / "index.yml", tmp_path))
     try:
         notes = {f"n{i}.md": f"# Note {i}\n\nOtters and rivers, note {i}.\n" for i in range(6)}
@@ -931,5 +930,39 @@ def test_a_search_of_every_collection_is_one_ranking_of_the_index(tmp_path: Path
             key=lambda h: -h.score,
         )
         assert [(h.doc.file, h.score) for h in both.hits] == [(h.doc.file, h.score) for h in one_by_one]
+    finally:
+        engine.close()
+
+
+def test_a_large_indexing_pass_leaves_the_keyword_index_in_one_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that changed a tenth of the documents or more merges FTS5's segments into one
+    b-tree (a search reads every segment); a smaller one leaves them. Rankings and scores are
+    the same, to the last bit, either way."""
+    monkeypatch.setattr(indexer, "BATCH_FILES", 5)  # a transaction, so a segment, per 5 files
+    engine = Engine(IndexPaths("test", tmp_path / "index.sqlite", tmp_path / "index.yml", tmp_path))
+
+    def segments() -> int:
+        with engine.store.read() as conn:
+            return int(conn.execute("SELECT count(DISTINCT segid) FROM documents_fts_idx").fetchone()[0])
+
+    def ranked() -> list[tuple[str, float]]:
+        return [(h.doc.file, h.score) for h in engine.search("otters rivers", SearchOptions(limit=50)).hits]
+
+    try:
+        notes = {f"n{i}.md": f"# Note {i}\n\nOtters{' and rivers' * (i % 4)}, note {i}.\n" for i in range(60)}
+        root = write(tmp_path / "notes", notes)
+        engine.create_collection(str(root), name="notes")
+        engine.update()
+        assert segments() == 1
+        merged = ranked()
+        write(root, {"n0.md": "# Note 0\n\nOtters, edited.\n", "n1.md": "# Note 1\n\nRivers, edited.\n"})
+        engine.update()
+        assert segments() == 2  # 2 of 60 changed: the new segment stays
+        write(root, {"n0.md": notes["n0.md"], "n1.md": notes["n1.md"]})
+        engine.update()
+        assert segments() == 3 and ranked() == merged
+        assert not engine.store.merge_keyword_segments(0)
     finally:
         engine.close()

@@ -631,6 +631,7 @@ def index_collection(
         summary.orphans_cleaned = store.write(partial(_finish, gone=plan.deleted))
     summary.seconds = time.monotonic() - t0
     _record_run(store, summary, walk_empty=plan.empty_walk is not None, scope=scope)
+    store.merge_keyword_segments(summary.indexed + summary.updated + summary.removed)
     return summary
 
 

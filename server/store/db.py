@@ -144,6 +144,13 @@ class IndexStore(Protocol):
         outcome, and whether the keyword index was merged."""
         ...
 
+    def merge_keyword_segments(self, changed: int) -> bool:
+        """After an indexing pass that changed `changed` documents: merge the keyword index
+        into one b-tree when the pass was large enough to be worth it (a search reads every
+        segment); True when it did. Nothing to do where the backend keeps no segments
+        (Postgres' postings)."""
+        ...
+
     def size_bytes(self) -> int:
         """What the index takes on disk (files, or the server's relations)."""
         ...

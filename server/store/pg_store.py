@@ -449,6 +449,9 @@ class PgStore(Writer[PgConnection]):
         step("vacuum")
         return self.maintain(functools.partial(_vacuum, want=vacuum)), False
 
+    def merge_keyword_segments(self, changed: int) -> bool:
+        return False
+
     def size_bytes(self) -> int:
         with self.read() as conn:
             return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
