@@ -19,7 +19,7 @@ from qmd.server.search.typos import correct
 from qmd.server.store.db import Connection, IndexStore, sqlite3
 from qmd.server.store.documents import DocRow, fetch_ids
 from qmd.server.store.metadata import ids_sql
-from qmd.server.store.sqlite import ReadConnection
+from qmd.server.store.sqlite import remembered
 
 MAX_QUERY_CHARS = 20_000
 ALL_LIMIT = 100_000
@@ -44,17 +44,9 @@ def _whole_index(conn: Connection, collections: list[str]) -> bool:
     gives the same top `fetch`: the scores share the index's statistics), where a scoped one
     tests each match against a list of every document in scope (15 ms at 125k documents).
     Kept on a reading connection until the index changes."""
-    memo = conn.memo() if isinstance(conn, ReadConnection) else None
+    sql = f"SELECT 1 FROM documents WHERE active = 1 AND collection NOT IN ({','.join('?' * len(collections))}) LIMIT 1"
     key = "\x00whole-index\x00" + "\x00".join(sorted(collections))
-    if memo is not None and (known := memo.get(key)) is not None:
-        return bool(known)
-    marks = ",".join("?" * len(collections))
-    other = conn.execute(
-        f"SELECT 1 FROM documents WHERE active = 1 AND collection NOT IN ({marks}) LIMIT 1", collections
-    ).fetchone()
-    if memo is not None:
-        memo[key] = int(other is None)
-    return other is None
+    return bool(remembered(conn, key, lambda: int(conn.execute(sql, collections).fetchone() is None)))
 
 
 def _search(

@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
-from qmd.server.store.sqlite import ReadConnection
+from qmd.server.store.sqlite import remembered
 from qmd.server.text.cjk import CJK_RUN, norm_cjk
 
 __all__ = [
@@ -429,13 +429,8 @@ def _count(conn: sqlite3.Connection, expression: str) -> int:
     """The documents holding `expression`, kept on a reading connection until the index
     changes (`ReadConnection.memo`): a query's common words cost a pass over most of the
     index each (a fifth of a search at a million chunks), and recur across queries."""
-    memo = conn.memo() if isinstance(conn, ReadConnection) else None
-    if memo is not None and (n := memo.get(expression)) is not None:
-        return n
-    n = conn.execute("SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?", (expression,)).fetchone()[0]
-    if memo is not None:
-        memo[expression] = n
-    return int(n)
+    sql = "SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?"
+    return remembered(conn, expression, lambda: int(conn.execute(sql, (expression,)).fetchone()[0]))
 
 
 def common_tail(idfs: list[float]) -> set[int]:

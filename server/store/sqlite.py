@@ -58,6 +58,17 @@ class ReadConnection(sqlite3.Connection):
         return self._memo
 
 
+def remembered(conn: object, key: str, compute: Callable[[], int]) -> int:
+    """`compute()`, kept under `key` while the index does not change when `conn` is a
+    `ReadConnection` (any other connection computes it every time)."""
+    memo = conn.memo() if isinstance(conn, ReadConnection) else None
+    if memo is None:
+        return compute()
+    if (value := memo.get(key)) is None:
+        value = memo[key] = compute()
+    return value
+
+
 MERGE_SHARE = 0.1
 """`Store.merge_keyword_segments` merges after a pass that changed at least this share of the
 indexed documents: the merge costs about the whole keyword index, at most ten times the pass's
