@@ -71,6 +71,14 @@ def test_knn_matches_brute_force(conn: psycopg.Connection) -> None:
         assert pv.knn(conn, 1, q.tolist(), 10, 7) == got  # a float list is the same query as its blob
 
 
+def test_the_candidate_list_grows_with_the_space() -> None:
+    """100 candidates up to half a million rows, then one per 5,000 rows (a million: 200),
+    never fewer than k, never more than pgvector's 1,000."""
+    assert [pv.ef_search(10, rows) for rows in (0, 200_000, 500_000, 1_000_000, 2_000_000)] == [100, 100, 100, 200, 400]
+    assert pv.ef_search(10, 1_000_000) == 200 and pv.ef_search(300, 1_000_000) == 300
+    assert pv.ef_search(10, 50_000_000) == 1_000 and pv.ef_search(10, -1.0) == 100  # never analyzed: -1
+
+
 def test_knn_settings_do_not_leak(conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     """The HNSW walk's settings are gone after it, inside a caller's transaction too."""
     load(conn, 1, unit(np.random.default_rng(2), 20), [1] * 20)

@@ -50,9 +50,14 @@ HNSW_EF_CONSTRUCTION = 64
 """pgvector's defaults: with `EF_SEARCH` they reach recall@10 0.994 at 200k (the issue asks
 0.95), in an 83 s build on 2 cores; a larger graph would buy recall the search already has."""
 EF_SEARCH = 100
-"""The HNSW candidate list for a small `k` (a larger `k` gets `k`, up to pgvector's 1,000,
-past which the iterative scan supplies the rest). Measured at 200k: 40 (pgvector's default)
-gives recall@10 0.864, 64 0.944, 100 0.994 at p50 5.6 ms."""
+"""The HNSW candidate list for a small `k` in a space of up to `ROWS_PER_EF` × 100 rows (a
+larger `k` gets `k`, up to pgvector's 1,000, past which the iterative scan supplies the
+rest). Measured at 200k: 40 (pgvector's default) gives recall@10 0.864, 64 0.944, 100 0.994
+at p50 5.6 ms."""
+ROWS_PER_EF = 5_000
+"""A larger space gets a candidate list of one per this many rows: at a million rows (the
+bench's hard mixture) 100 found 0.72 of the top 10 in 12.7 ms, 200 0.83 in 21 ms, 400 0.89
+in 39 ms; past that the graph itself is the limit (800: 0.90 in 70 ms)."""
 EXACT_UP_TO = 5_000
 """A collection of at most this many rows is searched exactly: a scan costs ~1.3 ms and
 0.75 ms per 1,000 rows at 384 dims (measured), so at most about what an HNSW walk does, and
@@ -240,6 +245,11 @@ def _exact(
     ).fetchall()
 
 
+def ef_search(k: int, rows: float) -> int:
+    """The HNSW candidate list for `k` nearest of a space of about `rows` rows."""
+    return min(_MAX_EF_SEARCH, max(EF_SEARCH, k, int(rows / ROWS_PER_EF)))
+
+
 def knn_exact(
     conn: psycopg.Connection, space_id: int, query: bytes | Sequence[float], k: int, collection_id: int
 ) -> list[tuple[int, float]]:
@@ -269,7 +279,7 @@ def knn(
             return _exact(conn, space_id, q, "collection_id = %s", (collection_id,), k)
         conn.execute(
             "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true)",
-            (str(min(_MAX_EF_SEARCH, max(EF_SEARCH, k))),),
+            (str(ef_search(k, estimate[0] if estimate else 0.0)),),
         )
         # relaxed_order may hand rows back slightly out of order: the outer ORDER BY sorts them
         found = conn.execute(
