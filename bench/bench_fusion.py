@@ -13,9 +13,10 @@ for measuring a relevance floor. So are the
 `--offtopic` questions (everyday topics no software manual answers), asked of every set.
 
 From those lists, offline and in the same run, nDCG@10 of each leg and of each fusion
-variant (RRF constants and weights, score-aware combinations), the shipped one
-(`fusion.fuse`) among them: the goal (issue 33) is a fused list above its better leg on
-every set.
+variant (RRF constants and weights, score-aware combinations), the rank fusion
+(`fusion.fuse`) and the default ranking of a plain query (by `relevance`, on the scale the
+lists' embedder is measured to have) among them: the goal (issue 33) is a fused list above
+its better leg on every set.
 
 `--base DIR` reuses an installation made by an earlier run (vectors kept); `--lists FILE`
 saves the lists, or reads them when the file exists, so a fusion change is measured again
@@ -38,6 +39,7 @@ from _common import Daemon, Env, Isolated, embed_model_path
 from qmd.server.quality import load_beir
 from qmd.server.search.fusion import RankedList, fuse
 from qmd.server.search.hybrid import LIST_FETCH
+from qmd.server.search.relevance import W_KEYWORD, W_VECTOR
 
 Lists = dict[str, list[tuple[str, float]]]
 FLOOR_FETCH = 100
@@ -94,7 +96,7 @@ def collect(env: Env, sets: list[Path], limit: int, offtopic: list[tuple[str, st
 # -- fusion variants ------------------------------------------------------------------
 
 
-def shipped(row: Lists) -> list[str]:
+def rrf_fused(row: Lists) -> list[str]:
     """`fusion.fuse` as the hybrid query calls it without expansion: both lists weigh 2."""
     ids: dict[str, int] = {}
     lists = [
@@ -103,6 +105,49 @@ def shipped(row: Lists) -> list[str]:
     ]
     names = {i: d for d, i in ids.items()}
     return [names[c.doc_id] for c in fuse(lists)]
+
+
+def by_relevance(
+    related: float, unrelated: float, w_keyword: float = W_KEYWORD, w_vector: float = W_VECTOR
+) -> Callable[[Lists], list[str]]:
+    """A plain query's default order (`hybrid._shape`): the relevance model's sum of the
+    keyword score and the cosine on the embedder's scale (`relevance.CosineScale`); a
+    document the keyword list lacks counts 0 there, one the vector list lacks its least near
+    cosine (the lists hold 1/(1 + distance))."""
+
+    def ranked(row: Lists) -> list[str]:
+        keyword = dict(row["fts"])
+        cosines = {d: 2 - 1 / s for d, s in row["vec"]}
+        least = min(cosines.values(), default=0.0)
+
+        def logit(d: str) -> float:
+            vector = (cosines.get(d, least) - unrelated) / ((related - unrelated) or 1.0)
+            return w_keyword * keyword.get(d, 0.0) + w_vector * vector
+
+        return sorted(set(keyword) | set(cosines), key=lambda d: -logit(d))
+
+    return ranked
+
+
+def scale_of(model: str) -> tuple[float, float]:
+    """(related, unrelated) cosines of `model` over the anchors, through qmd's own embedder."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as home:
+        for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
+            os.environ[var] = home
+        os.environ["QMD_EMBED_MODEL"] = model
+        import qmd
+        from qmd.server.search.relevance import Scales
+
+        index = qmd.open(str(Path(home) / "scale.sqlite"), collections={})
+        try:
+            emb = index.engine.embedder()
+            scale = Scales().of(emb.fingerprint, emb.backend.embed)
+        finally:
+            index.close()
+    return scale.related, scale.unrelated
 
 
 def rrf(k: int, w_fts: float = 1.0, w_vec: float = 1.0) -> Callable[[Lists], list[str]]:
@@ -159,7 +204,7 @@ def zsum(alpha: float) -> Callable[[Lists], list[str]]:
 VARIANTS: dict[str, Callable[[Lists], list[str]]] = {
     "keyword": lambda row: [d for d, _ in row["fts"]],
     "vector": lambda row: [d for d, _ in row["vec"]],
-    "shipped (fusion.fuse)": shipped,
+    "RRF (fusion.fuse)": rrf_fused,
     **{f"RRF k={k}": rrf(k) for k in (10, 30, 60)},
     **{f"RRF k=60 kw×{w}": rrf(60, w, 1.0) for w in (1.5, 2.0)},
     **{f"CombSUM α={a}": combsum(a) for a in (0.3, 0.5, 0.7)},
@@ -178,9 +223,9 @@ def as_fused(row: dict[str, Any]) -> Lists:
     return {src: row[src][:LIST_FETCH] for src in ("fts", "vec")}
 
 
-def fusion_table(rows: list[dict[str, Any]], sets: list[str]) -> None:
+def fusion_table(rows: list[dict[str, Any]], sets: list[str], scale: tuple[float, float]) -> None:
     print("\nnDCG@10 | " + " | ".join(sets))
-    for name, variant in VARIANTS.items():
+    for name, variant in {**VARIANTS, "by relevance (the default)": by_relevance(*scale)}.items():
         cells = []
         for s in sets:
             own = [r for r in rows if r["set"] == s and r["own"]]
@@ -215,7 +260,7 @@ def main() -> None:
         if a.lists:
             a.lists.write_text(json.dumps(rows))
     names = [s.name for s in a.sets]
-    fusion_table(rows, names)
+    fusion_table(rows, names, scale_of(embed_model_path(a.model)))
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@
 The lists (`bench/bench_fusion.py SETS... --offtopic bench/data/offtopic_queries.txt --lists
 FILE`) hold each question's keyword and vector lists on each set: its own questions (one
 relevant document), the other sets' and the everyday ones (none). For each, the first result
-of the shipped fusion and its evidence as `relevance` reads it: the keyword score, and the
+of the rank fusion (`fusion.fuse`) and its evidence as `relevance` reads it: the keyword score, and the
 cosine on the embedder's scale (`relevance.Scales`, measured here with the same model the
 lists were made with). A logistic regression on all of them gives the shipped weights; held
 out one set at a time, what each floor refuses of the questions with no answer there and
-drops of the right first answers.
+drops of the right first answers, and the set's nDCG@10 ranked by that held-out fit (the
+default order of a plain query) next to the rank fusion's.
 """
 
 from __future__ import annotations
@@ -18,41 +19,20 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import embed_model_path
-from bench_fusion import as_fused, shipped
+from bench_fusion import as_fused, by_relevance, ndcg10, rrf_fused, scale_of
 
 FLOORS = (0.01, 0.02, 0.05, 0.1)
 
 
-def scale_of(model: str) -> tuple[float, float]:
-    """(related, unrelated) cosines of `model` over the anchors, through qmd's own embedder."""
-    import os
-
-    with tempfile.TemporaryDirectory() as home:
-        for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
-            os.environ[var] = home
-        os.environ["QMD_EMBED_MODEL"] = model
-        import qmd
-        from qmd.server.search.relevance import Scales
-
-        index = qmd.open(str(Path(home) / "scale.sqlite"), collections={})
-        try:
-            emb = index.engine.embedder()
-            scale = Scales().of(emb.fingerprint, emb.backend.embed)
-        finally:
-            index.close()
-    return scale.related, scale.unrelated
-
-
 def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[float, float] | None:
-    """The shipped fusion's first result's (keyword score, scaled cosine), as `hybrid._evidence`
+    """The rank fusion's first result's (keyword score, scaled cosine), as `hybrid._evidence`
     computes them; None when nothing was found."""
-    fused = shipped(as_fused(row))
+    fused = rrf_fused(as_fused(row))
     if not fused:
         return None
     top = fused[0]
@@ -78,11 +58,12 @@ def main() -> None:
     related, unrelated = scale_of(embed_model_path(a.model))
     print(f"scale: related {related:.4f}, unrelated {unrelated:.4f}")
     rows = []
-    for r in json.loads(a.lists.read_text()):
+    lists = json.loads(a.lists.read_text())
+    for r in lists:
         if (e := evidence(r, related, unrelated)) is None:
             continue
         kind = "off" if r.get("offtopic") else ("own" if r["own"] else "other")
-        right = kind == "own" and shipped(as_fused(r))[0] in r["relevant"]
+        right = kind == "own" and rrf_fused(as_fused(r))[0] in r["relevant"]
         rows.append((r["set"], kind, right, e))
     used = [x for x in rows if x[2] or x[1] != "own"]  # an own question answered wrong says nothing either way
     w = fit(np.array([x[3] for x in used]), np.array([1.0 if x[2] else 0.0 for x in used]))
@@ -102,6 +83,16 @@ def main() -> None:
             share = [np.mean([p(x[3]) < f for x in test if sel(x)]) for sel in (_off, _other, _right)]
             cells.append(" / ".join(f"{v:.0%}" for v in share))
         print(f"{held} | " + " | ".join(cells))
+    print("held out: nDCG@10 ranked by the fit without the set / by the rank fusion")
+    for held in dict.fromkeys(x[0] for x in rows):
+        train = [x for x in used if x[0] != held]
+        wh = fit(np.array([x[3] for x in train]), np.array([1.0 if x[2] else 0.0 for x in train]))
+        own = [r for r in lists if r["set"] == held and r["own"]]
+        order = by_relevance(related, unrelated, wh[0], wh[1])
+        by_fit, by_rrf = (
+            sum(ndcg10(v(as_fused(r)), r["relevant"]) for r in own) / len(own) for v in (order, rrf_fused)
+        )
+        print(f"{held} | {by_fit:.4f} / {by_rrf:.4f}")
 
 
 def _off(x: tuple[Any, ...]) -> bool:
