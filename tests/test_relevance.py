@@ -71,6 +71,19 @@ def test_every_hybrid_result_carries_its_relevance(embedded: tuple[Env, Daemon])
     assert public["results"][0]["relevance"] == pytest.approx(chances[0], abs=0.01)  # rounded as scores are
 
 
+def test_a_plain_query_is_ranked_and_scored_by_relevance(embedded: tuple[Env, Daemon]) -> None:
+    """Without a rerank, a plain query's order is its relevance's, and so is its score; typed
+    lines keep the rank fusion's order and score (the fusion), which relevance was not fitted on."""
+    _, d = embedded
+    for text in (ON_TOPIC, OFF_TOPIC, "how do teams decide who leads a project"):
+        hits = query(d, text, limit=10, rerank=False)["results"]
+        assert len(hits) > 2
+        assert [h["relevance"] for h in hits] == sorted((h["relevance"] for h in hits), reverse=True)
+        assert all(h["score"] == pytest.approx(h["relevance"], abs=1e-4) for h in hits)
+    typed = query(d, f"lex: fundraising\nvec: {ON_TOPIC}", limit=10, rerank=False)["results"]
+    assert typed[0]["score"] == typed[0]["fusion"]
+
+
 def test_a_floor_keeps_what_is_relevant_and_names_the_closest_when_nothing_is(embedded: tuple[Env, Daemon]) -> None:
     _, d = embedded
     on = query(d, ON_TOPIC, min_relevance=0.3)
