@@ -183,14 +183,14 @@ Examples:
 
 A plain `query` runs on keyword and vector search; `expand: true` also has the generate model \
 write lex/vec/hyde lines (by default only a model trained for it does: a general small \
-model's measured no gain). All lists are fused (RRF) and the best passages reranked \
+model's measured no gain). The lists are fused and the best passages reranked \
 (by default by a model trained to rank only; `rerank: true` also with a general model). \
-`score` = fusion blended with rerank, 0-1: `fusion` is how strongly the searches agree \
-(1 = first everywhere), `rerank` the reranker's relevance (null if not scored). `fusion` is \
-relative to this query's lists, so without `rerank` any query's first result scores near 1, \
-relevant or not. `relevance` (0-1) is instead the probability that a result is relevant, the same \
-meaning for every query: results below `minRelevance` (default 0.02) are dropped, and when none \
-is left the answer says so and names the closest one. Treat that as "nothing here on this".
+`relevance` (0-1) is the probability that a result is relevant, the same meaning for every \
+query: results below `minRelevance` (default 0.02) are dropped, and when none is left the \
+answer says so and names the closest one. Treat that as "nothing here on this". A plain \
+query without a rerank is ranked by relevance, and `score` is it; otherwise `score` = fusion \
+blended with rerank, 0-1: `fusion` is how strongly the searches agree (1 = first everywhere, \
+relative to this query's lists), `rerank` the reranker's relevance (null if not scored).
 
 At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
 (default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
