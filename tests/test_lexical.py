@@ -934,6 +934,7 @@ def test_a_search_of_every_collection_is_one_ranking_of_the_index(tmp_path: Path
         engine.close()
 
 
+@pytest.mark.sqlite_only("FTS5 keeps segments; Postgres' postings are one table, with nothing to merge")
 def test_a_large_indexing_pass_leaves_the_keyword_index_in_one_segment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
