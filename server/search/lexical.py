@@ -60,6 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 
+from qmd.server.store.fts import indexed_rows
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
 from qmd.server.store.sqlite import remembered
 from qmd.server.text.cjk import CJK_RUN, norm_cjk
@@ -319,13 +320,6 @@ class _Scope:
             return hit_check_sql(rowid, self.collection, self.doc_filter)
         sql, params = ids_sql(self.collection, self.doc_filter)
         return f"+{rowid} IN ({sql})", params
-
-
-def indexed_rows(conn: sqlite3.Connection) -> int:
-    """The row count FTS5's bm25 uses as N. FTS5 keeps one ``_docsize`` row per indexed
-    row, written as the row is (its totals record waits for the commit), and an ordinary
-    table counts in microseconds where ``count(*)`` on the FTS table scans it (8 ms at 100k)."""
-    return conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0]
 
 
 def resolve_prefixes_by(query: LexQuery, held: Callable[[str], bool]) -> LexQuery:

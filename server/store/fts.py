@@ -53,6 +53,13 @@ def fts_delete(conn: Connection, doc_ids: list[int]) -> None:
         conn.execute(f"DELETE FROM documents_fts WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
 
 
+def indexed_rows(conn: sqlite3.Connection) -> int:
+    """The row count FTS5's bm25 uses as N. FTS5 keeps one ``_docsize`` row per indexed
+    row, written as the row is (its totals record waits for the commit), and an ordinary
+    table counts in microseconds where ``count(*)`` on the FTS table scans it (8 ms at 100k)."""
+    return int(conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0])
+
+
 def repair_fts_totals(conn: sqlite3.Connection) -> bool:
     """Make FTS5's totals record (row count and tokens per column: bm25's N and average
     lengths) agree with the rows it holds. In a contentless-delete table (SQLite 3.51)
@@ -63,7 +70,7 @@ def repair_fts_totals(conn: sqlite3.Connection) -> bool:
     Returns whether it repaired anything."""
     row = conn.execute("SELECT block FROM documents_fts_data WHERE id = 1").fetchone()
     recorded = fts5_varints(row[0]) if row and row[0] else []
-    rows = conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0]
+    rows = indexed_rows(conn)
     if not recorded or recorded[0] == rows:
         return False
     totals = [0] * (len(recorded) - 1)

@@ -270,7 +270,8 @@ def knn(
     t = table_name(space_id)
     with _errors(space_id), conn.transaction(force_rollback=True):
         estimate = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (t,)).fetchone()
-        exact_up_to = max(EXACT_UP_TO, int(max(0.0, estimate[0] if estimate else 0.0) * EXACT_SHARE))
+        rows = max(0.0, estimate[0]) if estimate else 0.0  # -1 before the table's first ANALYZE
+        exact_up_to = max(EXACT_UP_TO, int(rows * EXACT_SHARE))
         small = conn.execute(
             f"SELECT count(*) <= %s FROM (SELECT 1 FROM {t} WHERE collection_id = %s LIMIT %s) s",
             (exact_up_to, collection_id, exact_up_to + 1),
@@ -279,7 +280,7 @@ def knn(
             return _exact(conn, space_id, q, "collection_id = %s", (collection_id,), k)
         conn.execute(
             "SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'relaxed_order', true)",
-            (str(ef_search(k, estimate[0] if estimate else 0.0)),),
+            (str(ef_search(k, rows)),),
         )
         # relaxed_order may hand rows back slightly out of order: the outer ORDER BY sorts them
         found = conn.execute(

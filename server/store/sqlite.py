@@ -25,7 +25,7 @@ from qmd.server.config import describe_url
 from qmd.server.errors import Forbidden, Unavailable
 from qmd.server.store.db import IndexCheck, IndexStore, Vacuum, Writer, sqlite3
 from qmd.server.store.dialect import SQLITE
-from qmd.server.store.fts import repair_fts_totals
+from qmd.server.store.fts import indexed_rows, repair_fts_totals
 from qmd.server.store.schema import migrate
 
 log = logging.getLogger("qmd.store")
@@ -279,7 +279,7 @@ class Store(Writer[sqlite3.Connection]):
             return False
         with self.read() as conn:
             (segments,) = conn.execute("SELECT count(DISTINCT segid) FROM documents_fts_idx").fetchone()
-            rows = conn.execute("SELECT count(*) FROM documents_fts_docsize").fetchone()[0]
+            rows = indexed_rows(conn)
         if segments <= 1 or changed < MERGE_SHARE * rows:
             return False
         self.write(_optimize_fts, bump=False)
