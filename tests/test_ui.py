@@ -5,6 +5,7 @@ artifacts in each test's temporary folder (`pytest --basetemp=DIR` puts them in 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import threading
@@ -12,11 +13,11 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
-from conftest import MODELS_DIR, require, unavailable, write
+from conftest import MODELS_DIR, embedded_eval_and_notes, require, unavailable, write
 from harness import Daemon, Env
 
 pytestmark = pytest.mark.slow
@@ -75,6 +76,13 @@ class Page:
         from selenium.webdriver.common.by import By
 
         self.driver.find_element(By.CSS_SELECTOR, css).click()
+
+    def choose(self, css: str, label: str) -> None:
+        """Pick the option shown as `label` in the select at `css`, as a person would."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select
+
+        Select(self.driver.find_element(By.CSS_SELECTOR, css)).select_by_visible_text(label)
 
     def keys(self, *keys: str) -> None:
         from selenium.webdriver.common.action_chains import ActionChains
@@ -260,6 +268,93 @@ def test_query_mode_shows_skipped_stages_as_the_cli_does(notes_daemon: Env, page
         assert line in notes
 
 
+# -- relevance ---------------------------------------------------------------------------
+
+ON_TOPIC = "Series A fundraising"
+OFF_TOPIC = "how long should I boil an egg for a runny yolk"
+"""test_relevance.py's questions: the eval notes hold the one and nothing near the other."""
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, Daemon]]:
+    """The eval notes embedded with the MiniLM test model, so a plain query is ranked by relevance."""
+    env, d = embedded_eval_and_notes(tmp_path_factory.mktemp("ui-relevance"))
+    yield env, d
+    d.stop()
+
+
+def percent(p: float) -> str:
+    """A relevance as the page writes it (ui.js `percent`): truncated, one decimal under 10%."""
+    v = p * 100 + 1e-9
+    if v >= 10:
+        return f"{math.floor(v)}%"
+    return f"{math.floor(v * 10) / 10:.1f}%" if v >= 0.1 else "<0.1%"
+
+
+def full_query(d: Daemon, text: str, **body: object) -> dict[str, Any]:
+    """`/v1/query` as the page asks it (20 results, no filter), in the eval collection."""
+    r = d.http.post("/v1/query", json={"query": text, "limit": 20, "filter": None, "collections": ["eval"], **body})
+    assert r.status_code == 200, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+def test_a_full_query_shows_how_likely_each_hit_is_relevant(embedded: tuple[Env, Daemon], page: Page) -> None:
+    env, d = embedded
+    page.get(f"{env.url}/?{urlencode({'q': ON_TOPIC, 'mode': 'query', 'c': 'eval'})}")
+    hits = page.results_for(ON_TOPIC)
+    api = full_query(d, ON_TOPIC)["results"]
+    assert hits == [(h["file"], f"{h['start_line']}-{h['end_line']}") for h in api]
+    assert page.texts("#results .hit .relevance") == [f"relevance {percent(h['relevance'])}" for h in api]
+    assert api[0]["relevance"] > 0.5 and page.text("#results .hit").startswith(
+        f"relevance {percent(api[0]['relevance'])}"
+    )
+    # A plain query is ranked and scored by its relevance: one number per hit, explained on hover.
+    assert page.texts("#results .hit .score") == []
+    assert "how likely this result is relevant" in page.js("return document.querySelector('#results .relevance').title")
+    assert page.shown("floor") and page.js("return document.getElementById('floor').value") == ""
+    page.shot("query-relevance")
+
+    # Keyword search has no relevance: its score as before, and no floor to set.
+    page.get(f"{env.url}/?{urlencode({'q': ON_TOPIC, 'c': 'eval'})}")
+    assert page.results_for(ON_TOPIC)
+    assert re.search(r"^\d+%", page.text("#results .hit")) and page.texts("#results .relevance") == []
+    assert not page.shown("floor")
+    assert not page.console_errors()
+
+
+def test_a_relevance_floor_above_every_hit_shows_the_closest_below_it(embedded: tuple[Env, Daemon], page: Page) -> None:
+    env, d = embedded
+    page.get(f"{env.url}/?{urlencode({'q': OFF_TOPIC, 'mode': 'query', 'c': 'eval'})}")
+    assert len(page.results_for(OFF_TOPIC)) > 1  # no floor: every result, however unlikely
+    page.choose("#floor", "relevance ≥ 50%")
+    said = "No result above the relevance floor (50%); the closest:"
+    page.wait(lambda: said in page.text("#notes"), "the floor's answer")
+    hits = page.results_for(OFF_TOPIC)
+    answer = full_query(d, OFF_TOPIC, min_relevance=0.5)
+    closest = answer["closest"]
+    assert answer["results"] == [] and closest["relevance"] < 0.5
+    assert hits == [(closest["file"], f"{closest['start_line']}-{closest['end_line']}")]
+    assert page.js("return document.querySelector('#results .hit').classList.contains('below-floor')")
+    assert page.texts("#results .hit .relevance") == [f"relevance {percent(closest['relevance'])} · below the floor"]
+    assert closest["title"] in page.text("#results .hit .title")
+    page.wait(lambda: "floor=0.5" in page.driver.current_url, "the floor in the URL")
+    page.shot("below-floor")
+
+    # The URL is the state: a floor no option names gets its own; a keyword search sends none.
+    page.get(f"{env.url}/?{urlencode({'q': OFF_TOPIC, 'mode': 'query', 'c': 'eval', 'floor': '0.25'})}")
+    page.wait(
+        lambda: "No result above the relevance floor (25%); the closest:" in page.text("#notes"), "a floor from a link"
+    )
+    assert page.js("const f = document.getElementById('floor'); return [f.value, f.selectedOptions[0].text]") == [
+        "0.25",
+        "relevance ≥ 25%",
+    ]
+    page.get(f"{env.url}/?{urlencode({'q': OFF_TOPIC, 'c': 'eval', 'floor': '0.5'})}")
+    assert page.results_for(OFF_TOPIC) and "relevance floor" not in page.text("#notes")
+    assert not page.console_errors()
+
+
 # -- a result's range --------------------------------------------------------------------
 
 
@@ -328,6 +423,11 @@ def test_a_narrow_window_needs_no_sideways_scrolling(notes_daemon: Env, page: Pa
     page.results_for("money")
     assert page.js("return document.documentElement.scrollWidth <= window.innerWidth")
     page.shot("narrow")
+    # A full query adds the floor's select, and a hit below it a longer head.
+    page.get(env.url + "/?q=money&mode=query&floor=0.99")
+    page.results_for("money")
+    page.wait(lambda: "No result above the relevance floor (99%)" in page.text("#notes"), "the closest hit")
+    assert page.js("return document.documentElement.scrollWidth <= window.innerWidth")
 
 
 # -- safety --------------------------------------------------------------------------------

@@ -12,6 +12,10 @@ const ENDPOINTS = { search: "/v1/keyword", vsearch: "/v1/vector", query: "/v1/qu
 const DEFAULT_EDITOR_URI = "vscode://file/{path}:{line}:{col}";
 const STATES = ["indexed", "pending_update", "skipped", "failed"];
 const STATE_NAMES = { indexed: "indexed", pending_update: "pending", skipped: "skipped", failed: "failed" };
+const RELEVANCE_TITLE =
+  "Relevance: how likely this result is relevant, from its keyword and vector evidence. " +
+  "Unlike the score, it means the same for every query, so a low one says the notes may not hold the answer.";
+const SCORE_TITLE = "Score: this result's place among this answer's lists (rank fusion, or the reranker's blend); relative to this query only.";
 
 const $ = (id) => document.getElementById(id);
 // The state, which the URL mirrors: Chrome ignores history writes that come too fast, so
@@ -104,7 +108,14 @@ function state() {
     from: Math.max(1, Number(p.get("from")) || 1),
     lines: Math.max(1, Number(p.get("lines")) || 40),
     mark: (p.get("mark") || "").split("-").map(Number),
+    floor: floorOf(p.get("floor")),
   };
+}
+
+/** The relevance floor a full query asks for (`min_relevance`): a probability in (0, 1], else none. */
+function floorOf(text) {
+  const value = Number(text);
+  return text && value > 0 && value <= 1 ? value : 0;
 }
 
 /** Change some URL parameters (null or [] drops one); `push` makes a history entry Esc can go back from. */
@@ -184,6 +195,16 @@ function highlighted(text, terms) {
   return parts;
 }
 
+/** A probability as a percentage, truncated so a result below a floor never reads as at it. */
+function percent(p) {
+  const v = p * 100 + 1e-9;
+  if (v >= 10) return `${Math.floor(v)}%`;
+  return v >= 0.1 ? `${(Math.floor(v * 10) / 10).toFixed(1)}%` : "<0.1%";
+}
+
+/** A floor as its select's option says it: 0.02 is "2%". */
+const floorText = (floor) => `${Number((floor * 100).toFixed(2))}%`;
+
 function metaValue(value) {
   if (Array.isArray(value)) return value.map(metaValue).join(", ");
   return typeof value === "object" && value !== null ? JSON.stringify(value) : String(value);
@@ -239,6 +260,7 @@ function route() {
   const s = state();
   $("q").value = s.q;
   $("mode").value = s.mode;
+  showFloor(s);
   if (s.view === "status") {
     showView("status");
     showStatus();
@@ -261,7 +283,17 @@ let hits = [];
 let selected = -1;
 let editorUri = sessionStorage.getItem("qmd-editor-uri") || DEFAULT_EDITOR_URI;
 
-const searchKey = (s) => JSON.stringify([s.q, s.mode, s.collections, s.facets]);
+const searchKey = (s) => JSON.stringify([s.q, s.mode, s.collections, s.facets, s.floor]);
+
+/** The floor's select, shown in full query mode only (the other routes have no relevance); a
+ * floor from a link that no option names gets its own. */
+function showFloor(s) {
+  const box = $("floor");
+  box.hidden = s.mode !== "query";
+  const value = s.floor ? String(s.floor) : "";
+  if (![...box.options].some((o) => o.value === value)) box.append(el("option", { value }, `relevance ≥ ${floorText(s.floor)}`));
+  box.value = value;
+}
 
 function scheduleSearch() {
   clearTimeout(timer);
@@ -284,14 +316,17 @@ async function runSearch() {
   document.body.dataset.busy = "true";
   const body = { query: s.q, limit: RESULTS, filter: filterOf(s.facets) };
   if (s.collections.length) body.collections = s.collections;
+  if (s.mode === "query" && s.floor) body.min_relevance = s.floor;
   try {
     const answer = await call("POST", ENDPOINTS[s.mode], body, ctl.signal);
     if (answer.editor_uri) sessionStorage.setItem("qmd-editor-uri", (editorUri = answer.editor_uri));
     const info = [...stageLines(answer)];
     if (answer.filter) info.push(`filter: ${answer.filter.eligible} of ${answer.filter.documents} documents eligible`);
-    if (!answer.results.length) info.push(answer.below_min_score ? "No results above the minimum score." : "No results.");
+    const closest = !answer.results.length && answer.closest ? answer.closest : null;
+    if (closest) info.push(`No result above the relevance floor (${floorText(s.floor)}); the closest:`);
+    else if (!answer.results.length) info.push(answer.below_min_score ? "No results above the minimum score." : "No results.");
     showNotes($("notes"), { warnings: answer.warnings || [], info });
-    paintResults(answer.results, s.q);
+    paintResults(closest ? [closest] : answer.results, s.q, Boolean(closest));
   } catch (err) {
     if (err.name === "AbortError") return;
     showNotes($("notes"), { errors: [err.message] });
@@ -314,7 +349,19 @@ function rangeOf(hit) {
   return { open: hit.file, from, lines: hit.end_line + CONTEXT_LINES - from + 1, mark: `${hit.start_line}-${hit.end_line}` };
 }
 
-function hitView(hit, i) {
+/** A hit's scores: keyword and vector hits their score; a full query's its relevance too, which
+ * stands alone where it is the score (a plain query ranked by it, as `qmd query` does). */
+function scoreViews(hit, belowFloor) {
+  const score = el("span", { class: "score" }, `${Math.floor(hit.score * 100 + 0.5)}%`);
+  if (typeof hit.relevance !== "number") return [score];
+  const chance = el("span", { class: "relevance", title: RELEVANCE_TITLE }, `relevance ${percent(hit.relevance)}`);
+  if (belowFloor) chance.append(" · below the floor");
+  if (Math.abs(hit.score - hit.relevance) < 5e-4) return [chance];
+  score.title = SCORE_TITLE;
+  return [score, chance];
+}
+
+function hitView(hit, i, belowFloor = false) {
   const open = params();
   for (const [k, v] of Object.entries(rangeOf(hit))) open.set(k, v);
   const title = el("a", { class: "title", href: `/?${open}` }, hit.title || hit.path);
@@ -329,8 +376,14 @@ function hitView(hit, i) {
   const meta = Object.entries(hit.metadata || {});
   const li = el(
     "li",
-    { class: "hit", tabindex: "-1", "aria-selected": "false", "data-file": hit.file, "data-lines": `${hit.start_line}-${hit.end_line}` },
-    el("div", { class: "hit-head" }, el("span", { class: "score" }, `${Math.floor(hit.score * 100 + 0.5)}%`), title),
+    {
+      class: belowFloor ? "hit below-floor" : "hit",
+      tabindex: "-1",
+      "aria-selected": "false",
+      "data-file": hit.file,
+      "data-lines": `${hit.start_line}-${hit.end_line}`,
+    },
+    el("div", { class: "hit-head" }, ...scoreViews(hit, belowFloor), title),
     el(
       "div",
       { class: "pointer" },
@@ -348,10 +401,11 @@ function hitView(hit, i) {
   return li;
 }
 
-function paintResults(results, query) {
+/** The hits of an answer, or (`belowFloor`) the one closest hit a relevance floor dropped. */
+function paintResults(results, query, belowFloor = false) {
   hits = results;
   selected = -1;
-  $("results").replaceChildren(...results.map(hitView));
+  $("results").replaceChildren(...results.map((hit, i) => hitView(hit, i, belowFloor)));
   $("results").dataset.query = query;
 }
 
@@ -692,6 +746,11 @@ $("q").addEventListener("input", () => {
 });
 $("mode").addEventListener("change", () => {
   setUrl({ mode: $("mode").value === "search" ? null : $("mode").value });
+  showFloor(state());
+  runSearch();
+});
+$("floor").addEventListener("change", () => {
+  setUrl({ floor: $("floor").value });
   runSearch();
 });
 $("search-form").addEventListener("submit", (ev) => {
