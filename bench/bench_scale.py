@@ -170,7 +170,7 @@ def bench_space(engine: Engine) -> Space:
 def embed_batch(engine: Engine, space: Space, hashes: list[str], rng: np.random.Generator) -> None:
     """What one embed job batch writes: each content's chunk vectors and its search rows, in
     one transaction. Chunks are the note's text cut in `CHUNKS_PER_NOTE` equal spans."""
-    from qmd.server.store import vectors
+    from qmd.server.store import vector_codec, vectors
 
     with engine.store.read() as conn:
         bodies = dict(
@@ -178,7 +178,7 @@ def embed_batch(engine: Engine, space: Space, hashes: list[str], rng: np.random.
                 f"SELECT hash, doc FROM content WHERE hash IN ({','.join('?' * len(hashes))})", hashes
             ).fetchall()
         )
-    embeddings = unit_vectors(rng, len(hashes) * CHUNKS_PER_NOTE)
+    embeddings = unit_vectors(rng, len(hashes) * CHUNKS_PER_NOTE).astype(vector_codec.STORED)  # as stored
 
     def write(conn: Any) -> None:
         for i, h in enumerate(hashes):
@@ -208,7 +208,7 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
     os.environ.update({k: env.vars[k] for k in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "QMD_EMBED_MODEL")})
     from qmd.paths import IndexPaths
     from qmd.server.engine import Engine
-    from qmd.server.store import vector_index, vectors
+    from qmd.server.store import vector_codec, vector_index, vectors
 
     rng = np.random.default_rng(args.seed)
     engine = Engine(IndexPaths.resolve(None))
@@ -231,17 +231,17 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             index.warm(space, cid)
             build_s = time.perf_counter() - t0
-            matrix = np.frombuffer(
-                b"".join(
+            matrix = vector_codec.decode(
+                [
                     r[0]
                     for r in conn.execute(
                         "SELECT cv.embedding FROM vector_rows vr JOIN content_vectors cv ON cv.id = vr.chunk_id"
                         " WHERE vr.space_id = ? AND vr.collection_id = ?",
                         (space.id, cid),
                     )
-                ),
-                dtype=np.float32,
-            ).reshape(-1, DIMS)
+                ],
+                DIMS,
+            )
             queries = unit_vectors(rng, args.queries)
             for q in queries[:3]:  # warm-up: page cache, statements
                 vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)

@@ -6,7 +6,7 @@ collection scoping, deletes, drops, the eligible-set path and the errors."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,6 @@ import pytest
 
 from qmd.server.errors import Conflict, InvalidInput, NotFound, Unavailable
 from qmd.server.store import pg_vectors as pv
-from qmd.server.store.vectors import pack
 
 DIMS = 32
 HALF_TOLERANCE = 1e-3
@@ -45,6 +44,11 @@ def cosine(x: npt.NDArray[np.float32], q: npt.NDArray[np.float32]) -> npt.NDArra
     return 1.0 - (x.astype(np.float64) @ q) / (np.linalg.norm(x, axis=1) * np.linalg.norm(q))
 
 
+def f32(values: Sequence[float] | npt.NDArray[np.float32]) -> bytes:
+    """A vector as float32 bytes: what `insert_rows` takes, and a query's blob form."""
+    return np.asarray(values, np.float32).tobytes()
+
+
 def load(conn: psycopg.Connection, space: int, x: npt.NDArray[np.float32], cids: list[int], bulk: bool = False) -> None:
     """Rows 1..n into a new space: into its HNSW index as they come, or (`bulk`, a second
     instead of several for thousands of rows) with the index built after them."""
@@ -63,7 +67,7 @@ def test_knn_matches_brute_force(conn: psycopg.Connection) -> None:
     x = unit(rng, 300)
     load(conn, 1, x, [7] * 300)
     for q in unit(rng, 5):
-        got = pv.knn(conn, 1, pack(q.tolist()), 10, 7)
+        got = pv.knn(conn, 1, f32(q), 10, 7)
         ref = cosine(x, q)
         assert [rid for rid, _ in got] == (np.argsort(ref)[:10] + 1).tolist()
         assert all(abs(d - ref[rid - 1]) < HALF_TOLERANCE for rid, d in got)
@@ -208,12 +212,12 @@ def test_distances_of_an_eligible_set(conn: psycopg.Connection) -> None:
     load(conn, 1, x, [1] * 200)
     q = unit(rng, 1)[0]
     ids = [5, 17, 40, 199, 1_000]  # 1,000 is not a row: left out
-    got = pv.distances(conn, 1, pack(q.tolist()), ids)
+    got = pv.distances(conn, 1, f32(q), ids)
     ref = cosine(x, q)
     assert sorted(rid for rid, _ in got) == [5, 17, 40, 199]
     assert [d for _, d in got] == sorted(d for _, d in got)
     assert all(abs(d - ref[rid - 1]) < HALF_TOLERANCE for rid, d in got)
-    by_knn = dict(pv.knn(conn, 1, pack(q.tolist()), 200, 1))
+    by_knn = dict(pv.knn(conn, 1, f32(q), 200, 1))
     assert all(by_knn[rid] == d for rid, d in got)  # the same expression on every path: equal to the bit
     assert pv.distances(conn, 1, q.tolist(), []) == []
 
@@ -244,15 +248,15 @@ def test_wrong_dimensions_are_refused_whole(conn: psycopg.Connection) -> None:
     with pytest.raises(InvalidInput, match="vector space 3: .*dimensions"):
         pv.distances(conn, 3, [1.0] * 4, [1])
     with pytest.raises(InvalidInput, match="vector space 3: .*dimensions"):
-        pv.insert_rows(conn, 3, [(100, 1, pack([1.0] * 8))])
+        pv.insert_rows(conn, 3, [(100, 1, f32([1.0] * 8))])
     with pytest.raises(InvalidInput, match="vector space 3: a batch holds vectors of"):
-        pv.insert_rows(conn, 3, [(100, 1, pack([1.0] * DIMS)), (101, 1, pack([1.0] * 8))])
+        pv.insert_rows(conn, 3, [(100, 1, f32([1.0] * DIMS)), (101, 1, f32([1.0] * 8))])
     with pytest.raises(InvalidInput, match="vector space 3: .*NaN"):
-        pv.insert_rows(conn, 3, [(100, 1, pack([1.0] * DIMS)), (101, 1, pack([float("nan")] * DIMS))])
+        pv.insert_rows(conn, 3, [(100, 1, f32([1.0] * DIMS)), (101, 1, f32([float("nan")] * DIMS))])
     with pytest.raises(InvalidInput, match="vector space 3: .*beyond ±65504"):
-        pv.insert_rows(conn, 3, [(100, 1, pack([1e6] * DIMS))])
+        pv.insert_rows(conn, 3, [(100, 1, f32([1e6] * DIMS))])
     with pytest.raises(Conflict, match=r"vector space 3: .*\(id\)=\(5\) already exists"):
-        pv.insert_rows(conn, 3, [(100, 1, pack([1.0] * DIMS)), (5, 1, pack([1.0] * DIMS))])
+        pv.insert_rows(conn, 3, [(100, 1, f32([1.0] * DIMS)), (5, 1, f32([1.0] * DIMS))])
     assert conn.execute(f"SELECT count(*), max(id) FROM {pv.table_name(3)}").fetchone() == (10, 10)
     with pytest.raises(Conflict, match="already has a table"):
         pv.create_space_table(conn, 3, DIMS)

@@ -11,11 +11,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import pytest
 from test_vectors import CHUNKS, DIMS, Corpus
 
-from qmd.server.store import vectors
+from qmd.server.store import vector_codec, vectors
 from qmd.server.store.db import Connection, sqlite3
 from qmd.server.store.sqlite import utcnow
 
@@ -327,7 +326,7 @@ def test_the_index_after_a_batch_reads_the_batch_not_the_partition(corpus: Corpu
                 " WHERE d.id = ? AND cv.seq = 0",
                 (doc,),
             ).fetchone()
-        assert corpus.search(np.frombuffer(blob, np.float32).tolist(), 1)[0].doc_id == doc
+        assert corpus.search(vector_codec.decode([blob], DIMS)[0].tolist(), 1)[0].doc_id == doc
 
 
 def test_the_index_after_a_removal_drops_the_rows(corpus: Corpus) -> None:

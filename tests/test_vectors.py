@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
 
-from qmd.server.store import vector_index, vectors
+from qmd.server.store import vector_codec, vector_index, vectors
 from qmd.server.store.db import sqlite3
 from qmd.server.store.sqlite import Store, utcnow
 
@@ -366,7 +366,7 @@ class Corpus:
                 (self.space.id,),
             ).fetchall()
         ids = np.array([r[0] for r in rows])
-        x = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), DIMS).astype(np.float64)
+        x = vector_codec.decode([r[1] for r in rows], DIMS).astype(np.float64)
         qv = np.asarray(q, dtype=np.float64)
         dist = 1 - (x @ qv) / (np.linalg.norm(x, axis=1) * np.linalg.norm(qv))
         best: dict[int, float] = {}
@@ -433,7 +433,7 @@ def test_exact_knn_is_vec0s(corpus: Corpus) -> None:
             for _ in range(10):
                 q = corpus.query()
                 got = vector_index.nearest(conn, corpus.space, cid, snap, q, k, exact=True)
-                want = vectors._knn(conn, corpus.space, vectors.pack(q), k, cid)  # noqa: SLF001 - the reference
+                want = vectors._knn(conn, corpus.space, vector_codec.unit(q), k, cid)  # noqa: SLF001 - the reference
                 assert sorted(got) == sorted((r[0], r[1]) for r in want)
 
 

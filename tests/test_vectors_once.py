@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -21,13 +22,14 @@ import sqlite_vec
 from test_vectors import DIMS, Corpus
 
 from qmd.server.config import Collection, Config
+from qmd.server.errors import InvalidInput
 from qmd.server.models.embedders import EmbedBackend, Embedder
 from qmd.server.search import legs
 from qmd.server.search.pointers import SearchOptions
 from qmd.server.search.relevance import Scales
 from qmd.server.search.vector import index_loading, vector_search
 from qmd.server.store import copy as index_copy
-from qmd.server.store import schema, sqlite, vector_index, vectors
+from qmd.server.store import schema, sqlite, vector_codec, vector_index, vectors
 from qmd.server.store.db import sqlite3
 from qmd.server.store.sqlite import Store
 from qmd.server.store.vector_tables import VecHit, widened
@@ -55,7 +57,7 @@ def vec0_search(conn: sqlite3.Connection, space: vectors.Space, cid: int, q: lis
             lambda k: conn.execute(
                 f"SELECT rowid, distance FROM vectors_s{space.id}"
                 " WHERE embedding MATCH ? AND k = ? AND collection_id = ?",
-                (vectors.pack(q), k, cid),
+                (np.asarray(q, np.float32).tobytes(), k, cid),  # vec0 took float32
             ).fetchall(),
         )
         or []
@@ -75,6 +77,12 @@ def rewind_to_7(tmp_path: Path, db: Path, space: vectors.Space, monkeypatch: pyt
         for kind, name in conn.execute("SELECT type, name FROM sqlite_master").fetchall():
             if (kind, name) not in known and kind in ("table", "trigger", "view"):
                 conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+        # schema 7's rows: float32 blobs (schema 10 stores half floats), the fingerprint repeated
+        conn.create_function("f32", 1, lambda blob: vector_codec.decode([blob], space.dims)[0].tobytes())
+        conn.execute("ALTER TABLE content_vectors ADD COLUMN embed_fingerprint TEXT NOT NULL DEFAULT ''")
+        conn.execute(
+            "UPDATE content_vectors SET embedding = f32(embedding), embed_fingerprint = ?", (space.fingerprint,)
+        )
         conn.execute(
             f"CREATE VIRTUAL TABLE vectors_s{space.id} USING vec0("
             f"collection_id INTEGER PARTITION KEY, embedding float[{space.dims}] distance_metric=cosine)"
@@ -84,6 +92,14 @@ def rewind_to_7(tmp_path: Path, db: Path, space: vectors.Space, monkeypatch: pyt
             " cv.embedding FROM vector_rows vr JOIN content_vectors cv ON cv.id = vr.chunk_id ORDER BY vr.id"
         )
         conn.execute("PRAGMA user_version = 7")
+
+
+def same_hits(got: list[VecHit], want: list[VecHit]) -> bool:
+    """The same documents and chunks in the same order, each distance within the rounding of
+    its vector to half floats (schema 10) of vec0's float32 one."""
+    return [replace(h, distance=0.0) for h in got] == [replace(h, distance=0.0) for h in want] and all(
+        abs(a.distance - b.distance) < 1e-3 for a, b in zip(got, want, strict=True)
+    )
 
 
 def second_copies(db: Path) -> list[str]:
@@ -135,8 +151,8 @@ def test_migration_9_drops_the_second_copy_and_answers_the_same(
         assert "`qmd cleanup` gives them back" in caplog.text
         for q, before in answers:
             exact, indexed = searches(store, space, q)
-            assert exact == before  # the same documents, chunks and distances, bit for bit
-            assert indexed == before
+            assert same_hits(exact, before)
+            assert indexed == exact  # the index's distances are the exact scan's, bit for bit
         free = [c.what for c in store.checks() if not c.ok]
         assert len(free) == 1 and "are free pages: `qmd cleanup` gives them back to the disk" in free[0]
         size = store.size_bytes()
@@ -173,7 +189,8 @@ def test_migration_9_without_sqlite_vec_forgets_the_table(
     store = Store(db)
     try:
         for q, before in answers:
-            assert searches(store, space, q) == (before, before)
+            exact, indexed = searches(store, space, q)
+            assert same_hits(exact, before) and indexed == exact
     finally:
         store.close()
 
@@ -203,21 +220,21 @@ def test_the_exact_scan_is_the_index_s_exact_pass_and_brute_force(tmp_path: Path
             assert cid is not None
             snap = idx.fresh(conn, c.space, cid)
             assert snap is not None
-            x = np.frombuffer(
-                b"".join(
+            x = vector_codec.decode(
+                [
                     r[0]
                     for r in conn.execute(
                         "SELECT cv.embedding FROM vector_rows vr JOIN content_vectors cv ON cv.id = vr.chunk_id"
                         " ORDER BY vr.id"
                     )
-                ),
-                dtype=np.float32,
-            ).reshape(-1, DIMS)
+                ],
+                DIMS,
+            )
             row = {r[0]: i for i, r in enumerate(conn.execute("SELECT id FROM vector_rows ORDER BY id"))}
             for k in (1, 10, 300):
                 for _ in range(5):
                     q = c.query()
-                    got = vectors._knn(conn, c.space, vectors.pack(q), k, cid)  # noqa: SLF001 - the scan itself
+                    got = vectors._knn(conn, c.space, vector_codec.unit(q), k, cid)  # noqa: SLF001 - the scan itself
                     assert got == vector_index.nearest(conn, c.space, cid, snap, q, k, exact=True)
                     qv = np.asarray(q, dtype=np.float64)
                     cos = 1 - (x @ qv) / (np.linalg.norm(x, axis=1) * np.linalg.norm(qv))
@@ -287,5 +304,60 @@ def test_a_small_partition_is_built_by_its_first_search(tmp_path: Path) -> None:
         first = vector_search(c.store, config, spaces, c.query(), "q", SearchOptions(), None)
         assert first.hits and vectors.LOADING not in first.warnings
         assert index_loading(c.store, spaces) is None
+    finally:
+        c.store.close()
+
+
+def test_migration_10_stores_half_floats_and_answers_the_same(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An index of schema 9 (float32 rows, each repeating its space's fingerprint) is made again
+    with half floats: the same rows found, the distances within rounding, the old pages free
+    until `qmd cleanup`, which then gives the file a smaller size."""
+    db = tmp_path / "index.sqlite"
+    c = Corpus(db, seed=13)
+    c.add(400)
+    queries = [vector_codec.unit(c.query()) for _ in range(QUERIES)]
+    space = c.space
+    c.store.close()
+    with connect(db) as conn:
+        conn.create_function("f32", 1, lambda blob: vector_codec.decode([blob], space.dims)[0].tobytes())
+        conn.execute("ALTER TABLE content_vectors ADD COLUMN embed_fingerprint TEXT NOT NULL DEFAULT ''")
+        conn.execute(
+            "UPDATE content_vectors SET embedding = f32(embedding), embed_fingerprint = ?", (space.fingerprint,)
+        )
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA user_version = 9")
+        (cid,) = conn.execute("SELECT id FROM vector_collection_ids WHERE name = 'big'").fetchone()
+        want = [vectors._knn(conn, space, q, 10, cid) for q in queries]  # noqa: SLF001 - float32 rows, exact
+    before_bytes = db.stat().st_size
+    with caplog.at_level(logging.WARNING, logger="qmd.store"):
+        store = Store(db)
+    try:
+        assert "stored 1600 chunk vectors as half floats" in caplog.text
+        with store.read() as conn:
+            assert "embed_fingerprint" not in {r[1] for r in conn.execute("PRAGMA table_info(content_vectors)")}
+            assert {len(r[0]) for r in conn.execute("SELECT embedding FROM content_vectors")} == {2 * DIMS}
+            for q, w in zip(queries, want, strict=True):
+                got = vectors._knn(conn, space, q, 10, cid)  # noqa: SLF001
+                assert [r for r, _ in got] == [r for r, _ in w]
+                assert all(abs(a - b) < 1e-3 for (_, a), (_, b) in zip(got, w, strict=True))
+        free = [ch.what for ch in store.checks() if not ch.ok]
+        assert len(free) == 1 and "are free pages" in free[0]
+        vacuum, _ = store.compact(None, lambda _: None)  # what `qmd cleanup` runs
+        assert vacuum.ran and store.size_bytes() < 0.9 * before_bytes  # 48 dims: ~100 bytes a row saved
+    finally:
+        store.close()
+
+
+def test_an_embedding_with_nan_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    c = Corpus(tmp_path / "index.sqlite", seed=17)
+    try:
+        c.add(3)
+        with c.store.read() as conn:
+            before = conn.execute("SELECT count(*) FROM content_vectors").fetchone()[0]
+        with pytest.raises(InvalidInput, match="NaN or infinity"):
+            c.add(1, vector=[float("nan")] * DIMS)
+        with c.store.read() as conn:
+            assert conn.execute("SELECT count(*) FROM content_vectors").fetchone()[0] == before
+            assert conn.execute("SELECT count(*) FROM documents").fetchone()[0] == 3
     finally:
         c.store.close()

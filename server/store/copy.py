@@ -53,7 +53,7 @@ TABLES: tuple[tuple[str, str, str], ...] = (
     (
         "content_vectors",
         "id, space_id, hash, seq, pos, end_pos, start_line, end_line, tokens, clipped, total_chunks,"
-        " embed_fingerprint, embedded_at, embedding, chunk_key",
+        " embedded_at, embedding, chunk_key",
         "id",
     ),
     ("chunkless_contents", "space_id, hash", "space_id, hash"),

@@ -232,7 +232,22 @@ would leave as many dead versions of the one row; the mark moves for more than i
 for less. The function keeps the search path it was made with (a named index's schema), so it
 moves its own index's mark whoever's statement fires it."""
 
-MIGRATIONS: tuple[str, ...] = (LEXICAL_V1, CORE_V2, POSTINGS_V3, METADATA_V4, SKIPS_CHUNKLESS_V5, DOCUMENTS_MARK_V6)
+VECTOR_ROWS_V7 = """
+ALTER TABLE content_vectors DROP COLUMN embed_fingerprint;
+"""
+"""SQLite's migration 10: a chunk vector's row no longer repeats its space's fingerprint. The
+rows' embeddings stay as they are (float32 before it, half floats after: `vector_codec`
+reads either), since this table's size was never what a Postgres index is measured by."""
+
+MIGRATIONS: tuple[str, ...] = (
+    LEXICAL_V1,
+    CORE_V2,
+    POSTINGS_V3,
+    METADATA_V4,
+    SKIPS_CHUNKLESS_V5,
+    DOCUMENTS_MARK_V6,
+    VECTOR_ROWS_V7,
+)
 
 
 def reach(url: str, **settings: Any) -> psycopg.Connection[Any]:

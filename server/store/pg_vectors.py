@@ -201,9 +201,10 @@ def _copy_rows(space_id: int, rows: Sequence[tuple[int, int, bytes]]) -> bytes:
 
 
 def insert_rows(conn: psycopg.Connection, space_id: int, rows: Sequence[tuple[int, int, bytes]]) -> None:
-    """Add (row id, collection id, embedding) rows, the embedding as `vectors.pack` makes it
-    (float32, little-endian): one binary COPY, all or nothing. A row id already present is a
-    `Conflict`, as a primary key is."""
+    """Add (row id, collection id, embedding) rows, the embedding as float32 bytes
+    (little-endian; `PgvectorTables.insert` decodes `content_vectors`' stored form to it):
+    one binary COPY, all or nothing. A row id already present is a `Conflict`, as a primary
+    key is."""
     if not rows:
         return
     data = _copy_rows(space_id, rows)
@@ -226,7 +227,7 @@ def delete_rows(conn: psycopg.Connection, space_id: int, row_ids: Sequence[int])
 
 
 def _literal(query: bytes | Sequence[float]) -> str:
-    """The query as halfvec's text form; bytes are a `vectors.pack` blob. The server rounds
+    """The query as halfvec's text form; bytes are float32 (little-endian). The server rounds
     it to half floats exactly as the stored rows were rounded."""
     values = array.array("f", query).tolist() if isinstance(query, bytes) else list(query)
     return str(values)
@@ -323,7 +324,11 @@ class PgvectorTables:
         drop_space_table(self._raw, space.id)
 
     def insert(self, space: Space, rows: Sequence[tuple[int, int, bytes]]) -> None:
-        insert_rows(self._raw, space.id, rows)
+        """Rows whose embeddings are as `content_vectors` stores them (`vector_codec`)."""
+        from qmd.server.store import vector_codec
+
+        x = vector_codec.decode([blob for _, _, blob in rows], space.dims)
+        insert_rows(self._raw, space.id, [(rid, cid, v.tobytes()) for (rid, cid, _), v in zip(rows, x, strict=True)])
 
     def delete(self, space: Space, row_ids: Sequence[int]) -> None:
         delete_rows(self._raw, space.id, row_ids)

@@ -301,6 +301,61 @@ def _v9_vectors_stored_once(conn: sqlite3.Connection) -> None:
         )
 
 
+CONTENT_VECTORS_V10 = """
+CREATE TABLE content_vectors_v10 (
+    id INTEGER PRIMARY KEY,
+    space_id INTEGER NOT NULL REFERENCES vector_spaces(id) ON DELETE CASCADE,
+    hash TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    pos INTEGER NOT NULL,
+    end_pos INTEGER NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    clipped INTEGER NOT NULL DEFAULT 0,
+    total_chunks INTEGER NOT NULL,
+    embedded_at TEXT NOT NULL,
+    embedding BLOB NOT NULL,
+    chunk_key TEXT,
+    UNIQUE (space_id, hash, seq)
+);
+INSERT INTO content_vectors_v10 (id, space_id, hash, seq, pos, end_pos, start_line, end_line, tokens, clipped,
+    total_chunks, embedded_at, embedding, chunk_key)
+SELECT cv.id, cv.space_id, cv.hash, cv.seq, cv.pos, cv.end_pos, cv.start_line, cv.end_line, cv.tokens, cv.clipped,
+    cv.total_chunks, cv.embedded_at, qmd_half(cv.embedding, vs.dims), cv.chunk_key
+FROM content_vectors cv JOIN vector_spaces vs ON vs.id = cv.space_id ORDER BY cv.id;
+DROP TABLE content_vectors;
+ALTER TABLE content_vectors_v10 RENAME TO content_vectors;
+CREATE INDEX idx_content_vectors_hash ON content_vectors(space_id, hash, total_chunks);
+CREATE INDEX idx_content_vectors_chunk_key ON content_vectors(space_id, chunk_key) WHERE chunk_key IS NOT NULL;
+"""
+
+
+def _v10_half_float_vectors(conn: sqlite3.Connection) -> None:
+    """Each chunk vector is stored as its unit vector in half floats (`vector_codec`, issue
+    34): a row of 384 dimensions takes ~1 KB where float32's took ~1.75, four to a 4 KiB
+    page where it fitted two, and no longer repeats its space's fingerprint. The table is
+    made again, the same ids, so the old one's pages are free pages of the file until `qmd
+    cleanup` VACUUMs them (logged here; `qmd doctor` says so while they are free). A row's
+    distances move by rounding only (~1e-5 at 384 dimensions)."""
+    from qmd.server.store import vector_codec
+
+    page_size, free_before = conn.execute("PRAGMA page_size").fetchone()[0], _free_pages(conn)
+    rows = int(conn.execute("SELECT count(*) FROM content_vectors").fetchone()[0])
+    conn.create_function("qmd_half", 2, vector_codec.stored, deterministic=True)
+    try:
+        run_script(conn, CONTENT_VECTORS_V10)
+    finally:
+        conn.create_function("qmd_half", 2, None)
+    if rows:
+        log.warning(
+            "stored %d chunk vectors as half floats: %.0f MB of the index file are free pages now;"
+            " `qmd cleanup` gives them back to the disk",
+            rows,
+            (_free_pages(conn) - free_before) * page_size / 1e6,
+        )
+
+
 def _free_pages(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
 
@@ -332,6 +387,7 @@ MIGRATIONS: list[Migration] = [
     _v7_skip_memory_and_chunkless,
     _v8_documents_mark,
     _v9_vectors_stored_once,
+    _v10_half_float_vectors,
 ]
 """MIGRATIONS[N - 1] takes an index from version N - 1 to N; append, never edit."""
 

@@ -13,9 +13,10 @@ So each searched (space, collection) partition gets, in memory:
 2. an int8 copy of each unit vector (per-vector scale), ranking that shortlist: int8 · an
    integer copy of the query summed in int32, exact, a block at a time (no float copy of a
    row: the float pass this replaced made 96 MB of floats a search at 1M);
-3. then `rescore`: `vec_distance_cosine` in SQLite on the best 2k, the function the exact
-   scan computes, so the distances are the very ones an exact KNN returns, and a row
-   deleted since the snapshot is simply not found: no hit can be stale.
+3. then `rescore`: the stored vectors of the best 2k read from SQLite and measured by
+   `vector_codec.distances`, the function the exact scan computes, so the distances are the
+   very ones an exact KNN returns, and a row deleted since the snapshot is simply not found:
+   no hit can be stale.
 Measured on Gaussian unit vectors (no clusters: the hard case), the passes this replaced
 and these interleaved in one process on 2 cores, `nearest` with SQLite's rescoring on a
 real Store (bench/bench_vectors.py's `build`), recall@10 against the exact scan: at 1M
@@ -28,8 +29,8 @@ ms): numpy cannot fuse them, and a 2-thread split measured no faster on 2 loaded
 Where the answer must be exact (a metadata filter's widened KNN, a partition of at most
 `MIN_SHORTLIST` rows), the int8 copy is a bound instead: each row's residual e (|u −
 s·int8|) and the query's own f cap how far the estimate can be off (`_bounded`), so every
-row whose estimate plus that reaches the k-th best estimate minus it is measured in
-SQLite, and the rows are the exact scan's own.
+row whose estimate plus that reaches the k-th best estimate minus it is measured
+(`rescore`), and the rows are the exact scan's own.
 
 What it costs: 460 bytes a vector of 384 dims (48 of sign bits, 384 of int8, 16 of ids,
 12 of factors), 46 MB per 100k vectors (52 MB allocated, room for appends), against 154 MB
@@ -69,6 +70,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from qmd.server.store import vector_codec
 from qmd.server.store.db import sqlite3
 from qmd.server.store.vector_tables import Marks, marks
 
@@ -100,7 +102,7 @@ SHORTLIST_SHARE = 16
 MIN_SHORTLIST = 2048
 """Also the largest partition searched by the exact pass alone (under 1 ms at this size)."""
 MIN_RESCORED = 64
-"""Rows the int8 pass hands to SQLite's exact measure beyond a KNN's k (at least 2k)."""
+"""Rows the int8 pass hands to the exact measure (`rescore`) beyond a KNN's k (at least 2k)."""
 INLINE = 50_000
 """A refresh reading more new rows than this goes to the background (the exact scan answers
 meanwhile)."""
@@ -120,11 +122,14 @@ SAMPLE = 16384
 """Estimates sampled for the shortlist's threshold: at a 1/16 share, within ~3% of its size
 (1.3 ms at 1M, where `np.argpartition` of all the estimates took 10)."""
 ROUNDING = 1e-4
-"""Margin of the int8 bound for float32 rounding: `vec_distance_cosine`'s own sums of 384
-products (~2e-5 at worst) and the estimate's scaling (~1e-7)."""
+"""Margin of the int8 bound for rounding: the codes are made from float32 unit vectors where
+the exact measure (`vector_codec.distances`) normalises in float64 (~1e-7), and the
+estimate's scaling (~1e-7). It was sized for `vec_distance_cosine`'s float32 sums (~2e-5),
+which measured before schema 10."""
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 I8 = npt.NDArray[np.int8]
 
@@ -302,7 +307,7 @@ def _batches(
         args,
     )
     while rows := cur.fetchmany(BATCH):
-        x = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(len(rows), space.dims)
+        x = vector_codec.decode([r[2] for r in rows], space.dims)
         ids = np.array([r[0] for r in rows], dtype=np.int64)
         chunks = np.array([r[1] for r in rows], dtype=np.int64)
         yield _code(ids, chunks, _unit(x), mean)
@@ -329,7 +334,7 @@ def _mean(conn: sqlite3.Connection, space: Space, cid: int) -> F32:
     ).fetchall()
     if not rows:
         return np.zeros(space.dims, np.float32)
-    x = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.float32).reshape(len(rows), space.dims)
+    x = vector_codec.decode([r[0] for r in rows], space.dims)
     return _unit(x).mean(axis=0).astype(np.float32)
 
 
@@ -348,17 +353,20 @@ def _code(row_ids: I64, chunk_ids: I64, unit: F32, mean: F32) -> Coded:
 
 
 def rescore(
-    conn: sqlite3.Connection, space: Space, cid: int, qblob: bytes, row_ids: Sequence[int]
+    conn: sqlite3.Connection, space: Space, cid: int, query: F64, row_ids: Sequence[int]
 ) -> list[tuple[int, float]]:
-    """Exact cosine distances of these rows, nearest first, by `vec_distance_cosine` (what the
-    exact scan, `vectors._knn`, computes): rows no longer in the partition are not found."""
+    """Exact cosine distances of these rows to the unit `query`, nearest first, by
+    `vector_codec.distances` (what the exact scan, `vectors._knn`, computes): rows no longer in
+    the partition are not found."""
     rows = conn.execute(
-        "SELECT vr.id, vec_distance_cosine(cv.embedding, ?) FROM vector_rows vr CROSS JOIN content_vectors cv"
+        "SELECT vr.id, cv.embedding FROM vector_rows vr CROSS JOIN content_vectors cv"
         " ON cv.id = vr.chunk_id WHERE vr.id IN (SELECT value FROM json_each(?))"
         " AND vr.space_id = ? AND vr.collection_id = ?",
-        (qblob, json.dumps(list(row_ids)), space.id, cid),
+        (json.dumps(list(row_ids)), space.id, cid),
     ).fetchall()
-    return sorted(((r[0], r[1]) for r in rows), key=lambda t: (t[1], t[0]))
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    dist = vector_codec.distances(vector_codec.decode([r[1] for r in rows], space.dims), query)
+    return vector_codec.nearest(ids, dist, len(rows))
 
 
 @dataclass(frozen=True)
@@ -481,7 +489,7 @@ def _bounded(snap: Snapshot, query: _Query, k: int, rows: I64 | None) -> I64:
 
 
 def candidates(snap: Snapshot, query: Sequence[float], k: int, *, exact: bool, within: I64 | None) -> I64:
-    """The rows `nearest` measures in SQLite for a KNN of `k` (see there)."""
+    """The rows `nearest` measures exactly for a KNN of `k` (see there)."""
     q = _Query.of(query)
     n = snap.size if within is None else len(within)
     if exact or within is not None or n <= MIN_SHORTLIST:
@@ -514,8 +522,7 @@ def nearest(
     if k <= 0:
         return []
     rows = candidates(snap, query, k, exact=exact, within=within)
-    qblob = np.asarray(query, dtype=np.float32).tobytes()
-    return rescore(conn, space, cid, qblob, snap.row_ids[rows].tolist())[:k]
+    return rescore(conn, space, cid, vector_codec.unit(query), snap.row_ids[rows].tolist())[:k]
 
 
 def _refreshed(conn: sqlite3.Connection, space: Space, cid: int, snap: Snapshot, generation: int) -> Snapshot | None:

@@ -11,7 +11,7 @@ and is never starved by a big one.
 On SQLite that is all there is (issue 34: the sqlite-vec vec0 table that kept a second copy
 of every vector, 2.1x the original's bytes, was dropped by schema migration 9). A search's
 first pass is the daemon's in-memory index (server/store/vector_index.py); without it
-(a library, or while the index is being built) `vec_distance_cosine` measures every row of
+(a library, or while the index is being built) `vector_codec.distances` measures every row of
 the partition (`_knn`), and under a selective metadata filter every chunk of the eligible
 documents. Postgres keeps a pgvector table of each space's rows besides (`SpaceTable`), for
 its HNSW index.
@@ -37,7 +37,6 @@ few marks and the batch. Postgres, which other daemons may write, reads it all e
 
 from __future__ import annotations
 
-import array
 import hashlib
 import json
 import threading
@@ -45,6 +44,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+import numpy as np
+
+from qmd.server.store import vector_codec
 from qmd.server.store.db import Connection, snapshot, sqlite3
 from qmd.server.store.metadata import DocFilter, ids_sql
 from qmd.server.store.sqlite import utcnow
@@ -65,13 +67,19 @@ if TYPE_CHECKING:
     from qmd.server.store.pg_vectors import PgvectorTables
     from qmd.server.store.vector_index import VectorIndex
 
+F64 = vector_codec.F64
+
+SCAN_BATCH = 8192
+"""Rows the exact scan (`_knn`) decodes and measures at a time."""
+
 DENSE = 0.1
 """A filter admitting at least this share of a collection is searched by widening an
 unfiltered KNN; a sparser one by measuring the distance to each eligible chunk."""
 
 
 def pack(vector: Sequence[float]) -> bytes:
-    return array.array("f", vector).tobytes()
+    """A vector as `content_vectors` stores it (`vector_codec`: its unit vector in half floats)."""
+    return vector_codec.encode(vector)
 
 
 def tables_of(conn: Connection) -> VectorTables:
@@ -263,8 +271,8 @@ def write_document(
         ).rowcount
         conn.execute(
             "INSERT INTO content_vectors(space_id, hash, seq, pos, end_pos, start_line, end_line, tokens,"
-            " clipped, total_chunks, embed_fingerprint, embedded_at, embedding, chunk_key)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " clipped, total_chunks, embedded_at, embedding, chunk_key)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 space.id,
                 content_hash,
@@ -276,9 +284,8 @@ def write_document(
                 c.tokens,
                 int(c.clipped),
                 total,
-                space.fingerprint,
                 now,
-                c.embedding if isinstance(c.embedding, bytes) else pack(c.embedding),
+                vector_codec.stored(c.embedding, space.dims) if isinstance(c.embedding, bytes) else pack(c.embedding),
                 c.key,
             ),
         )
@@ -821,7 +828,7 @@ class SqliteTables:
         of the eligible documents (1 ms for 150 eligible rows of 150k, measured, where a
         scan of the partition reads them all)."""
         conn = self._conn
-        qblob = pack(query)
+        unit = vector_codec.unit(query)
         eligible: set[int] | None = None
         among: list[int] | None = None
         share = 1.0
@@ -839,7 +846,7 @@ class SqliteTables:
             if admitted >= DENSE:
                 share = admitted
             elif index is None:
-                return _search_eligible(conn, space, qblob, cid, limit, ids)
+                return _search_eligible(conn, space, unit, cid, limit, ids)
             else:
                 among = _chunks_of(conn, space, ids)
 
@@ -852,31 +859,38 @@ class SqliteTables:
                 else None
             )
             if knn is None and among is None:
-                knn = _knn(conn, space, qblob, k, cid)
+                knn = _knn(conn, space, unit, k, cid)
             return knn
 
         hits = widened(conn, collection, limit, nearest, eligible, share)
-        return _search_eligible(conn, space, qblob, cid, limit, ids) if hits is None else hits
+        return _search_eligible(conn, space, unit, cid, limit, ids) if hits is None else hits
 
     def nearest_of(
         self, space: Space, query: Sequence[float], cid: int, collection: str, doc_ids: Sequence[int]
     ) -> list[VecHit]:
         ids = json.dumps(sorted(set(doc_ids)))
-        return _search_eligible(self._conn, space, pack(query), cid, len(doc_ids), ids)
+        return _search_eligible(self._conn, space, vector_codec.unit(query), cid, len(doc_ids), ids)
 
 
-def _knn(conn: Connection, space: Space, qblob: bytes, k: int, cid: int) -> list[tuple[int, float]]:
-    """The partition's `k` nearest rows, exact: every row's stored vector measured, nearest first
-    (ties by row id, as `vector_index.rescore` orders them). What answers without the in-memory
-    index, as vec0's KNN did (a scan too)."""
-    return [
-        (int(rid), float(d))
-        for rid, d in conn.execute(
-            "SELECT vr.id, vec_distance_cosine(cv.embedding, ?) AS d FROM vector_rows vr CROSS JOIN content_vectors cv"
-            " ON cv.id = vr.chunk_id WHERE vr.space_id = ? AND vr.collection_id = ? ORDER BY d, vr.id LIMIT ?",
-            (qblob, space.id, cid, k),
-        )
-    ]
+def _knn(conn: Connection, space: Space, query: F64, k: int, cid: int) -> list[tuple[int, float]]:
+    """The partition's `k` nearest rows to the unit `query`, exact: every row's stored vector
+    measured (`vector_codec.distances`), nearest first, ties by row id (as
+    `vector_index.rescore` orders them). What answers without the in-memory index, as vec0's
+    KNN did (a scan too), a batch of rows at a time."""
+    cur = conn.execute(
+        "SELECT vr.id, cv.embedding FROM vector_rows vr CROSS JOIN content_vectors cv"
+        " ON cv.id = vr.chunk_id WHERE vr.space_id = ? AND vr.collection_id = ?",
+        (space.id, cid),
+    )
+    best: list[tuple[int, float]] = []
+    while rows := cur.fetchmany(SCAN_BATCH):
+        dist = vector_codec.distances(vector_codec.decode([r[1] for r in rows], space.dims), query)
+        ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        if best:
+            ids = np.concatenate([np.array([i for i, _ in best], np.int64), ids])
+            dist = np.concatenate([np.array([d for _, d in best]), dist])
+        best = vector_codec.nearest(ids, dist, k)
+    return best
 
 
 def _chunks_of(conn: Connection, space: Space, eligible_json: str) -> list[int]:
@@ -891,22 +905,23 @@ def _chunks_of(conn: Connection, space: Space, eligible_json: str) -> list[int]:
 
 
 def _search_eligible(
-    conn: Connection, space: Space, qblob: bytes, cid: int, limit: int, eligible_json: str
+    conn: Connection, space: Space, query: F64, cid: int, limit: int, eligible_json: str
 ) -> list[VecHit]:
     """The eligible documents (a JSON array of ids) ranked by the distance to each one's
     nearest chunk, measured on every chunk of theirs that is in the collection's
-    partition: exact whatever their share, and by `vec_distance_cosine` as every other path
-    measures, so these distances merge with KNN ones."""
+    partition: exact whatever their share, and by `vector_codec.distances` as every other
+    path measures, so these distances merge with KNN ones."""
     rows = conn.execute(
-        "SELECT d.id, vec_distance_cosine(cv.embedding, ?), cv.pos, cv.end_pos, cv.start_line, cv.end_line"
+        "SELECT d.id, cv.embedding, cv.pos, cv.end_pos, cv.start_line, cv.end_line"
         " FROM documents d CROSS JOIN content_vectors cv CROSS JOIN vector_rows vr"
         " WHERE d.id IN (SELECT value FROM json_each(?)) AND cv.space_id = ? AND cv.hash = d.hash"
         " AND vr.chunk_id = cv.id AND vr.collection_id = ?",
-        (qblob, eligible_json, space.id, cid),
+        (eligible_json, space.id, cid),
     ).fetchall()
+    dist = vector_codec.distances(vector_codec.decode([r[1] for r in rows], space.dims), query).tolist()
     nearest: dict[int, tuple[float, int, int, int, int]] = {}
-    for doc_id, dist, pos, end, sl, el in rows:
-        t = (dist, pos, end, sl, el)
+    for (doc_id, _, pos, end, sl, el), d in zip(rows, dist, strict=True):
+        t = (d, pos, end, sl, el)
         if doc_id not in nearest or t < nearest[doc_id]:
             nearest[doc_id] = t
     ranked = sorted(nearest.items(), key=lambda kv: (kv[1][0], kv[0]))[:limit]

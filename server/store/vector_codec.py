@@ -1,0 +1,105 @@
+"""How a chunk vector is kept in `content_vectors`, and the one distance SQLite searches measure.
+
+A vector is stored as its unit vector in IEEE half floats, 2 bytes a dimension (schema 10;
+float32 before, 4 bytes). Issue 34's goal was the original's size for the same vectors:
+float32 rows of ~1.75 KB fit two to a 4 KiB page (2,053 bytes a 1,536-byte vector, above the
+original's ~1.9 KB with its metadata); half-float rows fit four. Cosine ranks by direction,
+so keeping the unit vector loses only rounding: each component of a unit vector is within
+2^-11 of itself relative (4.9e-4), which moves a cosine of 384 dimensions by ~1e-5, two
+orders below the gaps the relevance model reads. Postgres has kept its vectors as pgvector's
+`halfvec` from the start (server/store/pg_vectors.py), so both backends now rank the same
+rounded vectors.
+
+Rows written before schema 10 hold float32 (a Postgres index keeps them: its disk was never
+the goal); `decode` reads either by length, so nothing depends on a conversion having run.
+
+Every distance on SQLite is `distances` (the exact scan, the in-memory index's rescoring,
+a filter's measured chunks): cosine distance in float64 from the decoded rows, so the paths
+agree to the last bit, as `vec_distance_cosine` made them agree before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from qmd.server.errors import InvalidInput
+
+STORED = np.dtype("<f2")
+LEGACY = np.dtype("<f4")
+"""What rows written before schema 10 hold (and what the embedder sends)."""
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+
+
+def encode(vector: Sequence[float] | npt.NDArray[np.floating]) -> bytes:
+    """The stored form of a vector: its unit vector in half floats. A zero vector is stored as
+    zeros (it is at distance 1 from everything); NaN or infinity is refused, by name."""
+    x = np.asarray(vector, dtype=np.float64)
+    if x.ndim != 1 or not x.size:
+        raise InvalidInput(f"an embedding must be a non-empty list of numbers, not an array of shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise InvalidInput("an embedding holds NaN or infinity; the embedder's output is unusable")
+    norm = float(np.linalg.norm(x))
+    return (x / norm if norm > 0 else x).astype(STORED).tobytes()
+
+
+def stored(blob: bytes, dims: int) -> bytes:
+    """A blob in the stored form: a float32 one (from a row written before schema 10) converted."""
+    return blob if len(blob) == STORED.itemsize * dims else encode(decode([blob], dims)[0])
+
+
+def decode(blobs: Sequence[bytes], dims: int) -> F32:
+    """Stored vectors as a (rows, dims) float32 array, each read by its length: half floats,
+    or float32 from before schema 10. Any other length is a row of another space's size."""
+    if not blobs:
+        return np.zeros((0, dims), np.float32)
+    joined = b"".join(blobs)
+    for dtype in (STORED, LEGACY):
+        if len(joined) == dtype.itemsize * dims * len(blobs) and all(len(b) == dtype.itemsize * dims for b in blobs):
+            return np.frombuffer(joined, dtype=dtype).reshape(len(blobs), dims).astype(np.float32)
+    out = np.empty((len(blobs), dims), np.float32)
+    for i, blob in enumerate(blobs):
+        for dtype in (STORED, LEGACY):
+            if len(blob) == dtype.itemsize * dims:
+                out[i] = np.frombuffer(blob, dtype=dtype)
+                break
+        else:
+            raise InvalidInput(
+                f"a stored vector of {len(blob)} bytes is not of its space's {dims} dimensions;"
+                " `qmd doctor` checks the index"
+            )
+    return out
+
+
+def unit(query: Sequence[float] | npt.NDArray[np.floating]) -> F64:
+    """A query as `distances` reads it: its unit vector in float64 (never rounded to half)."""
+    q = np.asarray(query, dtype=np.float64)
+    norm = float(np.linalg.norm(q))
+    return q / norm if norm > 0 else q
+
+
+def distances(rows: F32, query: F64) -> F64:
+    """Cosine distance of each row to the unit `query`: 1 − cos, in float64 (a zero row: 1).
+    Each row is summed on its own (numpy's pairwise sum along the row), never by a matrix
+    product, whose rounding depends on how many rows it is given: a row's distance is the
+    same bits whichever path, batch or shortlist measures it."""
+    x = rows.astype(np.float64)
+    norms = np.sqrt(np.square(x).sum(axis=1))
+    x *= query
+    cos = np.divide(x.sum(axis=1), norms, out=np.zeros(len(x)), where=norms > 0)
+    return 1.0 - cos
+
+
+def nearest(ids: npt.NDArray[np.int64], dist: F64, k: int) -> list[tuple[int, float]]:
+    """The `k` smallest distances with their ids, nearest first, ties by id (what every exact
+    path returns, so their answers merge)."""
+    if len(dist) > k:
+        cut = np.partition(dist, k - 1)[k - 1] if k > 0 else -np.inf
+        keep = np.flatnonzero(dist <= cut)
+        ids, dist = ids[keep], dist[keep]
+    order = np.lexsort((ids, dist))[:k]
+    return [(int(ids[i]), float(dist[i])) for i in order]
