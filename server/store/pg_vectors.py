@@ -10,9 +10,10 @@ key, the collection id with a btree on it, and the embedding as a
 the same top 10 sets by exact search (bench/bench_postgres_vectors.py; figures in the README).
 A distance is ``embedding <=> query`` over the stored half floats on every path (HNSW, exact
 scan, eligible rows), so the paths agree to the last bit; against the float32 distance
-SQLite computes, the rounding moves one by at most 5e-5 (measured up to 200k vectors), which can
-swap two hits that close and nothing else (exact top 10s held float32's rows in 300 of 300
-searches of a large collection; 4 of 300 of a small one differed in order or in a tenth row).
+SQLite computed before its schema 10 (which stores half floats too: `vector_codec`), the
+rounding moved one by at most 5e-5 (measured up to 200k vectors), which can swap two hits
+that close and nothing else (exact top 10s held float32's rows in 300 of 300 searches of a
+large collection; 4 of 300 of a small one differed in order or in a tenth row).
 
 A search in a collection is exact while the collection is small (``EXACT_UP_TO`` rows: a
 scan of its rows by the btree beats a filtered HNSW walk there) or a small share of its

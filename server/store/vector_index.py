@@ -122,14 +122,11 @@ SAMPLE = 16384
 """Estimates sampled for the shortlist's threshold: at a 1/16 share, within ~3% of its size
 (1.3 ms at 1M, where `np.argpartition` of all the estimates took 10)."""
 ROUNDING = 1e-4
-"""Margin of the int8 bound for rounding: the codes are made from float32 unit vectors where
-the exact measure (`vector_codec.distances`) normalises in float64 (~1e-7), and the
-estimate's scaling (~1e-7). It was sized for `vec_distance_cosine`'s float32 sums (~2e-5),
-which measured before schema 10."""
+"""Margin of the int8 bound for rounding: the exact measure's float32 sums of 384 products
+(`vector_codec.distances`, ~2e-5 at worst) and the estimate's scaling (~1e-7)."""
 
 U64 = npt.NDArray[np.uint64]
 F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 I8 = npt.NDArray[np.int8]
 
@@ -353,7 +350,7 @@ def _code(row_ids: I64, chunk_ids: I64, unit: F32, mean: F32) -> Coded:
 
 
 def rescore(
-    conn: sqlite3.Connection, space: Space, cid: int, query: F64, row_ids: Sequence[int]
+    conn: sqlite3.Connection, space: Space, cid: int, query: F32, row_ids: Sequence[int]
 ) -> list[tuple[int, float]]:
     """Exact cosine distances of these rows to the unit `query`, nearest first, by
     `vector_codec.distances` (what the exact scan, `vectors._knn`, computes): rows no longer in

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from qmd.server.store.pg_vectors import PgvectorTables
     from qmd.server.store.vector_index import VectorIndex
 
-F64 = vector_codec.F64
+F32 = vector_codec.F32
 
 SCAN_BATCH = 8192
 """Rows the exact scan (`_knn`) decodes and measures at a time."""
@@ -872,7 +872,7 @@ class SqliteTables:
         return _search_eligible(self._conn, space, vector_codec.unit(query), cid, len(doc_ids), ids)
 
 
-def _knn(conn: Connection, space: Space, query: F64, k: int, cid: int) -> list[tuple[int, float]]:
+def _knn(conn: Connection, space: Space, query: F32, k: int, cid: int) -> list[tuple[int, float]]:
     """The partition's `k` nearest rows to the unit `query`, exact: every row's stored vector
     measured (`vector_codec.distances`), nearest first, ties by row id (as
     `vector_index.rescore` orders them). What answers without the in-memory index, as vec0's
@@ -905,7 +905,7 @@ def _chunks_of(conn: Connection, space: Space, eligible_json: str) -> list[int]:
 
 
 def _search_eligible(
-    conn: Connection, space: Space, query: F64, cid: int, limit: int, eligible_json: str
+    conn: Connection, space: Space, query: F32, cid: int, limit: int, eligible_json: str
 ) -> list[VecHit]:
     """The eligible documents (a JSON array of ids) ranked by the distance to each one's
     nearest chunk, measured on every chunk of theirs that is in the collection's
