@@ -58,10 +58,10 @@ def decode(blobs: Sequence[bytes], dims: int) -> F32:
     or float32 from before schema 10. Any other length is a row of another space's size."""
     if not blobs:
         return np.zeros((0, dims), np.float32)
-    joined = b"".join(blobs)
+    lengths = set(map(len, blobs))
     for dtype in (STORED, LEGACY):
-        if len(joined) == dtype.itemsize * dims * len(blobs) and all(len(b) == dtype.itemsize * dims for b in blobs):
-            return np.frombuffer(joined, dtype=dtype).reshape(len(blobs), dims).astype(np.float32)
+        if lengths == {dtype.itemsize * dims}:
+            return np.frombuffer(b"".join(blobs), dtype=dtype).reshape(len(blobs), dims).astype(np.float32)
     out = np.empty((len(blobs), dims), np.float32)
     for i, blob in enumerate(blobs):
         for dtype in (STORED, LEGACY):
