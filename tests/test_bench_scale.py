@@ -66,3 +66,17 @@ def test_bad_arguments_are_refused_before_anything_starts(args: tuple[str, ...],
     r = run(*args, timeout=60)
     assert r.returncode == 2 and message in r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.sqlite_only("it measures SQLite files: qmd's layout and the original's vec0 tables")
+def test_vectors_take_fewer_bytes_than_the_original_s(tmp_path: Path) -> None:
+    """bench/bench_vector_disk.py at a small size: qmd's layout of the same vectors is smaller
+    on disk than the original's, and schema 10 smaller than schema 9."""
+    out = tmp_path / "disk.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_vector_disk.py"), "--vectors", "3000", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    size = json.loads(out.read_text())["bytes_per_vector"]
+    assert size["qmd"] < 0.75 * size["original"] and size["qmd"] < 0.6 * size["qmd_schema_9"]
