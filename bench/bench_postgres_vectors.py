@@ -203,8 +203,14 @@ def main() -> None:
     ap.add_argument("--ef-search", default="40,64,100", help="ef_search values to sweep after the main pass")
     ap.add_argument("--spread", type=float, default=SPREAD, help="the noise's norm around a centre")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--m", type=int, default=pv.HNSW_M, help="the HNSW graph's m (pg_vectors.HNSW_M)")
+    ap.add_argument(
+        "--ef-construction", type=int, default=pv.HNSW_EF_CONSTRUCTION, help="pg_vectors.HNSW_EF_CONSTRUCTION"
+    )
+    ap.add_argument("--build-mb", type=int, default=pv.MAX_BUILD_MB, help="pg_vectors.MAX_BUILD_MB")
     ap.add_argument("--url", help="a Postgres server with pgvector to use instead of an embedded one")
     args = ap.parse_args()
+    pv.HNSW_M, pv.HNSW_EF_CONSTRUCTION, pv.MAX_BUILD_MB = args.m, args.ef_construction, args.build_mb
     print(code_line())
     rng = np.random.default_rng(args.seed)
     results = []

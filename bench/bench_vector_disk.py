@@ -12,7 +12,7 @@ empty, divided by the vectors. Layouts:
   the unit vector in half floats.
 - **qmd at schema 9**: the same rows with float32 vectors and the space's fingerprint in
   each row, as migration 10 finds them.
-- **the original qmd 2.x** (../shared/reference/qmd-spec.md §4): `content_vectors(hash, seq,
+- **the original qmd 2.x** (docs/design/original.md, "Tables"): `content_vectors(hash, seq,
   pos, model, embed_fingerprint, total_chunks, embedded_at, PK(hash, seq))` with its
   (model, fingerprint, hash, total_chunks) index, and the sqlite-vec table `vectors_vec`
   (vec0, `hash_seq TEXT PRIMARY KEY`, `embedding float[D]`, cosine). The model column holds

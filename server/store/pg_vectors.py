@@ -76,8 +76,9 @@ HALF_MAX = 65_504.0
 """The largest half float: a stored value must not exceed it (unit vectors never come near)."""
 MAX_BUILD_MB = 2_048
 """The most memory `build_index` asks for (``maintenance_work_mem``)."""
-_GRAPH_BYTES_PER_ROW = 64 * HNSW_M
-"""A row's neighbour lists and bookkeeping in pgvector's in-memory graph, with room to spare."""
+GRAPH_BYTES_PER_LINK = 64
+"""A row's neighbour lists and bookkeeping in pgvector's in-memory graph, per unit of `HNSW_M`,
+with room to spare."""
 _MAX_EF_SEARCH = 1_000
 
 
@@ -145,7 +146,7 @@ def build_index(conn: psycopg.Connection, space_id: int) -> None:
     with _errors(space_id), conn.transaction():
         row = conn.execute(f"SELECT count(*), coalesce(max(vector_dims(embedding)), 0) FROM {t}").fetchone()
         assert row is not None  # an aggregate always returns its row
-        need = row[0] * (2 * row[1] + _GRAPH_BYTES_PER_ROW) // 2**20
+        need = row[0] * (2 * row[1] + GRAPH_BYTES_PER_LINK * HNSW_M) // 2**20
         conn.execute("SELECT set_config('maintenance_work_mem', %s, true)", (f"{min(MAX_BUILD_MB, max(64, need))}MB",))
         _create_hnsw(conn, t)
 
