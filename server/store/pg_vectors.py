@@ -49,7 +49,9 @@ from qmd.server.store.vector_tables import FirstPass, Space, VecHit, documents_f
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 """pgvector's defaults: with `EF_SEARCH` they reach recall@10 0.994 at 200k (the issue asks
-0.95), in an 83 s build on 2 cores; a larger graph would buy recall the search already has."""
+0.95), in an 83 s build on 2 cores. At a million rows of the bench's hard mixture they level
+off near 0.90 (`ROWS_PER_EF`), but m 32 with ef_construction 128 had not built in 33 minutes
+where these take 8 (bench/bench_postgres_vectors.py)."""
 EF_SEARCH = 100
 """The HNSW candidate list for a small `k` in a space of up to `ROWS_PER_EF` × 100 rows (a
 larger `k` gets `k`, up to pgvector's 1,000, past which the iterative scan supplies the
