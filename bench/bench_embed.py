@@ -39,7 +39,6 @@ import sqlite3
 import statistics
 import sys
 import time
-from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -176,10 +175,11 @@ class WorkerSide:
 def cosine_check(stored: list[bytes], bare: list[list[float]]) -> tuple[float, float]:
     """(min, mean) cosine between the daemon's stored vectors and the bare loop's: unit
     vectors of the same texts by the same model, so ~1.0 unless the inputs differ."""
+    from qmd.server.store import vector_codec
+
     sims = []
     for blob, v in zip(stored, bare):
-        a = array("f")
-        a.frombytes(blob)
+        a = vector_codec.decode([blob], len(v))[0].tolist()  # as stored: half floats
         sims.append(sum(x * y for x, y in zip(a, v)))
     return min(sims), statistics.fmean(sims)
 

@@ -45,7 +45,7 @@ Exactness. For a few keyword queries and query vectors, the filtered top 10 is c
 with the unfiltered *full* ranking filtered in Python by the reference evaluator
 (`qmd.server.search.filters.matches` over `metadata.fetch`): for keyword search the
 full ranking is `lexical_hits` with no limit; for vectors it is a brute-force
-`vec_distance_cosine` over every chunk in `content_vectors` (not the vec0 KNN), each
+`vector_codec.distances` over every chunk in `content_vectors` (not the vec0 KNN), each
 document at its nearest chunk; ids and distances must be identical.
 
 `--explain` prints SQLite's query plans of the filtered statements. Figures only,
@@ -389,8 +389,7 @@ def exactness(store, config, space, seed: int, n_queries: int) -> list[dict[str,
     from qmd.server.search.lexical import parse_lex
     from qmd.server.search.scope import scope_of
     from qmd.server.search.vector import vector_hits
-    from qmd.server.store import metadata
-    from qmd.server.store.vectors import pack
+    from qmd.server.store import metadata, vector_codec
 
     with store.read() as conn:
         ids = [r[0] for r in conn.execute("SELECT id FROM documents WHERE active = 1")]
@@ -417,10 +416,13 @@ def exactness(store, config, space, seed: int, n_queries: int) -> list[dict[str,
         v = unit_vector(qrng)
         with store.read() as conn:
             best: dict[int, float] = {}
-            for h, d in conn.execute(
-                "SELECT hash, vec_distance_cosine(embedding, ?) FROM content_vectors WHERE space_id = ?",
-                (pack(v), space.id),
-            ):
+            rows = conn.execute(
+                "SELECT hash, embedding FROM content_vectors WHERE space_id = ?", (space.id,)
+            ).fetchall()
+            dist = vector_codec.distances(
+                vector_codec.decode([r[1] for r in rows], space.dims), vector_codec.unit(v)
+            ).tolist()
+            for (h, _), d in zip(rows, dist, strict=True):
                 for doc_id in doc_of_hash.get(h, ()):
                     if doc_id not in best or d < best[doc_id]:
                         best[doc_id] = d
@@ -429,8 +431,8 @@ def exactness(store, config, space, seed: int, n_queries: int) -> list[dict[str,
             expected = [d for d in ranking if d in meta and matches(f, meta[d])][:LIMIT]
             hits = vector_hits(store, {COLLECTION: space}, v, scope_of(config, None, f), LIMIT)
             got = [h.doc_id for h in hits]
-            # vec0's cosine distance and vec_distance_cosine are the same function, bit for
-            # bit, and both sides break ties by document id: the lists must be identical
+            # every SQLite path measures by `vector_codec.distances`, bit for bit, and both
+            # sides break ties by document id: the lists must be identical
             same = got == expected and all(best[a] == h.distance for a, h in zip(expected, hits))
             out.append({"kind": "vector", "query": f"random #{i}", "filter": name, "same": same, "n": len(expected)})
     return out

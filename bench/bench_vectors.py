@@ -368,7 +368,7 @@ def more_vectors(store, space, n_docs: int, seed: int, coll: str = "big") -> Non
 
 
 def scale(args: argparse.Namespace) -> tuple[list[dict], dict]:
-    from qmd.server.store import vector_index, vectors
+    from qmd.server.store import vector_codec, vector_index, vectors
     from qmd.server.store.sqlite import Store
 
     base = Path(tempfile.mkdtemp(prefix="qmd-bench-vectors-"))
@@ -415,7 +415,7 @@ def scale(args: argparse.Namespace) -> tuple[list[dict], dict]:
                     recall: list[float] = []
                     same_distance = compared = 0
                     for q in queries:
-                        blob = vectors.pack(q)
+                        unit = vector_codec.unit(q)
                         t0 = time.perf_counter()
                         exact = vectors.search(conn, space, q, "big", LIMIT)
                         t1 = time.perf_counter()
@@ -423,7 +423,7 @@ def scale(args: argparse.Namespace) -> tuple[list[dict], dict]:
                         t2 = time.perf_counter()
                         vectors.search(conn, space, q, "small", LIMIT, None, index)
                         t3 = time.perf_counter()
-                        vectors._knn(conn, space, blob, LIMIT * 3, cid)  # noqa: SLF001 - the bare exact scan
+                        vectors._knn(conn, space, unit, LIMIT * 3, cid)  # noqa: SLF001 - the bare exact scan
                         t4 = time.perf_counter()
                         for key, secs in zip(
                             ("exact_big", "index_big", "index_small", "knn_big"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
@@ -506,7 +506,7 @@ def vector_state_queries(conn, space) -> None:  # noqa: ANN001
 def brute_force(store, space, cid: int, queries: list[array]) -> dict:  # noqa: ANN001
     """Top-k by a pure-Python dot product over the `big` partition's vectors, and
     whether the store's exact scan finds the same rows (it should)."""
-    from qmd.server.store import vectors
+    from qmd.server.store import vector_codec, vectors
 
     with store.read() as conn:
         rows = conn.execute(
@@ -515,11 +515,7 @@ def brute_force(store, space, cid: int, queries: list[array]) -> dict:  # noqa: 
             (space.id, cid),
         ).fetchall()
         ids = [r[0] for r in rows]
-        vecs = []
-        for r in rows:
-            a = array("f")
-            a.frombytes(r[1])
-            vecs.append(a.tolist())
+        vecs = vector_codec.decode([r[1] for r in rows], space.dims).tolist()
         times, same = [], 0
         k = LIMIT * 3
         for q in queries:
@@ -528,7 +524,7 @@ def brute_force(store, space, cid: int, queries: list[array]) -> dict:  # noqa: 
             dots = [sum(map(operator.mul, ql, v)) for v in vecs]
             top = heapq.nlargest(k, range(len(dots)), key=dots.__getitem__)
             times.append(time.perf_counter() - t0)
-            knn = [r[0] for r in vectors._knn(conn, space, array("f", q).tobytes(), k, cid)]  # noqa: SLF001
+            knn = [r[0] for r in vectors._knn(conn, space, vector_codec.unit(q), k, cid)]  # noqa: SLF001
             same += {ids[i] for i in top} == set(knn)
     return {"vectors": len(vecs), "times": times, "same_neighbours": same, "queries": len(queries)}
 
