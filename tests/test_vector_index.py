@@ -69,6 +69,37 @@ def test_sign_estimates_are_the_quantized_dot_product(monkeypatch: pytest.Monkey
         np.testing.assert_allclose(got, (signs @ q_hat) * c.factor[: snap.size], rtol=1e-6)
 
 
+def test_passes_cut_across_threads_give_the_same_numbers(
+    gaussian: tuple[np.ndarray, vector_index.Snapshot], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sign-bit and int8 passes, their rows cut into parts (uneven, one per thread), give
+    the very estimates they give in one part, and so the same candidates."""
+    x, snap = gaussian
+    c, n = snap.columns, snap.size
+    rng = np.random.default_rng(5)
+    queries = unit(rng, 3)
+    rows = np.sort(rng.choice(n, 7_001, replace=False)).astype(np.int64)
+
+    def passes() -> list[np.ndarray]:
+        out = []
+        for q in queries:
+            sign = vector_index._SignQuery.of(q, c.bits.shape[0])  # noqa: SLF001
+            exact = vector_index._Query.of(q.tolist())  # noqa: SLF001
+            out.append(vector_index._sign_estimates(c.bits[:, :n], c.factor[:n], sign))  # noqa: SLF001
+            out.append(vector_index._int8_sims(snap, exact, rows))  # noqa: SLF001
+            out.append(vector_index._int8_sims(snap, exact))  # noqa: SLF001
+            out.append(vector_index.candidates(snap, q.tolist(), 10, exact=False, within=None))
+        return out
+
+    monkeypatch.setattr(vector_index, "SCAN_THREADS", 1)
+    alone = passes()
+    monkeypatch.setattr(vector_index, "SCAN_THREADS", 3)
+    monkeypatch.setattr(vector_index, "SIGN_PART", 7_000)
+    monkeypatch.setattr(vector_index, "INT8_PART", 1_000)
+    for one, cut in zip(alone, passes(), strict=True):
+        np.testing.assert_array_equal(one, cut)
+
+
 def test_about_best_keeps_about_m_and_never_a_worse_row() -> None:
     """Every row kept is at least as good as every row left; about `m` are kept for the
     shares the shortlist asks (1/16 of the rows and more), all of them up to `SAMPLE` rows."""

@@ -22,9 +22,12 @@ and these interleaved in one process on 2 cores, `nearest` with SQLite's rescori
 real Store (bench/bench_vectors.py's `build`), recall@10 against the exact scan: at 1M
 vectors 38.8 ms p50 against 76.0 at load 0.2-2 (30 queries), 77-81 against 344-470 at
 load 4-10 (40-100 queries; the float pass's 120 MB a search suffers most), recall 1.0 for
-both; at 300k 25.1 against 44.4 at load 9 (0.998 both). What is left at 1M is the bit
-pass (~60%: 18 ANDs and popcounts a row) and the int8 ranking of 1/16 of the rows (~14
-ms): numpy cannot fuse them, and a 2-thread split measured no faster on 2 loaded cores.
+both; at 300k 25.1 against 44.4 at load 9 (0.998 both). Both passes are cut across the
+cores (`SCAN_THREADS`): at 1M on 2 cores at load < 1, the first passes take 29.8 ms p50
+against 40.6 in one thread (40 queries interleaved), the bit pass 18 against 26 and the
+int8 ranking 7.6 against 14.7 (its rows are gathered from all over the copy, which two
+threads overlap). What is left is the bit pass's 18 ANDs and popcounts a row, which numpy
+cannot fuse; on loaded cores (load 4-10) an earlier split of the bit pass gained nothing.
 
 Where the answer must be exact (a metadata filter's widened KNN, a partition of at most
 `MIN_SHORTLIST` rows), the int8 copy is a bound instead: each row's residual e (|u −
@@ -61,9 +64,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -118,6 +123,15 @@ and 8192 measured 5-40% slower at 1M)."""
 BITS_BLOCK = 8192
 """Rows at a time of the sign-bit pass: its planes × words temporaries (1.2 MB at 384 dims)
 stay in the 2 MB L2; 4096 and 16384 measured 5-20% slower at 1M."""
+SCAN_THREADS = min(os.cpu_count() or 1, 4)
+"""Threads a search's passes are cut across (the caller's and a shared pool's): numpy leaves
+the GIL in its loops, so at 1M the two passes take 0.73x their time in one thread on 2 cores
+(the module's docstring)."""
+SIGN_PART = 65_536
+"""The fewest rows the sign-bit pass hands to another thread (3 MB of bits): a smaller part
+costs about what the handoff does."""
+INT8_PART = 8_192
+"""The same for the int8 pass (3 MB of codes)."""
 SAMPLE = 16384
 """Estimates sampled for the shortlist's threshold: at a 1/16 share, within ~3% of its size
 (1.3 ms at 1M, where `np.argpartition` of all the estimates took 10)."""
@@ -415,11 +429,22 @@ def _sign_estimates(bits: U64, factor: F32, query: _SignQuery) -> F32:
     """Similarity estimates of the rows of `bits` (words × rows), up to a positive constant.
     With the query quantized to sign·step·level, q·sign(x') = step·(Σ level − 2·Σ level where
     the signs differ), and that last sum is Σ 2^p·popcount((signs ^ bits) & plane_p): XOR,
-    AND and popcount over 64-bit words, a block of rows at a time so they stay in cache."""
+    AND and popcount over 64-bit words, a block of rows at a time so they stay in cache, the
+    rows cut across `SCAN_THREADS`; the integer sums are made floats once, at the end."""
+    differ = np.empty(bits.shape[1], np.uint16)
+    _in_parts(bits.shape[1], SIGN_PART, lambda lo, hi: _differ_levels(bits[:, lo:hi], query, differ[lo:hi]))
+    estimate = differ.astype(np.float32)
+    estimate *= -2.0
+    estimate += query.total
+    estimate *= factor
+    return estimate
+
+
+def _differ_levels(bits: U64, query: _SignQuery, out: npt.NDArray[np.uint16]) -> None:
+    """Into `out`, per row of `bits`: Σ level over the dimensions whose signs differ from the
+    query's (at most 384·(2^MAGNITUDE_BITS − 1), so a uint16)."""
     words, n = bits.shape
     planes = len(query.planes)
-    shifts = np.arange(planes, dtype=np.uint16)[:, None]
-    estimate = np.empty(n, np.float32)
     differ = np.empty((words, BITS_BLOCK), np.uint64)
     both = np.empty((planes, words, BITS_BLOCK), np.uint64)
     counts = np.empty(both.shape, np.uint8)
@@ -431,12 +456,34 @@ def _sign_estimates(bits: U64, factor: F32, query: _SignQuery) -> F32:
         np.bitwise_and(differ[None, :, :b], query.planes[:, :, None], out=both[:, :, :b])
         np.bitwise_count(both[:, :, :b], out=counts[:, :, :b])
         np.add.reduce(counts[:, :, :b], axis=1, dtype=np.uint16, out=sums[:, :b])
-        np.left_shift(sums[:, :b], shifts, out=sums[:, :b])
-        out = estimate[lo:hi]
-        np.multiply(np.add.reduce(sums[:, :b], axis=0), -2.0, out=out, dtype=np.float32)
-        out += query.total
-        out *= factor[lo:hi]
-    return estimate
+        total = out[lo:hi]
+        total[:] = sums[planes - 1, :b]
+        for p in range(planes - 2, -1, -1):  # Horner: Σ 2^p·sums[p]
+            total <<= 1
+            total += sums[p, :b]
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _in_parts(n: int, least: int, work: Callable[[int, int], None]) -> None:
+    """`work(lo, hi)` over rows 0..n cut into up to `SCAN_THREADS` parts of at least `least`
+    rows: the first in this thread, the others in a pool shared by all searches
+    (whose tasks never wait on it, so it cannot deadlock)."""
+    parts = max(1, min(SCAN_THREADS, n // least))
+    if parts == 1:
+        work(0, n)
+        return
+    global _POOL  # noqa: PLW0603 - made on the first search that needs it
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(SCAN_THREADS - 1, thread_name_prefix="qmd-vector-scan")
+    step = -(-n // parts)
+    others = [_POOL.submit(work, lo, min(n, lo + step)) for lo in range(step, n, step)]
+    work(0, step)
+    for f in others:
+        f.result()
 
 
 def _shortlist(snap: Snapshot, unit: F32, m: int) -> I64:
@@ -460,14 +507,20 @@ def _about_best(values: F32, m: int) -> I64:
 
 def _int8_sims(snap: Snapshot, query: _Query, rows: I64 | None = None) -> F32:
     """Cosine estimates from the int8 copy, of these rows or of all: int8 · the query's integer
-    copy summed in int32 (exact), a block of rows at a time, so no float copy of a row is made."""
+    copy summed in int32 (exact), a block of rows at a time, so no float copy of a row is made,
+    the rows cut across `SCAN_THREADS` (reading the rows is most of it: a shortlist's are
+    gathered from all over the copy)."""
     c = snap.columns
     n = snap.size if rows is None else len(rows)
     out = np.empty(n, np.float32)
-    for lo in range(0, n, BLOCK):
-        hi = min(n, lo + BLOCK)
-        codes = c.int8[lo:hi] if rows is None else c.int8[rows[lo:hi]]
-        out[lo:hi] = np.einsum("ij,j->i", codes, query.code, dtype=np.int32, casting="unsafe")
+
+    def part(first: int, last: int) -> None:
+        for lo in range(first, last, BLOCK):
+            hi = min(last, lo + BLOCK)
+            codes = c.int8[lo:hi] if rows is None else c.int8[rows[lo:hi]]
+            out[lo:hi] = np.einsum("ij,j->i", codes, query.code, dtype=np.int32, casting="unsafe")
+
+    _in_parts(n, INT8_PART, part)
     return out * (c.scale[:n] if rows is None else c.scale[rows]) * np.float32(query.scale)
 
 
