@@ -430,21 +430,26 @@ def _sign_estimates(bits: U64, factor: F32, query: _SignQuery) -> F32:
     With the query quantized to sign·step·level, q·sign(x') = step·(Σ level − 2·Σ level where
     the signs differ), and that last sum is Σ 2^p·popcount((signs ^ bits) & plane_p): XOR,
     AND and popcount over 64-bit words, a block of rows at a time so they stay in cache, the
-    rows cut across `SCAN_THREADS`; the integer sums are made floats once, at the end."""
-    differ = np.empty(bits.shape[1], np.uint16)
-    _in_parts(bits.shape[1], SIGN_PART, lambda lo, hi: _differ_levels(bits[:, lo:hi], query, differ[lo:hi]))
-    estimate = differ.astype(np.float32)
-    estimate *= -2.0
-    estimate += query.total
-    estimate *= factor
+    rows cut across `SCAN_THREADS`; each part's integer sums are made floats once, at its end."""
+    estimate = np.empty(bits.shape[1], np.float32)
+
+    def part(lo: int, hi: int) -> None:
+        out = estimate[lo:hi]
+        out[:] = _differ_levels(bits[:, lo:hi], query)
+        out *= -2.0
+        out += query.total
+        out *= factor[lo:hi]
+
+    _in_parts(bits.shape[1], SIGN_PART, part)
     return estimate
 
 
-def _differ_levels(bits: U64, query: _SignQuery, out: npt.NDArray[np.uint16]) -> None:
-    """Into `out`, per row of `bits`: Σ level over the dimensions whose signs differ from the
-    query's (at most 384·(2^MAGNITUDE_BITS − 1), so a uint16)."""
+def _differ_levels(bits: U64, query: _SignQuery) -> npt.NDArray[np.uint16]:
+    """Per row of `bits`: Σ level over the dimensions whose signs differ from the query's (at
+    most 384·(2^MAGNITUDE_BITS − 1), so a uint16)."""
     words, n = bits.shape
     planes = len(query.planes)
+    levels = np.empty(n, np.uint16)
     differ = np.empty((words, BITS_BLOCK), np.uint64)
     both = np.empty((planes, words, BITS_BLOCK), np.uint64)
     counts = np.empty(both.shape, np.uint8)
@@ -456,11 +461,12 @@ def _differ_levels(bits: U64, query: _SignQuery, out: npt.NDArray[np.uint16]) ->
         np.bitwise_and(differ[None, :, :b], query.planes[:, :, None], out=both[:, :, :b])
         np.bitwise_count(both[:, :, :b], out=counts[:, :, :b])
         np.add.reduce(counts[:, :, :b], axis=1, dtype=np.uint16, out=sums[:, :b])
-        total = out[lo:hi]
+        total = levels[lo:hi]
         total[:] = sums[planes - 1, :b]
         for p in range(planes - 2, -1, -1):  # Horner: Σ 2^p·sums[p]
             total <<= 1
             total += sums[p, :b]
+    return levels
 
 
 _POOL: ThreadPoolExecutor | None = None
