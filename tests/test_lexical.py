@@ -22,7 +22,9 @@ from qmd.server.search.lexical import (
     LexHit,
     LexQuery,
     indexed_rows,
+    item_idfs,
     parse_lex,
+    ranking_items,
     resolve_prefixes,
     search_fts,
 )
@@ -712,9 +714,22 @@ def test_a_word_no_document_holds_leaves_the_scores_alone(conn: sqlite3.Connecti
     assert (typo.matched, typo.total) == (2, 3)
 
 
+def by_bm25(conn: sqlite3.Connection, expression: str, limit: int) -> list[int]:
+    """Every document `expression` matches, by a plain ORDER BY bm25: no first pass."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"
+            " ORDER BY bm25(documents_fts, 1.5, 4.0, 1.0), rowid LIMIT ?",
+            (expression, limit),
+        )
+    ]
+
+
 def test_maxscore_first_pass_is_exact(conn: sqlite3.Connection) -> None:
     """Long queries over a corpus where common and rare items mix: the ranked list equals a
-    plain ORDER BY bm25 over every match, whichever pass answered."""
+    plain ORDER BY bm25 over the documents holding a rarer item, then over those holding only
+    the items most documents hold (`ranking_items`), whichever pass answered."""
     rng = random.Random(9)
     common, rare = ["river", "stone", "market", "lamp"], ["quasar", "ferrule", "gimbal"]
     for i in range(400):
@@ -722,17 +737,37 @@ def test_maxscore_first_pass_is_exact(conn: sqlite3.Connection) -> None:
             rng.choices(rare, k=rng.randint(1, 3)) if i % 7 == 0 else []
         )
         add(conn, " ".join(words + FILLER[i % len(FILLER)].split()))
-    for limit in (1, 5, 20, 60):
-        lq = resolve_prefixes(conn, parse_lex("river stone market lamp quasar ferrule gimbal"))
-        expected = [
-            r[0]
-            for r in conn.execute(
-                "SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?"
-                " ORDER BY bm25(documents_fts, 1.5, 4.0, 1.0), rowid LIMIT ?",
-                (lq.match_any(), limit),
-            )
-        ]
+    lq = resolve_prefixes(conn, parse_lex("river stone market lamp quasar ferrule gimbal"))
+    counts = [
+        conn.execute("SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?", (e,)).fetchone()[0]
+        for e in lq.positives
+    ]
+    ranked, tail = ranking_items(item_idfs(counts, indexed_rows(conn)))
+    assert [lq.positives[i] for i in tail] == ['"river"', '"stone"', '"market"', '"lamp"']
+    first, then = lq.of_items(ranked).match_any(), lq.of_items(tail, excluding=ranked).match_any()
+    assert first is not None and then is not None
+    for limit in (1, 5, 20, 60, 400):
+        expected = by_bm25(conn, first, limit)
+        expected += by_bm25(conn, then, limit - len(expected))
         assert [h.doc_id for h in search_fts(conn, lq, None, limit)] == expected
+    assert len(search_fts(conn, lq, None, 1000)) == len(by_bm25(conn, lq.match_any() or "", 1000)) == 400
+
+
+def test_items_most_documents_hold_follow_the_others(conn: sqlite3.Connection) -> None:
+    """A word in most documents does not rank beside a rarer one (its idf is clamped to
+    1e-6): the rarer word's documents come first, by it alone, and those holding only the
+    common word follow; the same documents are found. Alone, the common word ranks."""
+    rare_once = add(conn, "river otters river river")
+    rare_twice = add(conn, "otters otters, and a river")
+    rest = [add(conn, f"the river flows past stone {i}") for i in range(3)]
+    add(conn, "nothing to see")
+    hits = search_fts(conn, parse_lex("river otters"), None, 10)
+    assert [h.doc_id for h in hits][:2] == [rare_twice, rare_once]
+    assert sorted(h.doc_id for h in hits[2:]) == rest
+    assert all(h.score < 1e-5 for h in hits[2:]) and hits[1].score > 0.1
+    assert [h.matched for h in hits] == [2, 2, 1, 1, 1]
+    assert len(search_fts(conn, parse_lex("river otters"), None, 2)) == 2
+    assert {h.doc_id for h in search_fts(conn, parse_lex("river"), None, 10)} == {rare_once, rare_twice, *rest}
 
 
 def test_small_corpus_scores_are_not_zero(conn: sqlite3.Connection) -> None:

@@ -148,6 +148,24 @@ def test_query_language_matches_sqlite(make_both: object, tmp_path: Path, query:
     assert bool(both.agree(query)) == (query != "zzzunknown")
 
 
+def test_items_most_documents_hold_follow_on_both(make_both: object, tmp_path: Path) -> None:
+    """Words most documents hold do not rank beside a rarer one (`ranking_items`): both legs
+    find the rarer word's documents first and those holding only common words after them,
+    whether the list ends among the first, among the rest, or holds them all."""
+    files = {
+        f"n{i:02d}.md": f"# Note {i}\n\nThe river by the stone{' mill' * (i % 3)}.{' Otters swim.' * (i % 5 == 0)}\n"
+        + ("A beaver dam.\n" if i % 10 == 0 else "")
+        for i in range(30)
+    }
+    both = make_both({"notes": write(tmp_path / "notes", files)})  # type: ignore[operator]
+    for limit in (2, 6, 10, 40):
+        hits = both.agree("river stone otters", limit)
+        assert len(hits) == min(limit, 30)
+        assert all(h.score > 0.1 for h in hits[:6]) and all(h.score < 1e-5 for h in hits[6:])
+    assert len(both.agree("river stone otters -beaver", 40)) == 27
+    assert len(both.agree("river mill", 40)) == 30
+
+
 def test_collection_and_id_restrictions_rank_with_the_whole_index(make_both: object, tmp_path: Path) -> None:
     a = write(tmp_path / "a", NOTES)
     b = write(tmp_path / "b", {**EXTRA, "more.md": "# Angels\n\nangel angel investors bread\n"})

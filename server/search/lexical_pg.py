@@ -26,7 +26,7 @@ always agree, however many writers there are.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 
@@ -40,6 +40,7 @@ from qmd.server.search.lexical import (
     common_tail,
     hit_score,
     item_idfs,
+    ranking_items,
     resolve_prefixes_by,
     successor,
 )
@@ -128,16 +129,17 @@ class _Ranking:
 
     positives: list[tuple[str, list[object]]]
     idfs: list[float]
+    """Each item's weight in the score: its idf, or 0 for an item that does not rank here."""
     avgdl: float
     where: str
     """The scope, as conditions on ``d`` (lex_docs)."""
     where_params: list[object]
-    excluded: tuple[str, list[object]] | None
-    """The documents the negations exclude: (doc_id, …) rows, collected once and anti-joined
-    (a correlated NOT EXISTS over their union planned as a loop: 3.7 s for one query)."""
+    excluding: list[tuple[str, list[object]]]
+    """The hits of the items whose documents are left out (the negations), collected once and
+    anti-joined (a correlated NOT EXISTS over their union planned as a loop: 3.7 s for one query)."""
     limit: int
 
-    def rows(self, conn: psycopg.Connection, among: list[int] | None = None) -> list[tuple[int, float, int]]:
+    def rows(self, conn: psycopg.Connection, among: Sequence[int] | None = None) -> list[tuple[int, float, int]]:
         """(doc_id, bm25, matched) of the best documents, or of the best that hold one of the
         items numbered `among`: every item still scored in full for those."""
         head, params, within = "", list[object](), ""
@@ -145,10 +147,11 @@ class _Ranking:
             head, params = _union([self.positives[i] for i in among])
             head, within = f"cand AS (SELECT doc_id FROM ({head}) c), ", " WHERE h.doc_id IN (SELECT doc_id FROM cand)"
         hits, more = _union(self.positives, within)
-        if self.excluded is not None:
-            head += f"excluded AS MATERIALIZED (SELECT DISTINCT doc_id FROM ({self.excluded[0]}) x), "
-            params += self.excluded[1]
-        anti = " AND NOT EXISTS (SELECT 1 FROM excluded x WHERE x.doc_id = f.doc_id)" if self.excluded else ""
+        if self.excluding:
+            sql, left_out = _union(self.excluding)
+            head += f"excluded AS MATERIALIZED (SELECT DISTINCT doc_id FROM ({sql}) x), "
+            params += left_out
+        anti = " AND NOT EXISTS (SELECT 1 FROM excluded x WHERE x.doc_id = f.doc_id)" if self.excluding else ""
         return conn.execute(
             f"WITH {head}hits AS ({hits}),"
             " freq AS (SELECT doc_id, item, sum(tf * (%s::float8[])[col + 1]) AS f FROM hits GROUP BY doc_id, item)"
@@ -163,9 +166,27 @@ class _Ranking:
         ).fetchall()
 
     def best(self, conn: psycopg.Connection) -> list[tuple[int, float, int]]:
-        """The exact top `limit`, MaxScore first as on SQLite (`_ranked` in search/lexical.py):
-        a first pass over the documents holding a rarer item is the answer when its last
-        score reaches the bound of the common items it left out."""
+        """The exact top `limit` as on SQLite (`search_fts` in search/lexical.py): the items
+        most documents hold follow the others (`ranking_items`), and each part is ranked
+        MaxScore first."""
+        ranked, common = ranking_items(self.idfs)
+        if not common:
+            return self._top(conn, None)
+        first = replace(self, idfs=_weighing(self.idfs, ranked))._top(conn, ranked)
+        if len(first) >= self.limit:
+            return first
+        rest = replace(
+            self,
+            idfs=_weighing(self.idfs, common),
+            excluding=[*(self.positives[i] for i in ranked), *self.excluding],
+            limit=self.limit - len(first),
+        )
+        return first + rest._top(conn, common)
+
+    def _top(self, conn: psycopg.Connection, items: Sequence[int] | None) -> list[tuple[int, float, int]]:
+        """The best of the documents holding one of `items` (None: any), as `_ranked` finds
+        them on SQLite: a first pass over those holding a rarer item is the answer when its
+        last score reaches the bound of the common items it left out."""
         tail = common_tail(self.idfs)
         if tail:
             rarer = [i for i, idf in enumerate(self.idfs) if i not in tail and idf > 0]
@@ -177,7 +198,13 @@ class _Ranking:
             conn.execute("SET LOCAL enable_nestloop TO DEFAULT")
             if len(rows) == self.limit and abs(rows[-1][1]) >= (K1 + 1) * sum(self.idfs[i] for i in tail):
                 return rows
-        return self.rows(conn)
+        return self.rows(conn, items)
+
+
+def _weighing(idfs: Sequence[float], items: Sequence[int]) -> list[float]:
+    """`idfs` with every item not in `items` weighing 0 (adding 0.0 keeps FTS5's bits)."""
+    keep = set(items)
+    return [v if i in keep else 0.0 for i, v in enumerate(idfs)]
 
 
 def _held(conn: psycopg.Connection, query: LexQuery, phrases: _Phrases) -> Callable[[str], bool]:
@@ -228,8 +255,8 @@ def search_pg(
         if doc_ids is not None:
             where.append("d.doc_id = ANY(%s::bigint[])")
             params.append(list(doc_ids))
-        excluded = _union([_hits(phrases(expr)) for expr in query.negatives]) if query.negatives else None
-        rows = _Ranking(positives, idfs, stats.avgdl, " AND ".join(where), params, excluded, limit).best(conn)
+        excluding = [_hits(phrases(expr)) for expr in query.negatives]
+        rows = _Ranking(positives, idfs, stats.avgdl, " AND ".join(where), params, excluding, limit).best(conn)
     total = len(query.positives)
     return [LexHit(doc_id, bm25, matched, total, hit_score(bm25, idfs)) for doc_id, bm25, matched in rows]
 
