@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -17,6 +18,7 @@ from conftest import write
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.ingest import indexer
+from qmd.server.search import lexical
 from qmd.server.search.lexical import (
     STOP_WORDS,
     LexHit,
@@ -768,6 +770,47 @@ def test_items_most_documents_hold_follow_the_others(conn: sqlite3.Connection) -
     assert [h.matched for h in hits] == [2, 2, 1, 1, 1]
     assert len(search_fts(conn, parse_lex("river otters"), None, 2)) == 2
     assert {h.doc_id for h in search_fts(conn, parse_lex("river"), None, 10)} == {rare_once, rare_twice, *rest}
+
+
+def test_a_ranking_in_halves_is_the_whole_ranking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a second connection at hand, a large ranking runs as two rowid halves at once
+    (`_Halves`): the hits, their order and their bm25 to the bit are the whole statement's,
+    for first passes and full ones, scoped, with negations and common items; and a search
+    that finds the other half's thread taken runs whole, with the same answer."""
+    db = sqlite_index.connect(str(tmp_path / "halves.sqlite"), isolation_level=None)
+    db.executescript(SCHEMA)
+    rng = random.Random(12)
+    words = ["river", "stone", "market", "lamp", "quasar", "ferrule", "gimbal", "otter", "cedar", "basalt"]
+    for i in range(600):
+        body = " ".join(rng.choices(words, weights=[40, 30, 20, 10, 3, 2, 2, 5, 4, 1], k=rng.randint(3, 30)))
+        add(db, body, title=rng.choice(words), collection="a" if i % 3 else "b")
+    other = sqlite_index.connect(str(tmp_path / "halves.sqlite"), check_same_thread=False)
+
+    @contextlib.contextmanager
+    def beside() -> Iterator[sqlite3.Connection]:
+        yield other
+
+    upper = []
+    monkeypatch.setattr(lexical, "HALVES_FROM", 1)
+    monkeypatch.setattr(lexical._Halves, "_upper", lambda self, *a: upper.append(1) or halves_upper(self, *a))  # noqa: SLF001
+    queries = ["quasar river", "otter cedar basalt stone market", "lamp -river", "gimbal ferrule quasar otter", "river"]
+    for query in queries:
+        lq = resolve_prefixes(db, parse_lex(query))
+        for collection in (None, "b"):
+            for limit in (1, 7, 50, 600):
+                whole = search_fts(db, lq, collection, limit)
+                assert search_fts(db, lq, collection, limit, beside=beside) == whole
+                assert lexical._HALF_FREE.acquire(blocking=False)  # noqa: SLF001 - another search's half
+                try:
+                    assert search_fts(db, lq, collection, limit, beside=beside) == whole
+                finally:
+                    lexical._HALF_FREE.release()  # noqa: SLF001
+    assert len(upper) >= 2 * len(queries) * 4
+    other.close()
+    db.close()
+
+
+halves_upper = lexical._Halves._upper  # noqa: SLF001
 
 
 def test_small_corpus_scores_are_not_zero(conn: sqlite3.Connection) -> None:

@@ -6,7 +6,9 @@ Store, written as the embed job writes it (test_vectors.Corpus)."""
 
 from __future__ import annotations
 
+import threading
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +74,9 @@ def test_sign_estimates_are_the_quantized_dot_product(monkeypatch: pytest.Monkey
 def test_passes_cut_across_threads_give_the_same_numbers(
     gaussian: tuple[np.ndarray, vector_index.Snapshot], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The sign-bit and int8 passes, their rows cut into parts (uneven, one per thread), give
-    the very estimates they give in one part, and so the same candidates."""
+    """The sign-bit and int8 passes, their rows cut into parts (uneven, one per free worker and
+    one in the caller), give the very estimates they give in one part, and so the same
+    candidates, however many of the pool's workers other searches hold."""
     x, snap = gaussian
     c, n = snap.columns, snap.size
     rng = np.random.default_rng(5)
@@ -96,8 +99,17 @@ def test_passes_cut_across_threads_give_the_same_numbers(
     monkeypatch.setattr(vector_index, "SCAN_THREADS", 3)
     monkeypatch.setattr(vector_index, "SIGN_PART", 7_000)
     monkeypatch.setattr(vector_index, "INT8_PART", 1_000)
-    for one, cut in zip(alone, passes(), strict=True):
-        np.testing.assert_array_equal(one, cut)
+    monkeypatch.setattr(vector_index, "_FREE", threading.Semaphore(2))
+    with ThreadPoolExecutor(2) as pool:
+        monkeypatch.setattr(vector_index, "_POOL", pool)
+        for one, cut in zip(alone, passes(), strict=True):
+            np.testing.assert_array_equal(one, cut)
+        assert vector_index._FREE.acquire(blocking=False)  # noqa: SLF001 - another search holds a worker
+        for one, cut in zip(alone, passes(), strict=True):
+            np.testing.assert_array_equal(one, cut)
+        assert vector_index._FREE.acquire(blocking=False)  # noqa: SLF001 - and the other: one part
+        for one, cut in zip(alone, passes(), strict=True):
+            np.testing.assert_array_equal(one, cut)
 
 
 def test_about_best_keeps_about_m_and_never_a_worse_row() -> None:

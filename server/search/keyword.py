@@ -8,7 +8,10 @@ Every hit names a file, a docid and the line range of its best passage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import cast
 
 from qmd.server.config import Config
 from qmd.server.errors import InvalidInput
@@ -50,12 +53,20 @@ def _whole_index(conn: Connection, collections: list[str]) -> bool:
 
 
 def _search(
-    conn: Connection, query: LexQuery, collection: str | None, fetch: int, scope: Scope, count_matched: bool
+    store: IndexStore,
+    conn: Connection,
+    query: LexQuery,
+    collection: str | None,
+    fetch: int,
+    scope: Scope,
+    count_matched: bool,
 ) -> list[LexHit]:
-    """One collection's best `fetch` by bm25, from FTS5 or from the Postgres postings (whose
-    ranking counts each hit's items anyway)."""
+    """One collection's best `fetch` by bm25, from FTS5 (a large ranking in two halves, the
+    second on the store's reading connection of another thread) or from the Postgres
+    postings (whose ranking counts each hit's items anyway)."""
     if isinstance(conn, sqlite3.Connection):
-        return search_fts(conn, query, collection, fetch, scope.doc_filter, count_matched=count_matched)
+        beside = cast("Callable[[], AbstractContextManager[sqlite3.Connection]]", store.read)  # a SQLite store's
+        return search_fts(conn, query, collection, fetch, scope.doc_filter, count_matched=count_matched, beside=beside)
     from qmd.server.search.lexical_pg import search_pg
     from qmd.server.store.pg_store import raw
 
@@ -85,7 +96,7 @@ def lexical_hits(
         whole = scope.doc_filter is None and _whole_index(conn, scope.collections)
         names: list[str | None] = [None] if whole else list(scope.collections)
         for name in names:
-            for h in _search(conn, query, name, fetch, scope, count_matched):
+            for h in _search(store, conn, query, name, fetch, scope, count_matched):
                 if h.doc_id not in best or h.score > best[h.doc_id].score:
                     best[h.doc_id] = h
         ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]

@@ -68,7 +68,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -469,27 +469,33 @@ def _differ_levels(bits: U64, query: _SignQuery) -> npt.NDArray[np.uint16]:
     return levels
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+_POOL = ThreadPoolExecutor(max(1, SCAN_THREADS - 1), thread_name_prefix="qmd-vector-scan")
+_FREE = threading.Semaphore(max(1, SCAN_THREADS - 1))
+"""The pool's workers not running a part: a search takes the free ones and never waits for one
+another search holds (its parts then run in fewer threads)."""
 
 
 def _in_parts(n: int, least: int, work: Callable[[int, int], None]) -> None:
     """`work(lo, hi)` over rows 0..n cut into up to `SCAN_THREADS` parts of at least `least`
-    rows: the first in this thread, the others in a pool shared by all searches
-    (whose tasks never wait on it, so it cannot deadlock)."""
-    parts = max(1, min(SCAN_THREADS, n // least))
-    if parts == 1:
-        work(0, n)
-        return
-    global _POOL  # noqa: PLW0603 - made on the first search that needs it
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(SCAN_THREADS - 1, thread_name_prefix="qmd-vector-scan")
-    step = -(-n // parts)
-    others = [_POOL.submit(work, lo, min(n, lo + step)) for lo in range(step, n, step)]
-    work(0, step)
-    for f in others:
-        f.result()
+    rows: the first in this thread, the others on the pool's free workers."""
+    helpers = 0
+    while helpers < min(SCAN_THREADS, n // least) - 1 and _FREE.acquire(blocking=False):
+        helpers += 1
+    try:
+        if helpers == 0:
+            work(0, n)
+            return
+        step = -(-n // (helpers + 1))
+        others = [_POOL.submit(work, lo, min(n, lo + step)) for lo in range(step, n, step)]
+        try:
+            work(0, step)
+        finally:
+            wait(others)
+        for f in others:
+            f.result()
+    finally:
+        for _ in range(helpers):
+            _FREE.release()
 
 
 def _shortlist(snap: Snapshot, unit: F32, m: int) -> I64:
