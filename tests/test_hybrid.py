@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import NOTES, write
@@ -15,9 +16,11 @@ from conftest import NOTES, write
 from qmd.paths import IndexPaths
 from qmd.server.engine import Engine
 from qmd.server.errors import QmdError
+from qmd.server.search import lexical
 from qmd.server.search.expansion import Expander, Prompt
 from qmd.server.search.hybrid import RERANK_PASSAGE_CHARS, CostModel, HybridQuery, Legs, QueryOptions, VectorLeg
 from qmd.server.search.querydoc import parse_query, typed_query
+from qmd.server.store import cores
 
 MORE = {f"extra/note-{i}.md": f"# Note {i}\n\nInvestors and bread, item {i}.\n" for i in range(8)}
 
@@ -282,6 +285,31 @@ def test_the_vector_leg_runs_beside_the_keyword_leg(engine: Engine) -> None:
     )
     assert "beside the keyword leg" in {s.stage: s for s in typed.stages}["vector"].detail
     assert len(order) == 1 and order[0].startswith("embed ['who funds startups'] on qmd-query-vectors")
+
+
+def test_the_legs_share_the_cores_and_a_lone_leg_does_not(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Side by side, neither leg cuts its own work across the cores (store/cores.py): the
+    keyword ranking asks `cores.shared` in the caller, the vector leg in its thread. With no
+    vector leg the keyword leg has them to itself, and so does a search after the query."""
+    seen: list[tuple[str, bool]] = []
+    halves = lexical._halves  # noqa: SLF001
+
+    def asked(*args: Any) -> Any:
+        seen.append(("keyword", cores.shared()))
+        return halves(*args)
+
+    monkeypatch.setattr(lexical, "_halves", asked)
+    vector = VectorLeg(
+        embed=lambda texts: [[1.0, 0.0] for _ in texts],
+        search=lambda q, k, scope: seen.append(("vector", cores.shared())) or [],
+        nearest=lambda q, docs: {},
+        model="scripted",
+    )
+    run(engine, "money investors", Legs(vector, "", None, "", None, ""), rerank=False, expand=False)
+    assert sorted(set(seen)) == [("keyword", True), ("vector", True)]
+    seen.clear()
+    run(engine, "money investors", legs(), rerank=False, expand=False)
+    assert set(seen) == {("keyword", False)} and not cores.shared()
 
 
 def test_an_expansion_goes_first_and_the_vector_leg_waits_for_it(engine: Engine) -> None:

@@ -31,6 +31,7 @@ from qmd.server.search.lexical import (
     search_fts,
 )
 from qmd.server.search.pointers import SearchOptions
+from qmd.server.store import cores
 from qmd.server.store.db import sqlite3 as sqlite_index
 from qmd.server.store.fts import FtsDoc, fts_delete, fts_put, repair_fts_totals
 from qmd.server.store.schema import FTS_TABLE
@@ -806,6 +807,12 @@ def test_a_ranking_in_halves_is_the_whole_ranking(tmp_path: Path, monkeypatch: p
                 finally:
                     lexical._HALF_FREE.release()  # noqa: SLF001
     assert len(upper) >= 2 * len(queries) * 4
+    upper.clear()
+    with cores.sharing():  # a hybrid query's legs already run side by side
+        assert search_fts(db, parse_lex("quasar river"), None, 50, beside=beside) == search_fts(
+            db, parse_lex("quasar river"), None, 50
+        )
+    assert upper == []
     other.close()
     db.close()
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_vectors import Corpus
 
-from qmd.server.store import vector_index
+from qmd.server.store import cores, vector_index
 from qmd.server.store.vector_tables import Marks
 
 DIMS = 384
@@ -104,6 +104,12 @@ def test_passes_cut_across_threads_give_the_same_numbers(
         monkeypatch.setattr(vector_index, "_POOL", pool)
         for one, cut in zip(alone, passes(), strict=True):
             np.testing.assert_array_equal(one, cut)
+        submitted = pool.submit
+        monkeypatch.setattr(pool, "submit", lambda *a: pytest.fail("a part submitted while sharing"))
+        with cores.sharing():  # a hybrid query's legs: no parts
+            for one, cut in zip(alone, passes(), strict=True):
+                np.testing.assert_array_equal(one, cut)
+        monkeypatch.setattr(pool, "submit", submitted)
         assert vector_index._FREE.acquire(blocking=False)  # noqa: SLF001 - another search holds a worker
         for one, cut in zip(alone, passes(), strict=True):
             np.testing.assert_array_equal(one, cut)

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypeAlias
 
@@ -44,7 +45,7 @@ from qmd.server.search.rerank import NOT_BY_DEFAULT, SCORING, CosineScorer, Rera
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
 from qmd.server.search.vector import vector_score
-from qmd.server.store import llm_cache
+from qmd.server.store import cores, llm_cache
 from qmd.server.store.db import IndexStore
 from qmd.server.store.documents import DocRow, fetch_ids
 from qmd.server.store.vectors import VecHit
@@ -319,10 +320,11 @@ class HybridQuery:
         lists: list[RankedList] = []
         expansion_lists: list[int] = []
 
-        beside = self._vectors_beside(doc, scope, run)
-        subs = self._expand_mode(doc, scope, run, lists, out) if doc.mode == "expand" else _typed_subs(doc)
-        self._keyword(subs, scope, stages, lists, expansion_lists, typed=doc.mode == "typed")
-        self._vectors(subs, scope, run, lists, expansion_lists, out, beside)
+        with cores.sharing() if self.legs.vector is not None else nullcontext():  # the legs run side by side
+            beside = self._vectors_beside(doc, scope, run)
+            subs = self._expand_mode(doc, scope, run, lists, out) if doc.mode == "expand" else _typed_subs(doc)
+            self._keyword(subs, scope, stages, lists, expansion_lists, typed=doc.mode == "typed")
+            self._vectors(subs, scope, run, lists, expansion_lists, out, beside)
         if (
             out.expansion
             and expansion_lists

@@ -66,6 +66,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from itertools import groupby
 
+from qmd.server.store import cores
 from qmd.server.store.fts import indexed_rows
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
 from qmd.server.store.sqlite import remembered
@@ -525,10 +526,11 @@ def _halves(
     beside: Callable[[], AbstractContextManager[sqlite3.Connection]] | None,
     counts: Sequence[int],
 ) -> _Halves | None:
-    """How to run this search's ranking: in halves when a second connection is at hand and
-    the items' documents number `HALVES_FROM` or more; cut at the middle active document
+    """How to run this search's ranking: in halves when a second connection is at hand, the
+    search has the cores to itself (`cores.shared`) and the items' documents number
+    `HALVES_FROM` or more; cut at the middle active document
     (kept on a reading connection until the index changes)."""
-    if beside is None or sum(counts) < HALVES_FROM:
+    if beside is None or cores.shared() or sum(counts) < HALVES_FROM:
         return None
     middle = remembered(
         conn,

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from qmd.server.store import vector_codec
+from qmd.server.store import cores, vector_codec
 from qmd.server.store.db import sqlite3
 from qmd.server.store.vector_tables import Marks, marks
 
@@ -477,9 +477,10 @@ another search holds (its parts then run in fewer threads)."""
 
 def _in_parts(n: int, least: int, work: Callable[[int, int], None]) -> None:
     """`work(lo, hi)` over rows 0..n cut into up to `SCAN_THREADS` parts of at least `least`
-    rows: the first in this thread, the others on the pool's free workers."""
+    rows: the first in this thread, the others on the pool's free workers; whole when the
+    search shares the cores (`cores.shared`)."""
     helpers = 0
-    while helpers < min(SCAN_THREADS, n // least) - 1 and _FREE.acquire(blocking=False):
+    while not cores.shared() and helpers < min(SCAN_THREADS, n // least) - 1 and _FREE.acquire(blocking=False):
         helpers += 1
     try:
         if helpers == 0:
