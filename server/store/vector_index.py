@@ -26,8 +26,10 @@ both; at 300k 25.1 against 44.4 at load 9 (0.998 both). Both passes are cut acro
 cores (`SCAN_THREADS`): at 1M on 2 cores at load < 1, the first passes take 29.8 ms p50
 against 40.6 in one thread (40 queries interleaved), the bit pass 18 against 26 and the
 int8 ranking 7.6 against 14.7 (its rows are gathered from all over the copy, which two
-threads overlap). What is left is the bit pass's 18 ANDs and popcounts a row, which numpy
-cannot fuse; on loaded cores (load 4-10) an earlier split of the bit pass gained nothing.
+threads overlap), on the pool's free workers, and not in a hybrid query, whose legs already
+run side by side (store/cores.py). What is left is the bit pass's 18 ANDs and popcounts a
+row, which numpy cannot fuse; on loaded cores (load 4-10) an earlier split of the bit pass
+gained nothing.
 
 Where the answer must be exact (a metadata filter's widened KNN, a partition of at most
 `MIN_SHORTLIST` rows), the int8 copy is a bound instead: each row's residual e (|u −
