@@ -280,7 +280,8 @@ class LexHit:
     doc_id: int
     """``documents.id`` (= ``documents_fts.rowid``)."""
     bm25: float
-    """Raw FTS5 bm25 with column weights (1.5, 4.0, 1.0): negative, lower is better."""
+    """Raw FTS5 bm25 with column weights (1.5, 4.0, 1.0) over the items that rank the hit
+    (`ranking_items`): negative, lower is better."""
     matched: int | None
     """How many positive items the document contains; None unless the search counted them
     (`count_matched`: on SQLite one more pass over each item's documents, a fifth of a
