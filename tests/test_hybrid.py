@@ -287,6 +287,7 @@ def test_the_vector_leg_runs_beside_the_keyword_leg(engine: Engine) -> None:
     assert len(order) == 1 and order[0].startswith("embed ['who funds startups'] on qmd-query-vectors")
 
 
+@pytest.mark.sqlite_only("the keyword ranking in halves is FTS5's; Postgres ranks in one statement")
 def test_the_legs_share_the_cores_and_a_lone_leg_does_not(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Side by side, neither leg cuts its own work across the cores (store/cores.py): the
     keyword ranking asks `cores.shared` in the caller, the vector leg in its thread. With no
