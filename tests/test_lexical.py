@@ -7,6 +7,7 @@ import math
 import random
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -793,6 +794,7 @@ def test_a_ranking_in_halves_is_the_whole_ranking(tmp_path: Path, monkeypatch: p
 
     upper = []
     monkeypatch.setattr(lexical, "HALVES_FROM", 1)
+    monkeypatch.setattr(cores, "_FREE", threading.Semaphore(1))  # one helper, as on 2 cores
     monkeypatch.setattr(lexical._Halves, "_upper", lambda self, *a: upper.append(1) or halves_upper(self, *a))  # noqa: SLF001
     queries = ["quasar river", "otter cedar basalt stone market", "lamp -river", "gimbal ferrule quasar otter", "river"]
     for query in queries:
@@ -801,11 +803,11 @@ def test_a_ranking_in_halves_is_the_whole_ranking(tmp_path: Path, monkeypatch: p
             for limit in (1, 7, 50, 600):
                 whole = search_fts(db, lq, collection, limit)
                 assert search_fts(db, lq, collection, limit, beside=beside) == whole
-                assert lexical._HALF_FREE.acquire(blocking=False)  # noqa: SLF001 - another search's half
+                assert cores._FREE.acquire(blocking=False)  # noqa: SLF001 - another search's half
                 try:
                     assert search_fts(db, lq, collection, limit, beside=beside) == whole
                 finally:
-                    lexical._HALF_FREE.release()  # noqa: SLF001
+                    cores._FREE.release()  # noqa: SLF001
     assert len(upper) >= 2 * len(queries) * 4
     upper.clear()
     with cores.sharing():  # a hybrid query's legs already run side by side

@@ -94,14 +94,14 @@ def test_passes_cut_across_threads_give_the_same_numbers(
             out.append(vector_index.candidates(snap, q.tolist(), 10, exact=False, within=None))
         return out
 
-    monkeypatch.setattr(vector_index, "SCAN_THREADS", 1)
+    monkeypatch.setattr(cores, "THREADS", 1)
     alone = passes()
-    monkeypatch.setattr(vector_index, "SCAN_THREADS", 3)
+    monkeypatch.setattr(cores, "THREADS", 3)
     monkeypatch.setattr(vector_index, "SIGN_PART", 7_000)
     monkeypatch.setattr(vector_index, "INT8_PART", 1_000)
-    monkeypatch.setattr(vector_index, "_FREE", threading.Semaphore(2))
+    monkeypatch.setattr(cores, "_FREE", threading.Semaphore(2))
     with ThreadPoolExecutor(2) as pool:
-        monkeypatch.setattr(vector_index, "_POOL", pool)
+        monkeypatch.setattr(cores, "_POOL", pool)
         for one, cut in zip(alone, passes(), strict=True):
             np.testing.assert_array_equal(one, cut)
         submitted = pool.submit
@@ -110,10 +110,10 @@ def test_passes_cut_across_threads_give_the_same_numbers(
             for one, cut in zip(alone, passes(), strict=True):
                 np.testing.assert_array_equal(one, cut)
         monkeypatch.setattr(pool, "submit", submitted)
-        assert vector_index._FREE.acquire(blocking=False)  # noqa: SLF001 - another search holds a worker
+        assert cores._FREE.acquire(blocking=False)  # noqa: SLF001 - another search holds a worker
         for one, cut in zip(alone, passes(), strict=True):
             np.testing.assert_array_equal(one, cut)
-        assert vector_index._FREE.acquire(blocking=False)  # noqa: SLF001 - and the other: one part
+        assert cores._FREE.acquire(blocking=False)  # noqa: SLF001 - and the other: one part
         for one, cut in zip(alone, passes(), strict=True):
             np.testing.assert_array_equal(one, cut)
 

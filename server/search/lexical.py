@@ -58,10 +58,8 @@ import json
 import math
 import re
 import sqlite3
-import threading
 import unicodedata
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -483,10 +481,6 @@ two-item statement over 55k documents took 22.6 ms instead of 38.7. Below it, th
 statement's start and its own pass over each item for the idf cost more than they save."""
 _RANGE = "/*range*/"
 """Where a ranking statement takes its half's rowid range."""
-_HALF_POOL = ThreadPoolExecutor(1, thread_name_prefix="qmd-keyword-half")
-_HALF_FREE = threading.Semaphore(1)
-"""Held while the pool runs a half: a search that finds it taken runs its statement whole,
-rather than queue behind another search's half."""
 
 
 @dataclass(frozen=True)
@@ -501,16 +495,14 @@ class _Halves:
     split: int
 
     def rows(self, conn: sqlite3.Connection, sql: str, params: Sequence[object], limit: int) -> list[tuple[int, float]]:
-        if not _HALF_FREE.acquire(blocking=False):
-            return _whole(conn, sql, params)
-        try:
-            upper = _HALF_POOL.submit(self._upper, sql, params)
+        with cores.helpers(1) as helpers:
+            if helpers == 0:  # another search holds the helper: no queueing behind it
+                return _whole(conn, sql, params)
+            upper = cores.submit(self._upper, sql, params)
             try:
                 lower = conn.execute(sql.replace(_RANGE, f" AND documents_fts.rowid < {self.split}"), params).fetchall()
             finally:
                 higher = upper.result()
-        finally:
-            _HALF_FREE.release()
         return heapq.nsmallest(limit, [*lower, *higher], key=lambda r: (r[1], r[0]))
 
     def _upper(self, sql: str, params: Sequence[object]) -> list[tuple[int, float]]:
@@ -533,19 +525,16 @@ def _halves(
     (kept on a reading connection until the index changes)."""
     if beside is None or cores.shared() or sum(counts) < HALVES_FROM:
         return None
-    middle = remembered(
-        conn,
-        "\x00keyword-halves",
-        lambda: int(
-            (
-                conn.execute(
-                    "SELECT id FROM documents WHERE active = 1 ORDER BY id LIMIT 1 OFFSET ?", (indexed_rows(conn) // 2,)
-                ).fetchone()
-                or (0,)
-            )[0]
-        ),
-    )
+    middle = remembered(conn, "\x00keyword-halves", lambda: _middle(conn))
     return _Halves(beside, middle) if middle > 0 else None
+
+
+def _middle(conn: sqlite3.Connection) -> int:
+    """The id of the middle active document (0 for none)."""
+    row = conn.execute(
+        "SELECT id FROM documents WHERE active = 1 ORDER BY id LIMIT 1 OFFSET ?", (indexed_rows(conn) // 2,)
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _ranked(

@@ -23,7 +23,7 @@ real Store (bench/bench_vectors.py's `build`), recall@10 against the exact scan:
 vectors 38.8 ms p50 against 76.0 at load 0.2-2 (30 queries), 77-81 against 344-470 at
 load 4-10 (40-100 queries; the float pass's 120 MB a search suffers most), recall 1.0 for
 both; at 300k 25.1 against 44.4 at load 9 (0.998 both). Both passes are cut across the
-cores (`SCAN_THREADS`): at 1M on 2 cores at load < 1, the first passes take 29.8 ms p50
+cores (`cores.THREADS`): at 1M on 2 cores at load < 1, the first passes take 29.8 ms p50
 against 40.6 in one thread (40 queries interleaved), the bit pass 18 against 26 and the
 int8 ranking 7.6 against 14.7 (its rows are gathered from all over the copy, which two
 threads overlap), on the pool's free workers, and not in a hybrid query, whose legs already
@@ -66,11 +66,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -125,10 +124,6 @@ and 8192 measured 5-40% slower at 1M)."""
 BITS_BLOCK = 8192
 """Rows at a time of the sign-bit pass: its planes × words temporaries (1.2 MB at 384 dims)
 stay in the 2 MB L2; 4096 and 16384 measured 5-20% slower at 1M."""
-SCAN_THREADS = min(os.cpu_count() or 1, 4)
-"""Threads a search's passes are cut across (the caller's and a shared pool's): numpy leaves
-the GIL in its loops, so at 1M the two passes take 0.73x their time in one thread on 2 cores
-(the module's docstring)."""
 SIGN_PART = 65_536
 """The fewest rows the sign-bit pass hands to another thread (3 MB of bits): a smaller part
 costs about what the handoff does."""
@@ -432,7 +427,7 @@ def _sign_estimates(bits: U64, factor: F32, query: _SignQuery) -> F32:
     With the query quantized to sign·step·level, q·sign(x') = step·(Σ level − 2·Σ level where
     the signs differ), and that last sum is Σ 2^p·popcount((signs ^ bits) & plane_p): XOR,
     AND and popcount over 64-bit words, a block of rows at a time so they stay in cache, the
-    rows cut across `SCAN_THREADS`; each part's integer sums are made floats once, at its end."""
+    rows cut across the cores (`_in_parts`); each part's integer sums are made floats once, at its end."""
     estimate = np.empty(bits.shape[1], np.float32)
 
     def part(lo: int, hi: int) -> None:
@@ -471,34 +466,22 @@ def _differ_levels(bits: U64, query: _SignQuery) -> npt.NDArray[np.uint16]:
     return levels
 
 
-_POOL = ThreadPoolExecutor(max(1, SCAN_THREADS - 1), thread_name_prefix="qmd-vector-scan")
-_FREE = threading.Semaphore(max(1, SCAN_THREADS - 1))
-"""The pool's workers not running a part: a search takes the free ones and never waits for one
-another search holds (its parts then run in fewer threads)."""
-
-
 def _in_parts(n: int, least: int, work: Callable[[int, int], None]) -> None:
-    """`work(lo, hi)` over rows 0..n cut into up to `SCAN_THREADS` parts of at least `least`
-    rows: the first in this thread, the others on the pool's free workers; whole when the
-    search shares the cores (`cores.shared`)."""
-    helpers = 0
-    while not cores.shared() and helpers < min(SCAN_THREADS, n // least) - 1 and _FREE.acquire(blocking=False):
-        helpers += 1
-    try:
+    """`work(lo, hi)` over rows 0..n cut into up to `cores.THREADS` parts of at least `least`
+    rows: the first in this thread, the others on the free helpers `cores.helpers` gives (none
+    when the search shares the cores)."""
+    with cores.helpers(min(cores.THREADS, n // least) - 1) as helpers:
         if helpers == 0:
             work(0, n)
             return
         step = -(-n // (helpers + 1))
-        others = [_POOL.submit(work, lo, min(n, lo + step)) for lo in range(step, n, step)]
+        others = [cores.submit(work, lo, min(n, lo + step)) for lo in range(step, n, step)]
         try:
             work(0, step)
         finally:
             wait(others)
         for f in others:
             f.result()
-    finally:
-        for _ in range(helpers):
-            _FREE.release()
 
 
 def _shortlist(snap: Snapshot, unit: F32, m: int) -> I64:
@@ -523,7 +506,7 @@ def _about_best(values: F32, m: int) -> I64:
 def _int8_sims(snap: Snapshot, query: _Query, rows: I64 | None = None) -> F32:
     """Cosine estimates from the int8 copy, of these rows or of all: int8 · the query's integer
     copy summed in int32 (exact), a block of rows at a time, so no float copy of a row is made,
-    the rows cut across `SCAN_THREADS` (reading the rows is most of it: a shortlist's are
+    the rows cut across the cores (`_in_parts`) (reading the rows is most of it: a shortlist's are
     gathered from all over the copy)."""
     c = snap.columns
     n = snap.size if rows is None else len(rows)
