@@ -921,11 +921,13 @@ def test_bm25_after_edits_and_removals_equals_a_fresh_index(tmp_path: Path) -> N
     docs = ["alpha beta gamma", "alpha delta", "beta beta epsilon", "gamma zeta", "eta theta alpha"]
     fresh, edited = Store(tmp_path / "fresh.sqlite"), Store(tmp_path / "edited.sqlite")
     try:
-        fresh.write(lambda c: fts_put(c, [FtsDoc(i + 1, "c", "p", "", d) for i, d in enumerate(docs)]))
-        edited.write(lambda c: fts_put(c, [FtsDoc(i + 1, "c", "p", "", "old words " * (i + 1)) for i in range(8)]))
+        fresh.write(lambda c: fts_put(c, [FtsDoc(i + 1, "c", "p", "", d, f"h{i}") for i, d in enumerate(docs)]))
+        edited.write(
+            lambda c: fts_put(c, [FtsDoc(i + 1, "c", "p", "", "old words " * (i + 1), "old") for i in range(8)])
+        )
         edited.write(lambda c: fts_delete(c, list(range(1, 9))))
-        edited.write(lambda c: fts_put(c, [FtsDoc(i + 11, "c", "p", "", d) for i, d in enumerate(docs)]))
-        edited.write(lambda c: fts_put(c, [FtsDoc(13, "c", "p", "", docs[2])]))  # an edit: delete and insert
+        edited.write(lambda c: fts_put(c, [FtsDoc(i + 11, "c", "p", "", d, f"h{i}") for i, d in enumerate(docs)]))
+        edited.write(lambda c: fts_put(c, [FtsDoc(13, "c", "p", "", docs[2], "h2")]))  # an edit: delete and insert
         sql = "SELECT bm25(documents_fts, 1.5, 4.0, 1.0) FROM documents_fts WHERE documents_fts MATCH ? ORDER BY rowid"
         for query in ('"alpha" OR "gamma"', '"beta"'):
             with fresh.read() as a, edited.read() as b:

@@ -64,13 +64,15 @@ DOCUMENTS_MARK_OBJECTS = {
     ("trigger", "documents_mark_delete"),
     ("trigger", "documents_mark_update"),
 }
+KEYWORD_TERM_OBJECTS = {("table", "fts_rows"), ("table", "fts_terms"), ("table", "fts_counted")}
 LATER_OBJECTS = (
     METADATA_OBJECTS
     | DOCUMENTS_MARK_OBJECTS
+    | KEYWORD_TERM_OBJECTS
     | {("index", "idx_content_vectors_chunk_key"), ("table", "chunkless_contents")}
 )
 """What migrations after the first release add (3: metadata, 6: chunk keys, 7: chunkless contents,
-8: the documents mark)."""
+8: the documents mark, 11: the keyword terms' counts)."""
 VECTOR_TABLES = ("vector_spaces", "content_vectors", "vector_collection_ids", "vector_rows")
 
 
@@ -109,6 +111,8 @@ def release_index(tmp_path: Path, *, with_vectors: bool = True) -> Path:
             for table in VECTOR_TABLES:
                 conn.execute(f"DROP TABLE {table}")
         conn.execute("DROP TABLE document_metadata")
+        for name in sorted(n for _, n in KEYWORD_TERM_OBJECTS):
+            conn.execute(f"DROP TABLE {name}")
         conn.execute("ALTER TABLE documents DROP COLUMN meta_state")
         conn.execute("ALTER TABLE documents DROP COLUMN meta_error")
         conn.execute("ALTER TABLE llm_cache DROP COLUMN model")

@@ -35,7 +35,7 @@ from qmd.server.ingest import loaders, sandbox
 from qmd.server.store import metadata, vectors
 from qmd.server.store.catalog import delete_orphan_content
 from qmd.server.store.db import Connection, IndexStore
-from qmd.server.store.fts import FtsDoc, fts_delete, fts_put
+from qmd.server.store.fts import FtsDoc, counted_after, fts_delete, fts_put
 from qmd.server.store.sqlite import utcnow
 from qmd.server.text import frontmatter
 
@@ -622,7 +622,8 @@ def index_collection(
         summary.warnings.append(plan.empty_walk)
     else:
         tick = _ticker(progress, coll.name, len(plan.files), t0)
-        _write_files(store, coll.name, plan, summary, tick, pace.step if pace is not None else _no_step)
+        with counted_after(store, sum(item.kind != "unchanged" for item in plan.files)):
+            _write_files(store, coll.name, plan, summary, tick, pace.step if pace is not None else _no_step)
         # Before a rewalk too, as the scoped pass always did.
         summary.metadata_extracted = _extract_pending(store, coll.name)
         if plan.rewalk:
@@ -816,7 +817,7 @@ def _apply(conn: Connection, collection: str, ops: list[_Op]) -> None:
                 " WHERE id = ?",
                 (loaded.title, loaded.hash, mtime, f.size, f.mtime_ns, doc_id),
             )
-        keyword.append(FtsDoc(doc_id, collection, f.rel, loaded.title, loaded.text))
+        keyword.append(FtsDoc(doc_id, collection, f.rel, loaded.title, loaded.text, loaded.hash))
         metadata.store(conn, doc_id, loaded.meta)
         written.append(loaded.hash)
     fts_put(conn, keyword)

@@ -65,7 +65,8 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 
 from qmd.server.store import cores
-from qmd.server.store.fts import indexed_rows
+from qmd.server.store.fts import counts_kept, indexed_rows, term_counts, vocabulary_tables
+from qmd.server.store.fts_tokens import tokenize_phrases
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
 from qmd.server.store.sqlite import remembered
 from qmd.server.text.cjk import CJK_RUN, norm_cjk
@@ -397,20 +398,13 @@ def successor(prefix: str) -> str | None:
 
 
 class FtsVocabulary:
-    """The terms of ``documents_fts``, through ``fts5vocab`` tables made in the reading
-    connection's ``temp`` schema (nothing is written to the index, so no migration): 'row'
-    for terms and their document counts, 'instance' for where a term is."""
+    """The terms of ``documents_fts``, through the ``fts5vocab`` tables of
+    `store.fts.vocabulary_tables`: 'row' for terms and their document counts, 'instance'
+    for where a term is."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        if not conn.execute("SELECT 1 FROM temp.sqlite_master WHERE name = 'qmd_vocab'").fetchone():
-            (query_only,) = conn.execute("PRAGMA query_only").fetchone()
-            conn.execute("PRAGMA query_only = 0")  # a reader's guard; the temp schema is its own
-            try:
-                conn.execute("CREATE VIRTUAL TABLE temp.qmd_vocab USING fts5vocab(main, documents_fts, 'row')")
-                conn.execute("CREATE VIRTUAL TABLE temp.qmd_places USING fts5vocab(main, documents_fts, 'instance')")
-            finally:
-                conn.execute(f"PRAGMA query_only = {int(query_only)}")
+        vocabulary_tables(conn)
 
     def _range(self, prefix: str) -> tuple[str, list[object]]:
         upper = successor(prefix)
@@ -435,10 +429,24 @@ class FtsVocabulary:
         return None if row is None else int(row[0])
 
 
+def _counts(conn: sqlite3.Connection, expressions: Sequence[str]) -> list[int]:
+    """The documents holding each expression: a whole word's from the index's term counts
+    (`store.fts.term_counts`, its FTS5 token found by FTS5's own tokenizer), a prefix's or a
+    phrase's by a pass over its documents (`_count`)."""
+    words = {i: e[1:-1] for i, e in enumerate(expressions) if e.endswith('"') and " " not in e}
+    held: dict[int, int] = {}
+    if words and remembered(conn, "\x00fts-terms", lambda: int(counts_kept(conn))):
+        tokens = dict(zip(words, tokenize_phrases(list(words.values())), strict=True))
+        single = {i: t[0] for i, t in tokens.items() if len(t) == 1}
+        held = dict(zip(single, term_counts(conn, list(single.values())), strict=True))
+    return [held[i] if i in held else _count(conn, e) for i, e in enumerate(expressions)]
+
+
 def _count(conn: sqlite3.Connection, expression: str) -> int:
     """The documents holding `expression`, kept on a reading connection until the index
-    changes (`ReadConnection.memo`): a query's common words cost a pass over most of the
-    index each (a fifth of a search at a million chunks), and recur across queries."""
+    changes (`ReadConnection.memo`): a prefix or a phrase costs a pass over its documents
+    (42 ns each: 5 ms for a word most of a million chunks' notes hold), and recurs across
+    queries."""
     sql = "SELECT count(*) FROM documents_fts WHERE documents_fts MATCH ?"
     return remembered(conn, expression, lambda: int(conn.execute(sql, (expression,)).fetchone()[0]))
 
@@ -623,7 +631,7 @@ def search_fts(
         return []
     query = resolve_prefixes(conn, query)
     rows_total = indexed_rows(conn)
-    counts = [_count(conn, expr) for expr in query.positives]
+    counts = _counts(conn, query.positives)
     idfs = item_idfs(counts, rows_total)
     scope = None if collection is None and doc_filter is None else _Scope(collection, doc_filter)
     ranked, common = ranking_items(idfs)

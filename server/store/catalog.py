@@ -174,11 +174,11 @@ def rename_collection(conn: Connection, old: str, new: str) -> None:
     conn.execute("UPDATE documents SET collection = ? WHERE collection = ?", (new, old))
     vectors.rename_collection(conn, old, new)
     rows = conn.execute(
-        "SELECT d.id, d.path, d.title, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
+        "SELECT d.id, d.path, d.title, c.doc, d.hash FROM documents d JOIN content c ON c.hash = d.hash"
         " WHERE d.collection = ? AND d.active = 1",
         (new,),
     )
-    fts_put(conn, [FtsDoc(doc_id, new, path, title, body) for doc_id, path, title, body in rows.fetchall()])
+    fts_put(conn, [FtsDoc(doc_id, new, path, title, body, h) for doc_id, path, title, body, h in rows.fetchall()])
     for table in ("skipped_files", "collection_runs"):
         conn.execute(f"UPDATE {table} SET collection = ? WHERE collection = ?", (new, old))
 

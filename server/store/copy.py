@@ -27,7 +27,7 @@ from qmd.server.config import is_index_url
 from qmd.server.errors import Conflict, QmdError
 from qmd.server.store import metadata, vectors
 from qmd.server.store.db import Connection, IndexStore, is_postgres, snapshot
-from qmd.server.store.fts import FtsDoc, fts_put
+from qmd.server.store.fts import FtsDoc, fts_put, pause_term_counts, recount_terms
 from qmd.server.store.sqlite import Store
 
 Progress = Callable[[dict[str, Any]], None]
@@ -126,7 +126,10 @@ def _fill(src: Connection, dst: Connection, progress: Progress, report: CopyRepo
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), coalesce(max(id), 0) + 1, false) FROM {table}"
             )
     progress({"event": "step", "step": "rebuilding the keyword index"})
+    paused = pause_term_counts(dst)  # one recount after, not one update a batch
     report.keyword_documents = _keyword_index(dst)
+    if paused:
+        recount_terms(dst)
     if vectors.space_table(dst) is not None:  # pgvector's tables; SQLite reads content_vectors itself
         progress({"event": "step", "step": "rebuilding the vector tables"})
     for space in vectors.spaces(dst):
@@ -145,11 +148,11 @@ def _keyword_index(conn: Connection) -> int:
     """Index every active document for keyword search, as an update does, a batch at a time."""
     n = 0
     cur = conn.execute(
-        "SELECT d.id, d.collection, d.path, d.title, c.doc FROM documents d JOIN content c ON c.hash = d.hash"
+        "SELECT d.id, d.collection, d.path, d.title, c.doc, d.hash FROM documents d JOIN content c ON c.hash = d.hash"
         " WHERE d.active = 1 ORDER BY d.id"
     )
     while rows := cur.fetchmany(BATCH):
-        fts_put(conn, [FtsDoc(int(i), coll, path, title, body) for i, coll, path, title, body in rows])
+        fts_put(conn, [FtsDoc(int(i), coll, path, title, body, h) for i, coll, path, title, body, h in rows])
         n += len(rows)
     return n
 

@@ -67,6 +67,7 @@ class _Tokenizer:
         self.conn = sqlite3.connect(":memory:", isolation_level=None)
         self.conn.execute(FTS_TABLE)
         self.conn.execute("CREATE VIRTUAL TABLE documents_vocab USING fts5vocab(documents_fts, 'instance')")
+        self.conn.execute("CREATE VIRTUAL TABLE documents_terms USING fts5vocab(documents_fts, 'row')")
         # 'delete-all' empties a contentless table at once; SQLite before 3.43 makes a table
         # with content (schema.py), which only DELETE empties.
         contentless = "content=''" in FTS_TABLE
@@ -100,6 +101,11 @@ class _Tokenizer:
                 out[doc - 1][(term, _COLUMN[col])] = sorted(map(int, offsets.split(",")))
         return out
 
+    def terms(self, rows: Sequence[tuple[int, str, str, str]]) -> list[tuple[str, int]]:
+        """Each term of the rows (id, filepath, title, body), with how many of them hold it."""
+        with self._indexed(rows):
+            return [(term, int(docs)) for term, docs in self.conn.execute("SELECT term, doc FROM documents_terms")]
+
     @contextmanager
     def _indexed(self, rows: Sequence[tuple[int, str, str, str]]) -> Iterator[None]:
         """The rows (rowid, filepath, title, body) in the table for the block, emptied after."""
@@ -127,6 +133,13 @@ def tokenize_documents(docs: Sequence[tuple[int, str, str, str]]) -> TokenBatch:
     """Each (id, filepath, title, body) as ``documents_fts`` would index it; ids distinct."""
     rows = [(doc_id, filepath, norm_cjk(title), norm_cjk(body)) for doc_id, filepath, title, body in docs]
     return _tokenizer().batch(rows) if rows else TokenBatch({}, "")
+
+
+def term_documents(docs: Sequence[tuple[int, str, str, str]]) -> list[tuple[str, int]]:
+    """Each term of these (id, filepath, title, body), as ``documents_fts`` would index them,
+    with how many of the documents hold it (in any column); ids distinct."""
+    rows = [(doc_id, filepath, norm_cjk(title), norm_cjk(body)) for doc_id, filepath, title, body in docs]
+    return _tokenizer().terms(rows) if rows else []
 
 
 def tokenize_phrases(phrases: Sequence[str]) -> list[tuple[str, ...]]:

@@ -25,7 +25,7 @@ from qmd.server.config import describe_url
 from qmd.server.errors import Forbidden, Unavailable
 from qmd.server.store.db import IndexCheck, IndexStore, Vacuum, Writer, sqlite3
 from qmd.server.store.dialect import SQLITE
-from qmd.server.store.fts import indexed_rows, repair_fts_totals
+from qmd.server.store.fts import check_term_counts, indexed_rows, recount_terms, repair_fts_totals, term_count_check
 from qmd.server.store.schema import migrate
 
 log = logging.getLogger("qmd.store")
@@ -206,6 +206,7 @@ class Store(Writer[sqlite3.Connection]):
             # before the switch to WAL, so an index refused as too new is not touched at all
             migrate(wconn, path)
             repair_fts_totals(wconn)
+            check_term_counts(wconn)
             mode = wconn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode.lower() != "wal":
                 raise RuntimeError(f"could not switch {path} to WAL mode (got {mode})")
@@ -295,6 +296,8 @@ class Store(Writer[sqlite3.Connection]):
         so the bytes reported are the bytes on disk."""
         step("optimizing the keyword index")
         self.write(_optimize_fts)
+        step("counting the keyword index's terms")
+        self.write(recount_terms)
         step("vacuum")
         return self.maintain(functools.partial(_vacuum, db=self.path, want=vacuum)), True
 
@@ -302,18 +305,22 @@ class Store(Writer[sqlite3.Connection]):
         return nullcontext()
 
     def checks(self) -> list[IndexCheck]:
-        """The index's version and keyword index, and its free pages once `qmd cleanup` would
-        VACUUM them (what an upgrade that dropped a table, schema migration 9, leaves)."""
+        """The index's version, keyword index and its term counts, and its free pages once
+        `qmd cleanup` would VACUUM them (what an upgrade that dropped a table, schema
+        migration 9, leaves)."""
         with self.read() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             fts = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'documents_fts'").fetchone()[0]
             page_size, pages, free = (
                 conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "page_count", "freelist_count")
             )
+            terms = term_count_check(conn) if fts else None
         checks = [
             IndexCheck(True, f"index {self.path} (SQLite {self.sqlite_version}, schema version {version})"),
             IndexCheck(bool(fts), "keyword index (FTS5)" if fts else "the keyword index (FTS5 table) is missing"),
         ]
+        if terms is not None:
+            checks.append(IndexCheck(*terms))
         if pages and free / pages >= VACUUM_FREE_SHARE:
             checks.append(
                 IndexCheck(
