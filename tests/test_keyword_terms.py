@@ -17,6 +17,7 @@ from qmd.server.ingest import indexer
 from qmd.server.ingest.indexer import index_collection
 from qmd.server.search import lexical
 from qmd.server.search.lexical import FtsVocabulary, parse_lex, search_fts
+from qmd.server.search.typos import correct
 from qmd.server.store import catalog, fts
 from qmd.server.store.db import sqlite3
 from qmd.server.store.sqlite import Store
@@ -266,3 +267,23 @@ def test_doctor_tells_counts_that_differ_and_cleanup_makes_them_again(env: Env, 
     assert "⚠ 2 keyword term counts differ from FTS5's: `qmd cleanup` makes them again" in doctor
     env.ok("cleanup")
     assert "✓ keyword term counts:" in env.qmd("doctor").stdout
+
+
+def test_typo_correction_reads_the_counts_and_corrects_as_the_vocabulary_does(tmp_path: Path, store: Store) -> None:
+    """`--fuzzy` lists a letter's terms and ranks them by documents: from the counts where
+    they are kept, from FTS5's vocabulary while they are paused, with the same answers."""
+    indexed(tmp_path, store)
+    typed = parse_lex("compsot rosess breed grivel")
+    with store.read() as conn:
+        vocab = FtsVocabulary(conn)
+        assert vocab.terms == "fts_terms"
+        kept_terms = (vocab.with_initial("g"), vocab.frequency("gravel"), vocab.has_prefix("rose"))
+        with_counts = correct(conn, typed)
+    assert store.write(fts.pause_term_counts)
+    with store.read() as conn:
+        vocab = FtsVocabulary(conn)
+        assert vocab.terms == "temp.qmd_vocab"
+        assert (vocab.with_initial("g"), vocab.frequency("gravel"), vocab.has_prefix("rose")) == kept_terms
+        assert correct(conn, typed) == with_counts
+    assert kept_terms[1] == len(FILLER)
+    assert [c.searched for c in with_counts[1]] == ["compost", "roses", "bread", "gravel"]
