@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import TypeVar
 
 from qmd.server.store.db import Connection, IndexStore, is_postgres, sqlite3
@@ -189,7 +188,9 @@ def counted_after(store: IndexStore, writes: int) -> Iterator[None]:
     leave the counts alone and they are made once after it, from FTS5's vocabulary (at a
     million chunks, keeping them batch by batch made the first index 1.7× as long). A pass
     cut short still recounts; a crash leaves them to the next start (`check_term_counts`)."""
-    paused = store.write(partial(_pause_for, writes=writes), bump=False)
+    with store.read() as conn:
+        large = writes > 0 and _large(conn, writes)
+    paused = large and store.write(pause_term_counts, bump=False)
     try:
         yield
     finally:
@@ -197,10 +198,8 @@ def counted_after(store: IndexStore, writes: int) -> Iterator[None]:
             store.write(recount_terms, bump=False)
 
 
-def _pause_for(conn: Connection, writes: int) -> bool:
-    if is_postgres(conn) or not counts_kept(conn) or writes < RECOUNT_SHARE * indexed_rows(conn):
-        return False
-    return pause_term_counts(conn)
+def _large(conn: Connection, writes: int) -> bool:
+    return not is_postgres(conn) and counts_kept(conn) and writes >= RECOUNT_SHARE * indexed_rows(conn)
 
 
 def check_term_counts(conn: sqlite3.Connection) -> bool:
