@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 
 from qmd.server.store import cores
-from qmd.server.store.fts import counts_kept, indexed_rows, prefix_count, term_counts, vocabulary_tables
+from qmd.server.store.fts import counts_kept, indexed_rows, term_counts, vocabulary_tables
 from qmd.server.store.fts_tokens import tokenize_phrases
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
 from qmd.server.store.sqlite import remembered
@@ -434,20 +434,16 @@ class FtsVocabulary:
 
 
 def _counts(conn: sqlite3.Connection, expressions: Sequence[str]) -> list[int]:
-    """The documents holding each expression, from the index's term counts (`store.fts`)
-    where they say it, each word's FTS5 token found by FTS5's own tokenizer: a whole word's,
-    and a prefix's that one term alone starts with (a plain word in a short query, typed
-    whole); a prefix several terms start with, or a phrase, by a pass over its documents
-    (`_count`)."""
-    words = {i: e[1 : e.rindex('"')] for i, e in enumerate(expressions) if " " not in e}
-    held: dict[int, int | None] = {}
+    """The documents holding each expression: a whole word's from the index's term counts
+    (`store.fts.term_counts`, its FTS5 token found by FTS5's own tokenizer), a prefix's or a
+    phrase's by a pass over its documents (`_count`)."""
+    words = {i: e[1:-1] for i, e in enumerate(expressions) if e.endswith('"') and " " not in e}
+    held: dict[int, int] = {}
     if words and remembered(conn, "\x00fts-terms", lambda: int(counts_kept(conn))):
         tokens = dict(zip(words, tokenize_phrases(list(words.values())), strict=True))
         single = {i: t[0] for i, t in tokens.items() if len(t) == 1}
-        whole = [i for i in single if not expressions[i].endswith("*")]
-        held = dict(zip(whole, term_counts(conn, [single[i] for i in whole]), strict=True))
-        held |= {i: prefix_count(conn, t, successor(t)) for i, t in single.items() if i not in held}
-    return [n if (n := held.get(i)) is not None else _count(conn, e) for i, e in enumerate(expressions)]
+        held = dict(zip(single, term_counts(conn, list(single.values())), strict=True))
+    return [held[i] if i in held else _count(conn, e) for i, e in enumerate(expressions)]
 
 
 def _count(conn: sqlite3.Connection, expression: str) -> int:

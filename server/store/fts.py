@@ -270,15 +270,6 @@ def term_count_check(conn: sqlite3.Connection) -> tuple[bool, str]:
     return False, f"{differ:,} keyword term counts differ from FTS5's: `qmd cleanup` makes them again"
 
 
-def prefix_count(conn: sqlite3.Connection, prefix: str, upper: str | None) -> int | None:
-    """The documents holding a term from `prefix` up to `upper` (the least string above
-    every string starting with it; None for none), where at most one term is there: its
-    count, or 0; else None (several terms' documents overlap, so their counts do not add)."""
-    where, params = ("term >= ?", [prefix]) if upper is None else ("term >= ? AND term < ?", [prefix, upper])
-    found = conn.execute(f"SELECT docs FROM fts_terms WHERE {where} LIMIT 2", params).fetchall()
-    return None if len(found) > 1 else sum(int(r[0]) for r in found)
-
-
 def term_counts(conn: sqlite3.Connection, terms: Sequence[str]) -> list[int]:
     """How many documents hold each of these terms (FTS5 tokens), from `fts_terms`."""
     found: dict[str, int] = {}
