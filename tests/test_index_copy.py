@@ -13,6 +13,7 @@ from conftest import MODELS_DIR, NOTES, Daemon, Env, require, write
 import qmd
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
 from qmd.server.store import copy as index_copy
+from qmd.server.store import fts
 from qmd.server.store.pg_store import PgStore
 from qmd.server.store.sqlite import Store
 
@@ -55,6 +56,12 @@ def test_sqlite_to_postgres_and_back_gives_the_same_answers(tmp_path: Path, pg_i
     with qmd.open(back) as index:
         assert {q: answers(index, q) for q in before} == before
     assert not (tmp_path / "back.sqlite.copying").exists()
+    copied = Store(back)
+    try:
+        with copied.read() as conn:  # the copy's keyword term counts, made once after its rows
+            assert fts.counts_kept(conn) and fts.term_count_check(conn)[0]
+    finally:
+        copied.close()
 
 
 def test_a_destination_that_holds_an_index_is_refused_unless_replaced(tmp_path: Path, pg_index: str) -> None:
