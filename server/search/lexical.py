@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 
 from qmd.server.store import cores
-from qmd.server.store.fts import counts_kept, indexed_rows, term_counts, vocabulary_tables
+from qmd.server.store.fts import counts_kept, indexed_rows, prefix_counts, term_counts, vocabulary_tables
 from qmd.server.store.fts_tokens import tokenize_phrases
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
 from qmd.server.store.sqlite import remembered
@@ -433,17 +433,33 @@ class FtsVocabulary:
         return None if row is None else int(row[0])
 
 
-def _counts(conn: sqlite3.Connection, expressions: Sequence[str]) -> list[int]:
-    """The documents holding each expression: a whole word's from the index's term counts
-    (`store.fts.term_counts`, its FTS5 token found by FTS5's own tokenizer), a prefix's or a
-    phrase's by a pass over its documents (`_count`)."""
-    words = {i: e[1:-1] for i, e in enumerate(expressions) if e.endswith('"') and " " not in e}
-    held: dict[int, int] = {}
+def _counts(conn: sqlite3.Connection, expressions: Sequence[str], rows: int) -> list[int]:
+    """The documents holding each expression, or for a common one (idf clamped) a number
+    as common (of the index's `rows`), from the index's term counts (`store.fts`) where they
+    tell, each word's FTS5 token found by FTS5's own tokenizer: a whole word's count; a
+    prefix's where one term alone starts with it, or where one of its terms is common
+    already (the short stems most documents hold, a pass over most of the index each: 5 ms
+    at a million chunks). Another prefix, or a phrase, is counted by a pass (`_count`)."""
+    words = {i: e[1 : e.rindex('"')] for i, e in enumerate(expressions) if " " not in e}
+    held: dict[int, int | None] = {}
     if words and remembered(conn, "\x00fts-terms", lambda: int(counts_kept(conn))):
         tokens = dict(zip(words, tokenize_phrases(list(words.values())), strict=True))
         single = {i: t[0] for i, t in tokens.items() if len(t) == 1}
-        held = dict(zip(single, term_counts(conn, list(single.values())), strict=True))
-    return [held[i] if i in held else _count(conn, e) for i, e in enumerate(expressions)]
+        whole = [i for i in single if not expressions[i].endswith("*")]
+        held = dict(zip(whole, term_counts(conn, [single[i] for i in whole]), strict=True))
+        held |= {i: _prefix_count(conn, t, rows) for i, t in single.items() if i not in held}
+    return [n if (n := held.get(i)) is not None else _count(conn, e) for i, e in enumerate(expressions)]
+
+
+def _prefix_count(conn: sqlite3.Connection, prefix: str, rows: int) -> int | None:
+    """The documents holding a term that starts with `prefix`, where the counts tell: none
+    or one such term, its count; a term most of the `rows` documents hold, its count (their
+    union holds at least as many, so the idf is clamped either way); else None (the terms'
+    documents overlap, so their counts do not add)."""
+    terms, most = prefix_counts(conn, prefix, successor(prefix))
+    if terms <= 1 or _idf(most, rows) <= _IDF_FLOOR:
+        return most
+    return None
 
 
 def _count(conn: sqlite3.Connection, expression: str) -> int:
@@ -635,7 +651,7 @@ def search_fts(
         return []
     query = resolve_prefixes(conn, query)
     rows_total = indexed_rows(conn)
-    counts = _counts(conn, query.positives)
+    counts = _counts(conn, query.positives, rows_total)
     idfs = item_idfs(counts, rows_total)
     scope = None if collection is None and doc_filter is None else _Scope(collection, doc_filter)
     ranked, common = ranking_items(idfs)
