@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 
 from qmd.server.store import cores
-from qmd.server.store.fts import counts_kept, indexed_rows, prefix_counts, term_counts, vocabulary_tables
+from qmd.server.store.fts import counts_kept, indexed_rows, term_counts, vocabulary_tables
 from qmd.server.store.fts_tokens import tokenize_phrases
 from qmd.server.store.metadata import DocFilter, hit_check_sql, ids_sql
 from qmd.server.store.sqlite import remembered
@@ -397,6 +397,14 @@ def successor(prefix: str) -> str | None:
     return prefix[:-1] + chr(following)
 
 
+def _term_range(prefix: str) -> tuple[str, list[object]]:
+    """The terms that start with `prefix`, as an SQL condition on ``term``."""
+    upper = successor(prefix)
+    if upper is None:
+        return "term >= ?", [prefix]
+    return "term >= ? AND term < ?", [prefix, upper]
+
+
 class FtsVocabulary:
     """The terms of ``documents_fts`` and their document counts, from the index's term
     counts (`store.fts`) where they are kept, else from the ``fts5vocab`` 'row' table of
@@ -410,18 +418,12 @@ class FtsVocabulary:
         vocabulary_tables(conn)
         self.terms, self.docs = ("fts_terms", "docs") if counts_kept(conn) else ("temp.qmd_vocab", "doc")
 
-    def _range(self, prefix: str) -> tuple[str, list[object]]:
-        upper = successor(prefix)
-        if upper is None:
-            return "term >= ?", [prefix]
-        return "term >= ? AND term < ?", [prefix, upper]
-
     def has_prefix(self, prefix: str) -> bool:
-        where, params = self._range(prefix)
+        where, params = _term_range(prefix)
         return self.conn.execute(f"SELECT 1 FROM {self.terms} WHERE {where} LIMIT 1", params).fetchone() is not None
 
     def with_initial(self, initial: str) -> list[str]:
-        where, params = self._range(initial)
+        where, params = _term_range(initial)
         return [t for (t,) in self.conn.execute(f"SELECT term FROM {self.terms} WHERE {where}", params)]
 
     def frequency(self, term: str) -> int:
@@ -456,7 +458,9 @@ def _prefix_count(conn: sqlite3.Connection, prefix: str, rows: int) -> int | Non
     or one such term, its count; a term most of the `rows` documents hold, its count (their
     union holds at least as many, so the idf is clamped either way); else None (the terms'
     documents overlap, so their counts do not add)."""
-    terms, most = prefix_counts(conn, prefix, successor(prefix))
+    where, params = _term_range(prefix)
+    sql = f"SELECT count(*), coalesce(max(docs), 0) FROM fts_terms WHERE {where}"
+    terms, most = conn.execute(sql, params).fetchone()
     if terms <= 1 or _idf(most, rows) <= _IDF_FLOOR:
         return most
     return None

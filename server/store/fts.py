@@ -270,15 +270,6 @@ def term_count_check(conn: sqlite3.Connection) -> tuple[bool, str]:
     return False, f"{differ:,} keyword term counts differ from FTS5's: `qmd cleanup` makes them again"
 
 
-def prefix_counts(conn: sqlite3.Connection, prefix: str, upper: str | None) -> tuple[int, int]:
-    """How many terms run from `prefix` up to `upper` (the least string above every string
-    that starts with it; None for none), and the most documents one of them is in."""
-    where, params = ("term >= ?", [prefix]) if upper is None else ("term >= ? AND term < ?", [prefix, upper])
-    sql = f"SELECT count(*), coalesce(max(docs), 0) FROM fts_terms WHERE {where}"
-    terms, most = conn.execute(sql, params).fetchone()
-    return int(terms), int(most)
-
-
 def term_counts(conn: sqlite3.Connection, terms: Sequence[str]) -> list[int]:
     """How many documents hold each of these terms (FTS5 tokens), from `fts_terms`."""
     found: dict[str, int] = {}
