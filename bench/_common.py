@@ -74,6 +74,31 @@ class Isolated(Env):
             shutil.rmtree(self.base, ignore_errors=True)
 
 
+def pg_database(server: str, name: str) -> str:
+    """A new empty database `name` with pgvector on the Postgres server at `server`; its URL."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    url = urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    return url
+
+
+def pg_database_bytes(url: str) -> int:
+    """The size of the database at `url` on disk (`pg_database_size`)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 # -- /proc --------------------------------------------------------------------------
 
 

@@ -30,24 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus as corpus_mod  # noqa: E402
-import psycopg  # noqa: E402
-from _common import Isolated, code_line, machine, percentile, table, write_json  # noqa: E402
+from _common import Isolated, code_line, machine, percentile, pg_database, table, write_json  # noqa: E402
 from bench_search import QUERIES, search_body  # noqa: E402
 from harness import Daemon  # noqa: E402 - tests/ is on the path through _common
 from pg_server import embedded_postgres  # noqa: E402
-
-
-def database(server: str, name: str) -> str:
-    """A new empty database `name` with pgvector on the server at `server`; its URL."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {name}")
-    url = urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    return url
 
 
 def measure(root: Path, url: str | None, rounds: int) -> tuple[dict[str, float], Isolated]:
@@ -94,12 +80,12 @@ def main() -> None:
         sqlite, env = measure(root, None, args.rounds)
         stack.callback(env.cleanup)
         print(f"sqlite: {sqlite}", flush=True)
-        pg, pg_env = measure(root, database(server, "qmd_bench_index"), args.rounds)
+        pg, pg_env = measure(root, pg_database(server, "qmd_bench_index"), args.rounds)
         pg_env.cleanup()
         print(f"postgres: {pg}", flush=True)
         copy_s = None
         if not args.no_copy:
-            target = database(server, "qmd_bench_copy")
+            target = pg_database(server, "qmd_bench_copy")
             d = Daemon(env)
             try:
                 copy_s, _ = env.cli("index", "copy", "index", target)

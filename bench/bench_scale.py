@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_scale.py [--sizes 10000,100000] [--json FILE] [--queries 50]
                                           [--exact-queries 20] [--seed 1] [--model GGUF] [--keep]
+                                          [--backend sqlite|postgres] [--url postgresql://...]
 
 Per size N (chunks), one isolated installation (bench/_common.py's `Isolated`):
 
@@ -35,6 +36,17 @@ Per size N (chunks), one isolated installation (bench/_common.py's `Isolated`):
    (`POST /v1/embed`), daemon RSS with the index loaded, the index size on disk, and last
    `update` after 1% of the notes were edited.
 
+`--backend postgres` measures the same on a Postgres index (`QMD_INDEX_URL`): a fresh database
+per size on the server at `--url`, else on an embedded one (tests/pg_server.py). What differs:
+the vectors go into the space's pgvector table without its HNSW index, which is built after
+them (`hnsw_build_s`), as `qmd index copy` does (inserted into the index one by one a
+million rows would take ~25 minutes); the vector leg is the same in-memory index, its rows
+measured again by pgvector; the exact scan and the reference of recall@10 is pgvector's
+`knn_exact`; the search without the in-memory index (what answers while it loads) is
+pgvector's HNSW walk, timed with its recall@10 (`hnsw_p50_ms`, `hnsw_recall_at_10`); the embed
+batches are inserted into the HNSW index as the embed job inserts them; the size on disk is
+the database's.
+
 Prints a table per size and writes the figures (`--json FILE`, else bench/out/scale.json):
 a list with one object per size. Figures only, never assertions; on a shared machine read
 them beside their floors.
@@ -51,6 +63,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +81,8 @@ from _common import (  # noqa: E402
     machine,
     mb,
     percentile,
+    pg_database,
+    pg_database_bytes,
     proc_status_kb,
     table,
     write_json,
@@ -85,6 +100,8 @@ BATCHES = 5
 BATCH_NOTES = 100
 """Notes per embed batch (800 vectors), at most a tenth of the corpus over all batches."""
 COLLECTION = "notes"
+ENGINE_VARS = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "QMD_EMBED_MODEL", "QMD_INDEX_URL")
+"""The isolated installation's variables the in-process `Engine` reads."""
 EMBED_NOOPS = 5
 """Embed calls with nothing to do timed after the daemon's first (which reads the partitions'
 state once, and is reported apart)."""
@@ -206,17 +223,54 @@ def embed_batch(engine: Engine, space: Space, hashes: list[str], rng: np.random.
     engine.store.write(write)
 
 
+def unindexed(conn: Any, space: Space) -> None:
+    """Postgres: the space's table made again without its HNSW index, for the rows to come."""
+    from qmd.server.store import vectors
+
+    if (table := vectors.space_table(conn)) is not None:
+        table.drop(space)
+        table.create(space, bulk=True)
+
+
+def indexed(conn: Any, space: Space) -> None:
+    """Postgres: the HNSW index built over the rows, and the table analyzed (the row estimate
+    `knn` reads, which autovacuum would give later)."""
+    from qmd.server.store import pg_vectors, vectors
+    from qmd.server.store.pg_store import raw
+
+    if (table := vectors.space_table(conn)) is not None:
+        table.build_index(space)
+        raw(conn).execute(f"ANALYZE {pg_vectors.table_name(space.id)}")
+
+
+def exact_search(conn: Any, space: Space, q: np.ndarray, cid: int) -> list[Any]:
+    """The collection's exact top `LIMIT` documents: SQLite's search without the in-memory
+    index (its scan of every vector), Postgres' `knn_exact` widened as its search widens `knn`."""
+    from qmd.server.store import vectors
+
+    if vectors.space_table(conn) is None:
+        return vectors.search(conn, space, q, COLLECTION, LIMIT)
+    from qmd.server.store import pg_vectors
+    from qmd.server.store.pg_store import raw
+    from qmd.server.store.vector_tables import widened
+
+    hits = widened(conn, COLLECTION, LIMIT, lambda k: pg_vectors.knn_exact(raw(conn), space.id, q, k, cid))
+    return hits or []
+
+
 def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
     """Step 3 of the module's docstring: the vectors written, then the vector leg's figures."""
-    os.environ.update({k: env.vars[k] for k in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "QMD_EMBED_MODEL")})
+    os.environ.update({k: v for k, v in env.vars.items() if k in ENGINE_VARS})
     from qmd.paths import IndexPaths
     from qmd.server.engine import Engine
     from qmd.server.store import vector_codec, vector_index, vectors
+    from qmd.server.store.sqlite import Store
 
     rng = np.random.default_rng(args.seed)
     engine = Engine(IndexPaths.resolve(None))
     try:
         space = bench_space(engine)
+        engine.store.write(lambda c: unindexed(c, space))
         with engine.store.read() as conn:
             hashes = [r[0] for r in conn.execute("SELECT DISTINCT hash FROM documents WHERE active = 1 ORDER BY hash")]
         held = max(BATCHES, min(BATCHES * BATCH_NOTES, len(hashes) // 10))
@@ -227,16 +281,17 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
         write_s = time.perf_counter() - t0
         print(f"  vectors: {len(now) * CHUNKS_PER_NOTE:,} written in {write_s:.1f}s", flush=True)
 
+        postgres = not isinstance(engine.store, Store)
+        hnsw_s = timed(lambda: engine.store.write(lambda c: indexed(c, space))) if postgres else None
         index = vector_index.index_of(engine.store)
         with engine.store.read() as conn:
             cid = vectors.collection_id(conn, COLLECTION, create=False)
             assert cid is not None
-            t0 = time.perf_counter()
-            index.warm(space, cid)
-            build_s = time.perf_counter() - t0
+            build_s = timed(lambda: index.warm(space, cid))
+            print(f"  in-memory index built in {build_s:.1f}s", flush=True)
             matrix = vector_codec.decode(
                 [
-                    r[0]
+                    bytes(r[0])
                     for r in conn.execute(
                         "SELECT cv.embedding FROM vector_rows vr JOIN content_vectors cv ON cv.id = vr.chunk_id"
                         " WHERE vr.space_id = ? AND vr.collection_id = ?",
@@ -248,17 +303,22 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
             queries = unit_vectors(rng, args.queries)
             for q in queries[:3]:  # warm-up: page cache, statements
                 vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)
-                vectors.search(conn, space, q, COLLECTION, LIMIT)
-            fast, exact, floor, recall = [], [], [], []
+                exact_search(conn, space, q, cid)
+            fast, exact, floor, recall, hnsw, hnsw_recall = [], [], [], [], [], []
             for i, q in enumerate(queries):
                 fast.append(timed(lambda q=q: vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)))
                 floor.append(timed(lambda q=q: top_rows(matrix, q)))
+                if postgres:  # without the in-memory index: pgvector's HNSW walk
+                    hnsw.append(timed(lambda q=q: vectors.search(conn, space, q, COLLECTION, LIMIT)))
                 if i < args.exact_queries:
                     t0 = time.perf_counter()
-                    want = vectors.search(conn, space, q, COLLECTION, LIMIT)
+                    want = {h.doc_id for h in exact_search(conn, space, q, cid)}
                     exact.append(time.perf_counter() - t0)
                     got = vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)
-                    recall.append(len({h.doc_id for h in want} & {h.doc_id for h in got}) / max(len(want), 1))
+                    recall.append(len(want & {h.doc_id for h in got}) / max(len(want), 1))
+                    if postgres:
+                        walked = vectors.search(conn, space, q, COLLECTION, LIMIT)
+                        hnsw_recall.append(len(want & {h.doc_id for h in walked}) / max(len(want), 1))
 
         def search(q: np.ndarray) -> None:
             """What a vsearch does around the query's embedding: the engine's vector state, then
@@ -281,6 +341,9 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
             "vectors": len(hashes) * CHUNKS_PER_NOTE,
             "vectors_write_s": round(write_s, 2),
             "index_build_s": round(build_s, 2),
+            "hnsw_build_s": None if hnsw_s is None else round(hnsw_s, 2),
+            "hnsw": hnsw,
+            "hnsw_recall": hnsw_recall,
             "vector": fast,
             "exact": exact,
             "numpy_floor": floor,
@@ -378,7 +441,8 @@ def over_http(env: Isolated, root: Path, batches: list[list[str]]) -> dict[str, 
         update_noop = [timed(lambda: job(http, "/v1/update", {})) for _ in range(3)]
         embed_noop = [timed(lambda: job(http, "/v1/embed", {})) for _ in range(1 + EMBED_NOOPS)]
         rss = proc_status_kb(daemon.pid, "VmRSS")
-        disk = env.db_bytes()
+        url = env.vars.get("QMD_INDEX_URL")
+        disk = pg_database_bytes(url) if url else sum(env.db_bytes().values())
         edited = sorted(root.rglob("*.md"))[::100]
         for path in edited:
             with path.open("a", encoding="utf-8") as f:
@@ -395,7 +459,7 @@ def over_http(env: Isolated, root: Path, batches: list[list[str]]) -> dict[str, 
             "edited": len(edited),
             "rss_cold_mb": mb(rss_cold),
             "rss_mb": mb(rss),
-            "disk_mb": round(sum(disk.values()) / 1e6, 1),
+            "disk_mb": round(disk / 1e6, 1),
         }
     finally:
         daemon.stop()
@@ -408,9 +472,12 @@ def ms(values: list[float], p: float = 50) -> float:
     return round(percentile(values, p) * 1000, 2)
 
 
-def one_size(size: int, pool: Pool, model: str, args: argparse.Namespace) -> dict[str, Any]:
+def one_size(size: int, pool: Pool, model: str, args: argparse.Namespace, server: str | None) -> dict[str, Any]:
+    """One size's figures; on the Postgres server at `server` (a database of its own), if given."""
     env = Isolated(keep=args.keep)
     env.vars["QMD_EMBED_MODEL"] = model
+    if server is not None:
+        env.vars["QMD_INDEX_URL"] = pg_database(server, f"qmd_bench_scale_{size}")
     try:
         root = env.base / "corpus"
         notes = max(size // CHUNKS_PER_NOTE, BATCHES * 2)
@@ -434,11 +501,15 @@ def one_size(size: int, pool: Pool, model: str, args: argparse.Namespace) -> dic
         print("  daemon measured", flush=True)
         return {
             "size": vec["vectors"],
+            "backend": "postgres" if server else "sqlite",
             "notes": notes,
             "corpus_mb": round(nbytes / 1e6, 1),
             "index_s": round(index_s, 2),
             "vectors_write_s": vec["vectors_write_s"],
             "index_build_s": vec["index_build_s"],
+            "hnsw_build_s": vec["hnsw_build_s"],
+            "hnsw_p50_ms": ms(vec["hnsw"]) if vec["hnsw"] else None,
+            "hnsw_recall_at_10": round(float(np.mean(vec["hnsw_recall"])), 4) if vec["hnsw_recall"] else None,
             "vector_p50_ms": ms(vec["vector"]),
             "vector_p95_ms": ms(vec["vector"], 95),
             "exact_p50_ms": ms(vec["exact"]),
@@ -473,9 +544,10 @@ def one_size(size: int, pool: Pool, model: str, args: argparse.Namespace) -> dic
 
 ROWS: list[tuple[str, str, str | None]] = [
     ("vector leg p50 / p95 (in process, in-memory index)", "vector_p50_ms", "vector_p95_ms"),
-    ("  exact scan p50 / p95 (every vector; baseline)", "exact_p50_ms", "exact_p95_ms"),
+    ("  exact scan p50 / p95 (every vector of the collection; baseline)", "exact_p50_ms", "exact_p95_ms"),
     ("  numpy float scan p50 (memory-bandwidth floor)", "numpy_floor_p50_ms", None),
     ("  recall@10 vs exact (mean / worst query)", "recall_at_10", "recall_at_10_min"),
+    ("  Postgres' HNSW walk p50, recall@10 (while the index loads)", "hnsw_p50_ms", "hnsw_recall_at_10"),
     ("warm search: vector_state + search (in process)", "warm_search_ms", None),
     ("first search after an embed batch (in process)", "first_search_after_embed_ms", None),
     ("keyword p50 / p95 (POST /v1/keyword)", "keyword_p50_ms", "keyword_p95_ms"),
@@ -489,15 +561,19 @@ ROWS: list[tuple[str, str, str | None]] = [
     ("  RSS idle (empty index) / after indexing, MB", "rss_idle_mb", "rss_after_index_mb"),
     ("index on disk, MB", "disk_mb", None),
     ("cold index (collection add), s", "index_s", None),
+    ("in-memory vector index build, s / Postgres' HNSW build, s", "index_build_s", "hnsw_build_s"),
 ]
 
 
 def report(results: list[dict[str, Any]]) -> str:
+    def value(v: Any) -> str:
+        return "—" if v is None else f"{v:,}"
+
     def cell(r: dict[str, Any], a: str, b: str | None) -> str:
-        return f"{r[a]:,}" if b is None else f"{r[a]:,} / {r[b]:,}"
+        return value(r.get(a)) if b is None else f"{value(r.get(a))} / {value(r.get(b))}"
 
     rows = [[name, *(cell(r, a, b) for r in results)] for name, a, b in ROWS]
-    return table(["measure", *(f"{r['size']:,} chunks" for r in results)], rows)
+    return table(["measure", *(f"{r['size']:,} chunks, {r['backend']}" for r in results)], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model", default=None, help="embed GGUF [$QMD_BENCH_EMBED_MODEL or the shared MiniLM Q8_0]")
     ap.add_argument("--keep", action="store_true", help="keep each size's temporary folder")
+    ap.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite", help="the index's database")
+    ap.add_argument("--url", help="with --backend postgres: a server to use (its databases qmd_bench_scale_*)")
     args = ap.parse_args(argv)
     try:
         sizes = sorted(int(x) for x in args.sizes.split(","))
@@ -523,7 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     model = embed_model_path(args.model)
     pool = text_pool()
     print(f"text: {len(pool.paragraphs):,} docstring paragraphs, {len(pool.summaries):,} summary lines", flush=True)
-    results = [one_size(n, pool, model, args) for n in sizes]
+    with ExitStack() as stack:
+        server = None
+        if args.backend == "postgres":
+            from pg_server import embedded_postgres  # tests/ is on the path through _common
+
+            server = args.url or stack.enter_context(embedded_postgres())
+        results = [one_size(n, pool, model, args, server) for n in sizes]
     print()
     print(report(results))
     path = args.json

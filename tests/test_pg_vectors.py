@@ -73,6 +73,7 @@ def test_knn_matches_brute_force(conn: psycopg.Connection) -> None:
         assert all(abs(d - ref[rid - 1]) < HALF_TOLERANCE for rid, d in got)
         assert [d for _, d in got] == sorted(d for _, d in got)
         assert pv.knn(conn, 1, q.tolist(), 10, 7) == got  # a float list is the same query as its blob
+        assert pv.knn(conn, 1, q, 10, 7) == got  # so is a numpy array (numpy 2 spells its scalars np.float32(…))
 
 
 def test_the_candidate_list_grows_with_the_space() -> None:

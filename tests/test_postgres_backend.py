@@ -43,6 +43,15 @@ def test_translate_speaks_psycopg_and_leaves_literals_alone() -> None:
         "SELECT strpos(a, %s) FROM d WHERE d.collection IN"
         " (SELECT value FROM json_array_elements_text(%s::json) AS value)"
     )
+    assert translate("SELECT json_group_array(v.id) FROM vector_rows v CROSS JOIN content_vectors c ON c.id = 1") == (
+        "SELECT coalesce(json_agg(v.id)::text, '[]') FROM vector_rows v JOIN content_vectors c ON c.id = 1"
+    )
+    assert translate("SELECT 1 FROM t CROSS JOIN LATERAL unnest(t.a) AS s(p)") == (  # no ON: left as it is
+        "SELECT 1 FROM t CROSS JOIN LATERAL unnest(t.a) AS s(p)"
+    )
+    assert translate("SELECT id FROM t WHERE id IN (SELECT CAST(value AS BIGINT) FROM json_each(?))") == (
+        "SELECT id FROM t WHERE id IN (SELECT CAST(value AS BIGINT) FROM json_array_elements_text(%s::json) AS value)"
+    )
 
 
 def test_the_library_opens_a_postgres_index_by_url(pg_index: str, tmp_path: Path) -> None:

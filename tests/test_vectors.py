@@ -20,7 +20,7 @@ import pytest
 from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
 
 from qmd.server.store import vector_codec, vector_index, vectors
-from qmd.server.store.db import sqlite3
+from qmd.server.store.db import IndexStore, sqlite3
 from qmd.server.store.sqlite import Store, utcnow
 
 MODEL = "all-MiniLM-L6-v2-Q8_0.gguf"
@@ -307,10 +307,11 @@ CHUNKS = 4
 
 class Corpus:
     """A Store with random vectors in collection 'big', written as the embed job writes them
-    (documents, `write_document`, `add_partitions`), and the brute-force reference."""
+    (documents, `write_document`, `add_partitions`), and the brute-force reference. `path`: a
+    SQLite file to open, or an open store of either backend."""
 
-    def __init__(self, path: Path, seed: int) -> None:
-        self.store = Store(path)
+    def __init__(self, path: Path | IndexStore, seed: int) -> None:
+        self.store: IndexStore = Store(path) if isinstance(path, Path) else path
         self.rng = np.random.default_rng(seed)
         self.space = self.store.write(lambda c: vectors.ensure_space(c, "fp-index", "test", DIMS))
         self.docs = 0
@@ -382,6 +383,17 @@ class Corpus:
         idx.warm(self.space, cid)
         return idx
 
+    def snapshot(self) -> vector_index.Snapshot | None:
+        """The in-memory index's snapshot of 'big' as of now (None while it is being built)."""
+        with self.store.read() as conn:
+            cid = vectors.collection_id(conn, "big", create=False)
+            assert cid is not None
+            return vector_index.index_of(self.store).fresh(conn, self.space, cid)
+
+    def doc_id(self, path: str) -> int:
+        with self.store.read() as conn:
+            return int(conn.execute("SELECT id FROM documents WHERE path = ?", (path,)).fetchone()[0])
+
     def query(self) -> list[float]:
         return self.rng.standard_normal(DIMS).astype(np.float32).tolist()
 
@@ -394,14 +406,6 @@ def corpus(tmp_path: Path) -> Iterator[Corpus]:
         c.add(500)
     yield c
     c.store.close()
-
-
-def _snapshot(c: Corpus) -> vector_index.Snapshot | None:
-    idx = vector_index.index_of(c.store)
-    with c.store.read() as conn:
-        cid = vectors.collection_id(conn, "big", create=False)
-        assert cid is not None
-        return idx.fresh(conn, c.space, cid)
 
 
 def test_index_recall_and_distances_against_brute_force(corpus: Corpus) -> None:
@@ -424,7 +428,7 @@ def test_exact_knn_is_vec0s(corpus: Corpus) -> None:
     """The bounded int8 pass (filtered searches, small partitions) returns the very rows and
     distances of vec0's exact KNN, for small and large k."""
     corpus.warm()
-    snap = _snapshot(corpus)
+    snap = corpus.snapshot()
     assert snap is not None
     with corpus.store.read() as conn:
         cid = vectors.collection_id(conn, "big", create=False)
@@ -456,14 +460,13 @@ def test_writes_are_searchable_at_once(corpus: Corpus) -> None:
     follows every write, and no hit ever points at a removed document."""
     corpus.warm()
     q = corpus.query()
-    before = _snapshot(corpus)
+    before = corpus.snapshot()
     assert before is not None and before.size == 2000 * CHUNKS
     [new] = corpus.add(1, vector=q)
-    with corpus.store.read() as conn:
-        new_id = conn.execute("SELECT id FROM documents WHERE path = ?", (new,)).fetchone()[0]
+    new_id = corpus.doc_id(new)
     hits = corpus.search(q)
     assert hits[0].doc_id == new_id and hits[0].distance < 1e-6
-    after = _snapshot(corpus)
+    after = corpus.snapshot()
     assert after is not None and after.size == before.size + CHUNKS
     assert after.row_ids[: before.size].tolist() == before.row_ids.tolist()  # appended, not rebuilt
     assert after.columns is before.columns  # in place: the batch was written past the old snapshot's rows
@@ -475,7 +478,7 @@ def test_writes_are_searchable_at_once(corpus: Corpus) -> None:
     hits = corpus.search(q, 10)
     assert not {h.doc_id for h in hits} & set(near)
     assert len({h.doc_id for h in hits} & set(corpus.brute_force(q))) >= 9
-    snap = _snapshot(corpus)
+    snap = corpus.snapshot()
     assert snap is not None and snap.size == after.size - 5 * CHUNKS
 
 
@@ -484,12 +487,12 @@ def test_a_reused_row_id_is_a_new_row(corpus: Corpus) -> None:
     another vector; the index must take the new one."""
     corpus.warm()
     [last] = corpus.add(1)
-    before = _snapshot(corpus)
+    before = corpus.snapshot()
     assert before is not None
     corpus.remove([last])
     q = corpus.query()
     corpus.add(1, vector=q)  # its rows take the removed rows' ids
-    snap = _snapshot(corpus)
+    snap = corpus.snapshot()
     assert snap is not None
     assert sorted(snap.row_ids.tolist()) == sorted(before.row_ids.tolist())
     assert sorted(snap.chunk_ids.tolist()) != sorted(before.chunk_ids.tolist())
@@ -522,7 +525,7 @@ def test_a_new_space_with_a_dropped_ones_id(corpus: Corpus) -> None:
     q = rng.standard_normal(16).tolist()
     assert corpus.search(q) == corpus.search(q, index=False)  # vec0 while the new partition builds
     deadline = time.monotonic() + 30
-    while (snap := _snapshot(corpus)) is None:
+    while (snap := corpus.snapshot()) is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert snap.size == 50 and corpus.search(q) == corpus.search(q, index=False)
@@ -533,7 +536,7 @@ def test_cold_start_answers_from_vec0_while_the_index_builds(corpus: Corpus) -> 
     q = corpus.query()
     assert corpus.search(q) == corpus.search(q, index=False)
     deadline = time.monotonic() + 30
-    while (snap := _snapshot(corpus)) is None:
+    while (snap := corpus.snapshot()) is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert snap.size == 2000 * CHUNKS
@@ -550,7 +553,7 @@ def test_a_large_change_is_rebuilt_in_the_background(corpus: Corpus, monkeypatch
         new_id = conn.execute("SELECT id FROM documents WHERE path = ?", (new,)).fetchone()[0]
     assert corpus.search(q)[0].doc_id == new_id  # vec0's, while the rebuild runs
     deadline = time.monotonic() + 30
-    while (snap := _snapshot(corpus)) is None:
+    while (snap := corpus.snapshot()) is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert snap.size == 2005 * CHUNKS
@@ -559,13 +562,13 @@ def test_a_large_change_is_rebuilt_in_the_background(corpus: Corpus, monkeypatch
 
 def test_an_emptied_partition_frees_its_memory(corpus: Corpus) -> None:
     corpus.warm()
-    before = _snapshot(corpus)
+    before = corpus.snapshot()
     assert before is not None
     with corpus.store.read() as conn:
         paths = [r[0] for r in conn.execute("SELECT path FROM documents")]
     corpus.remove(paths)
     assert corpus.search(corpus.query()) == []
-    snap = _snapshot(corpus)
+    snap = corpus.snapshot()
     assert snap is not None and snap.size == 0 and snap.nbytes < before.nbytes / 5
 
 
@@ -593,11 +596,11 @@ def test_a_failed_build_leaves_vec0_answering(
     with caplog.at_level(logging.ERROR, logger="qmd.vector_index"):
         caplog.clear()
         assert corpus.search(q) == corpus.search(q, index=False)  # built inline, failed, answered exactly
-        assert "could not build the vector index" in caplog.text and _snapshot(corpus) is None
+        assert "could not build the vector index" in caplog.text and corpus.snapshot() is None
     monkeypatch.undo()
     assert corpus.search(q) == corpus.search(q, index=False)  # starts the build again
     deadline = time.monotonic() + 30
-    while _snapshot(corpus) is None:
+    while corpus.snapshot() is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)
 

@@ -17,7 +17,6 @@ from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope
 from qmd.server.store import vectors
 from qmd.server.store.db import IndexStore
 from qmd.server.store.documents import fetch_ids
-from qmd.server.store.sqlite import Store
 
 
 class VectorUnavailable(Unavailable):
@@ -99,8 +98,7 @@ def vector_hits(
     from qmd.server.store.vector_index import index_of
 
     best: dict[int, vectors.VecHit] = {}
-    # Postgres has its own (HNSW): the in-memory pass is SQLite's
-    index = index_of(store) if isinstance(store, Store) else None
+    index = index_of(store)
     with store.read() as conn:
         for name in scope.collections:
             if name not in spaces:
@@ -112,12 +110,10 @@ def vector_hits(
 
 
 def index_loading(store: IndexStore, spaces: Mapping[str, vectors.Space]) -> str | None:
-    """Why a search of these collections (name → space) is slower now, if it is: SQLite's
-    in-memory index still loading (`vectors.loading`); Postgres has none to wait for."""
+    """Why a search of these collections (name → space) is slower or approximate now, if it
+    is: the in-memory index still loading (`vectors.loading`)."""
     from qmd.server.store.vector_index import index_of
 
-    if not isinstance(store, Store):
-        return None
     with store.read() as conn:
         return vectors.loading(conn, spaces, index_of(store))
 

@@ -49,8 +49,12 @@ STATEMENT_TIMEOUT_MS = 30_000
 error instead of holding a request forever. Writes have none (a large update may take long)."""
 
 _REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
-    # a JSON array parameter as a set of values (collection names, model names)
-    (re.compile(r"SELECT value FROM json_each\(\?\)"), "SELECT value FROM json_array_elements_text(?::json) AS value"),
+    # a JSON array parameter as a set of values (collection names, model names; ids through a CAST)
+    (re.compile(r"FROM json_each\(\?\)"), "FROM json_array_elements_text(?::json) AS value"),
+    # a column's values as a JSON array, in the rows' order ('[]' for none, as SQLite gives)
+    (re.compile(r"\bjson_group_array\(([\w.]+)\)"), r"coalesce(json_agg(\1)::text, '[]')"),
+    # SQLite's CROSS JOIN fixes the join order; Postgres plans it itself, and has no CROSS JOIN … ON
+    (re.compile(r"\bCROSS JOIN (\w+ \w+) ON\b"), r"JOIN \1 ON"),
     # SQLite's unary plus (`+d.collection IN …`) keeps its planner off an index; Postgres has no + for text
     (re.compile(r"(?<![\w)\]])\+(?=[a-z_]+\.[a-z_]+ IN\b)"), ""),
     (re.compile(r"\binstr\("), "strpos("),

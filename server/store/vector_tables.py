@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from qmd.server.store.db import Connection, sqlite3
+from qmd.server.store.db import Connection
 from qmd.server.store.metadata import DocFilter
 
 MAX_K = 4096
@@ -83,7 +83,7 @@ class FirstPass(Protocol):
 
     def knn(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         space: Space,
         cid: int,
         query: Sequence[float],
@@ -94,7 +94,7 @@ class FirstPass(Protocol):
     ) -> list[tuple[int, float]] | None:
         """The `k` nearest rows of the partition, or None while the index is being built."""
 
-    def fresh(self, conn: sqlite3.Connection, space: Space, cid: int) -> object | None:
+    def fresh(self, conn: Connection, space: Space, cid: int) -> object | None:
         """The partition's snapshot as of now, or None while it is being built (asking starts
         the build a search would start)."""
 

@@ -480,12 +480,25 @@ def mark_chunkless(conn: Connection, space: Space, hashes: Iterable[str]) -> Non
     )
 
 
+def _rows_in_commit_order(conn: Connection) -> None:
+    """Make this transaction's new `vector_rows` ids commit after every lower one (writer
+    only; call before its first change of the table). Postgres hands out an id at the insert,
+    not at the commit: two daemons writing at once could commit a lower id after a higher one,
+    and the in-memory index, which reads "the rows past its top" (`vector_tables.Marks`),
+    would never see it. This lock conflicts with itself (and with other writers' changes),
+    not with readers, so the writers of the table take turns from their first change to their
+    commit. SQLite has one writer: nothing to do."""
+    if not isinstance(conn, sqlite3.Connection):
+        conn.execute("LOCK TABLE vector_rows IN SHARE ROW EXCLUSIVE MODE")
+
+
 def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
     """Give each of these contents whose chunks are all written a search row per chunk in every
     collection an active document holding it is in (those it lacks): the embed job calls this
     in the transaction that writes a batch, so a content counted as embedded is searchable from
     that commit on, a killed daemon included. Removals are `sync_partitions`' job. Returns the
     rows added."""
+    _rows_in_commit_order(conn)
     added: list[tuple[int, int, int]] = []
     for h in dict.fromkeys(hashes):
         chunks = conn.execute(
@@ -520,6 +533,7 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     do pays. Returns (added, removed)."""
     if partitions_synced(conn, space):
         return 0, 0
+    _rows_in_commit_order(conn)
     complete = complete_hashes(conn, space)
     wanted: set[tuple[int, int]] = set()
     pairs = conn.execute("SELECT DISTINCT collection, hash FROM documents WHERE active = 1").fetchall()
@@ -755,17 +769,24 @@ LOADING = (
     "the vector index is still loading into memory: this search measured every vector"
     " (exact, but slower until it is in)"
 )
+LOADING_HNSW = (
+    "the vector index is still loading into memory: this search walked Postgres' HNSW index"
+    " (approximate: it may miss some of the nearest chunks until the index is in)"
+)
 
 
-def loading(conn: sqlite3.Connection, spaces: Mapping[str, Space], index: FirstPass) -> str | None:
-    """`LOADING` when a search of these collections (name → space) is answered by the exact
-    scan for now: the in-memory index of one of their partitions is being built (the daemon
-    just started, or a change too big to read inline), and the scan costs about twice what
-    vec0's did (issue 34). None when every partition is in memory. Each one is asked (none
+def loading(conn: Connection, spaces: Mapping[str, Space], index: FirstPass) -> str | None:
+    """`LOADING` (SQLite) or `LOADING_HNSW` (Postgres) when a search of these collections (name
+    → space) is answered without the in-memory index for now: that of one of their
+    partitions is being built (the daemon just started, or a change too big to read inline).
+    SQLite's exact scan costs about twice what vec0's did (issue 34); Postgres' HNSW walk is
+    fast but approximate. None when every partition is in memory. Each one is asked (none
     skipped once one is found loading), so each build a search would start is started."""
     ids = {name: collection_id(conn, name, create=False) for name in spaces}
     waiting = [name for name, cid in ids.items() if cid is not None and index.fresh(conn, spaces[name], cid) is None]
-    return LOADING if waiting else None
+    if not waiting:
+        return None
+    return LOADING if isinstance(conn, sqlite3.Connection) else LOADING_HNSW
 
 
 def search(

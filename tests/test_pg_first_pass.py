@@ -1,0 +1,137 @@
+"""The daemon's in-memory first pass on a Postgres index (issue 34): a collection too large
+for pgvector's exact scan is searched by the index SQLite's searches use
+(server/store/vector_index.py), its rows measured again by pgvector, so recall@10 is the
+sign-bit pass's (≥ 0.99) and not HNSW's (0.72 at a million rows), with pgvector's own
+distances; another daemon's writes are in the next search; while it loads, HNSW answers
+and the answer says so. A real Postgres (conftest's embedded server), written as the embed
+job writes it (test_vectors.Corpus)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from test_vectors import CHUNKS, Corpus
+
+from qmd.server.store import pg_vectors, vector_index, vectors
+from qmd.server.store.pg_store import PgStore, raw
+from qmd.server.store.vector_tables import VecHit, widened
+
+
+@pytest.fixture
+def corpus(pg_index: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Corpus]:
+    """3,000 vectors (past the shortlist's floor, so the first pass is approximate) in a
+    collection pgvector would walk with HNSW: its exact-scan rules turned off."""
+    monkeypatch.setattr(pg_vectors, "EXACT_UP_TO", 0)
+    monkeypatch.setattr(pg_vectors, "EXACT_SHARE", 0.0)
+    c = Corpus(PgStore(pg_index), seed=21)
+    c.add(750)
+    yield c
+    c.store.close()
+
+
+def exact(c: Corpus, q: list[float], limit: int = 10) -> dict[int, VecHit]:
+    """The collection's exact top `limit` by pgvector's scan of every row (`knn_exact`)."""
+    with c.store.read() as conn:
+        cid = vectors.collection_id(conn, "big", create=False)
+        assert cid is not None
+        hits = widened(conn, "big", limit, lambda k: pg_vectors.knn_exact(raw(conn), c.space.id, q, k, cid))
+    return {h.doc_id: h for h in hits or []}
+
+
+def test_a_large_collection_is_searched_by_the_first_pass(corpus: Corpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every search goes through the in-memory pass; recall@10 against the exact ranking is
+    ≥ 0.99, and each hit's distance is the one pgvector's exact scan gives, bit for bit."""
+    corpus.warm()
+    passes: list[int] = []
+    measure = vector_index.nearest
+    monkeypatch.setattr(vector_index, "nearest", lambda *a, **kw: passes.append(1) or measure(*a, **kw))
+    queries = [corpus.query() for _ in range(30)]
+    found = 0
+    for q in queries:
+        hits = corpus.search(q, 10)
+        assert len(hits) == 10
+        want = exact(corpus, q)
+        found += len({h.doc_id for h in hits} & set(want))
+        for h in hits:
+            if h.doc_id in want:
+                assert h == want[h.doc_id]
+    assert len(passes) == len(queries)
+    assert found / (10 * len(queries)) >= 0.99
+
+
+def test_another_daemons_writes_are_in_the_next_search(corpus: Corpus, pg_index: str) -> None:
+    """A second store on the same database (another daemon) adds a document and then removes
+    it: this one's next search finds it first, by the rows appended to its snapshot, and
+    after the removal never returns it."""
+    corpus.warm()
+    before = corpus.snapshot()
+    assert before is not None and before.size == 750 * CHUNKS
+    q = corpus.query()
+    other = Corpus(PgStore(pg_index), seed=22)
+    try:
+        other.docs = corpus.docs  # new paths and contents
+        [new] = other.add(1, vector=q)
+        new_id = corpus.doc_id(new)
+        hits = corpus.search(q)
+        assert hits[0].doc_id == new_id and hits[0].distance < 1e-3
+        after = corpus.snapshot()
+        assert after is not None and after.size == before.size + CHUNKS
+        assert after.columns is before.columns  # appended in place, not rebuilt
+        other.remove([new])
+        assert new_id not in {h.doc_id for h in corpus.search(q)}
+        gone = corpus.snapshot()
+        assert gone is not None and gone.size == before.size
+    finally:
+        other.store.close()
+
+
+def test_while_it_loads_hnsw_answers_and_says_so(corpus: Corpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition's first search starts the build in the background; until it is in, HNSW
+    answers and `loading` names it (approximate), and afterwards says nothing."""
+    monkeypatch.setattr(vector_index, "BUILD_INLINE", 0)
+    release = threading.Event()
+    build = vector_index.VectorIndex._build  # noqa: SLF001
+
+    def held(self: vector_index.VectorIndex, space: vectors.Space, cid: int) -> vector_index.Snapshot:
+        release.wait(30)
+        return build(self, space, cid)
+
+    monkeypatch.setattr(vector_index.VectorIndex, "_build", held)
+    q = corpus.query()
+    index = vector_index.index_of(corpus.store)
+    with corpus.store.read() as conn:
+        assert vectors.loading(conn, {"big": corpus.space}, index) == vectors.LOADING_HNSW
+    assert len(corpus.search(q)) == 10  # HNSW's answer meanwhile
+    release.set()
+    for _ in range(300):
+        if corpus.snapshot() is not None:
+            break
+        threading.Event().wait(0.05)
+    loaded = corpus.snapshot()
+    assert loaded is not None and loaded.size == 750 * CHUNKS
+    with corpus.store.read() as conn:
+        assert vectors.loading(conn, {"big": corpus.space}, index) is None
+
+
+def test_writers_of_search_rows_take_turns(corpus: Corpus, pg_index: str) -> None:
+    """A write of search rows waits for another session's that has begun, so their ids commit
+    in order and no row lands below a snapshot's top after it was read."""
+    import psycopg
+
+    from qmd.server.store.pg_store import PgConnection
+
+    other = Corpus(PgStore(pg_index), seed=23)
+    other.docs = corpus.docs
+    try:
+        with psycopg.connect(pg_index, autocommit=True) as first, first.transaction():
+            vectors.add_partitions(PgConnection(first), corpus.space, [])  # holds the turn
+            writer = threading.Thread(target=other.add, args=(1,))
+            writer.start()
+            writer.join(1.0)
+            assert writer.is_alive()  # waiting for the first session's commit
+        writer.join(30)
+        assert not writer.is_alive()
+    finally:
+        other.store.close()
