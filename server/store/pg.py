@@ -239,6 +239,35 @@ ALTER TABLE content_vectors DROP COLUMN embed_fingerprint;
 rows' embeddings stay as they are (float32 before it, half floats after: `vector_codec`
 reads either), since this table's size was never what a Postgres index is measured by."""
 
+VECTOR_CHANGES_V8 = """
+CREATE TABLE vector_changes (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    n bigint NOT NULL
+);
+INSERT INTO vector_changes (n) VALUES (0);
+CREATE FUNCTION qmd_vectors_changed() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE vector_changes SET n = n + 1;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER vector_changes_documents AFTER INSERT OR DELETE OR UPDATE OF collection, hash, active ON documents
+    FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
+CREATE TRIGGER vector_changes_content_vectors AFTER INSERT OR DELETE OR UPDATE ON content_vectors
+    FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
+CREATE TRIGGER vector_changes_chunkless AFTER INSERT OR DELETE OR UPDATE ON chunkless_contents
+    FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
+CREATE TRIGGER vector_changes_vector_rows AFTER INSERT OR DELETE OR UPDATE ON vector_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
+CREATE TRIGGER vector_changes_collection_ids AFTER INSERT OR DELETE OR UPDATE ON vector_collection_ids
+    FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
+"""
+"""A count of the statements that changed what `vectors.sync_partitions` reads (SQLite counts
+them with TEMP triggers on the writer's connection, `vectors._changes`): in one row every
+daemon's writes move, in their own transaction, so a daemon's embed with nothing to do
+reads one number instead of reconciling every search row. Once a statement, as
+``documents_mark``; a writer of vectors holds the row from its first statement
+(`vectors._vector_write`), so the writers of these tables take turns."""
+
 MIGRATIONS: tuple[str, ...] = (
     LEXICAL_V1,
     CORE_V2,
@@ -247,6 +276,7 @@ MIGRATIONS: tuple[str, ...] = (
     SKIPS_CHUNKLESS_V5,
     DOCUMENTS_MARK_V6,
     VECTOR_ROWS_V7,
+    VECTOR_CHANGES_V8,
 )
 
 

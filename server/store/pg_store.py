@@ -128,9 +128,14 @@ class PgConnection:
 
     dialect = POSTGRES
 
-    def __init__(self, raw: psycopg.Connection[Any]) -> None:
+    def __init__(self, raw: psycopg.Connection[Any], *, index: str | None = None, reader: bool = False) -> None:
         self.raw = raw
         """The psycopg connection itself, for the Postgres-only modules (postings, pgvector)."""
+        self.index = index
+        """The index it reads (its server and schema), by which what is derived from it may
+        be kept in memory; None: keep nothing."""
+        self.reader = reader
+        """A pooled reader: it sees only committed rows (the writer also sees its own)."""
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
         cur = self.raw.cursor(row_factory=_rows)
@@ -270,6 +275,8 @@ class PgStore(Writer[PgConnection]):
             self.server_version = str(version[0])
             self._schema = str(version[1])
             """The index's schema: ``public``, or a named index's own (`config.schema_url`)."""
+            self._key = f"{self.location}#{self._schema}"
+            """What this index's derived caches are kept by (`PgConnection.index`)."""
         except BaseException:
             wconn.close()
             raise
@@ -284,7 +291,7 @@ class PgStore(Writer[PgConnection]):
             name="qmd-pg-readers",
             open=True,
         )
-        self._start(PgConnection(wconn), "qmd-pg-writer")
+        self._start(PgConnection(wconn, index=self._key), "qmd-pg-writer")
 
     @property
     def location(self) -> str:
@@ -324,7 +331,7 @@ class PgStore(Writer[PgConnection]):
         """`fn` runs on a session checked first (`_live`): a new one if the server ended it."""
         try:
             raw = self._live(conn.raw)
-            conn = conn if raw is conn.raw else PgConnection(raw)
+            conn = conn if raw is conn.raw else PgConnection(raw, index=conn.index)
             if not transaction:
                 return conn, fn(conn)
             with raw.transaction():
@@ -351,7 +358,7 @@ class PgStore(Writer[PgConnection]):
             return
         try:
             with ExitStack() as stack:
-                self._local.conn = conn = PgConnection(self._checkout(stack))
+                self._local.conn = conn = PgConnection(self._checkout(stack), index=self._key, reader=True)
                 try:
                     yield conn
                 finally:

@@ -174,7 +174,29 @@ def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> S
     return space
 
 
+_VECTOR_WRITE = (
+    "DO $$ BEGIN PERFORM 1 FROM vector_changes FOR UPDATE;"
+    " LOCK TABLE content_vectors, vector_rows IN SHARE ROW EXCLUSIVE MODE; END $$"
+)
+
+
+def _vector_write(conn: Connection) -> None:
+    """Take this writer's turn at the vector tables, before its first change of them in the
+    transaction (on Postgres; SQLite has one writer). Postgres hands out an id at the insert,
+    not at the commit: two daemons writing at once could commit a lower id after a higher one,
+    and a cache that reads "the rows past its top" (`vector_tables.Marks`: the tallies here,
+    the in-memory index) would never see it. So a writer holds the row every change of these
+    tables moves (`vector_changes`, Postgres migration 8), then locks the two id-ordered
+    tables against other writers (not readers) until it commits: ids commit in order, and
+    `sync_partitions` reads nothing another daemon changes meanwhile. The row first, always,
+    so no two writers can each hold what the other waits for (a trigger takes the row after
+    its statement's own table lock: every writer of these tables comes through here)."""
+    if not isinstance(conn, sqlite3.Connection):
+        conn.execute(_VECTOR_WRITE)
+
+
 def drop_space(conn: Connection, space: Space) -> None:
+    _vector_write(conn)
     if (table := space_table(conn)) is not None:
         table.drop(space)
     conn.execute("DELETE FROM vector_rows WHERE space_id = ?", (space.id,))
@@ -187,6 +209,7 @@ def drop_space(conn: Connection, space: Space) -> None:
 def forget_hashes(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
     """Drop these contents' vectors from the space (`qmd embed -f -c NAME`, orphans in
     `qmd cleanup`), leaving the other collections' vectors alone; returns the chunks dropped."""
+    _vector_write(conn)
     dropped = unmarked = 0
     for h in hashes:
         rows = [
@@ -212,11 +235,13 @@ def collection_id(conn: Connection, name: str, *, create: bool) -> int | None:
     r = conn.execute("SELECT id FROM vector_collection_ids WHERE name = ?", (name,)).fetchone()
     if r or not create:
         return r[0] if r else None
+    _vector_write(conn)
     return int(conn.execute("INSERT INTO vector_collection_ids(name) VALUES (?) RETURNING id", (name,)).fetchone()[0])
 
 
 def rename_collection(conn: Connection, old: str, new: str) -> None:
     """A rename is one row: partitions are keyed by the id, not the name."""
+    _vector_write(conn)
     conn.execute("UPDATE vector_collection_ids SET name = ? WHERE name = ?", (new, old))
 
 
@@ -261,6 +286,7 @@ def write_document(
     conn: Connection, space: Space, content_hash: str, chunks: Sequence[ChunkVector], total: int
 ) -> None:
     """Store one content hash's chunk vectors (all of them, or the next batch of them)."""
+    _vector_write(conn)
     now = utcnow()
     replaced = 0
     for c in chunks:
@@ -399,14 +425,15 @@ def _tallied(conn: Connection, space: Space, use: Callable[[_Tally], T]) -> T:
     the caller reads). A cached tally is used where its marks say it holds the rows of `conn`'s
     snapshot or fewer (the same epoch, so nothing was deleted since, and a top no higher): the
     rows past its top are read and counted in (and into what was derived from the tally:
-    `_Tally.pending`, `.splits`). Only the daemon's readers (`query_only`: they see committed
+    `_Tally.pending`, `.splits`). Only the daemon's readers (`_reader`: they see committed
     rows) write the cache; the writer, which may see its own uncommitted rows, counts on a copy
-    and derives on a bare tally. Postgres counts from scratch each time."""
+    and derives on a bare tally. On Postgres too: its writers take turns (`_vector_write`), so
+    the rows past a top are all that any daemon added since."""
     key = _tally_key(conn, space)
     now = marks(conn, "content_vectors")
     if key is None:
         return use(_count(conn, space, now))
-    cacheable = bool(conn.execute("PRAGMA query_only").fetchone()[0])
+    cacheable = _reader(conn)
     with _TALLIES_LOCK:
         cached = _TALLIES.get(key)
         if cached is not None and cached.marks == now:
@@ -433,17 +460,27 @@ def _tallied(conn: Connection, space: Space, use: Callable[[_Tally], T]) -> T:
 
 
 def _tally_key(conn: Connection, space: Space) -> tuple[str, int, str] | None:
-    """The cache key of a SQLite index file's space; None for Postgres or an in-memory index."""
-    path = _index_file(conn)
-    return (path, space.id, space.fingerprint) if path else None
+    """The cache key of an index's space; None for one that keeps no cache."""
+    index = _index_key(conn)
+    return (index, space.id, space.fingerprint) if index else None
 
 
-def _index_file(conn: Connection) -> str | None:
-    """The SQLite index file `conn` reads, what the caches here are kept by; None for Postgres
-    (which other daemons may write) or an in-memory index."""
+def _index_key(conn: Connection) -> str | None:
+    """What the caches here are kept by: the SQLite index file `conn` reads, or a Postgres
+    index's server and schema (`PgConnection.index`); None for an in-memory index or a
+    connection that keeps nothing."""
     if not isinstance(conn, sqlite3.Connection):
-        return None
+        index: str | None = getattr(conn, "index", None)
+        return index
     return next((r[2] for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "") or None
+
+
+def _reader(conn: Connection) -> bool:
+    """Whether `conn` sees only committed rows: a SQLite reader (``query_only``) or a pooled
+    Postgres one (`PgConnection.reader`); not the writer, which also sees its own."""
+    if not isinstance(conn, sqlite3.Connection):
+        return bool(getattr(conn, "reader", False))
+    return bool(conn.execute("PRAGMA query_only").fetchone()[0])
 
 
 def _count(conn: Connection, space: Space, now: Marks) -> _Tally:
@@ -474,22 +511,11 @@ def mark_chunkless(conn: Connection, space: Space, hashes: Iterable[str]) -> Non
     """Record contents the chunker cut into no chunk (a note of nothing but headings:
     seeds/001) as embedded in this space, so they are not pending for ever; keyword
     search still finds them."""
+    _vector_write(conn)
     conn.executemany(
         "INSERT INTO chunkless_contents(space_id, hash) VALUES (?, ?) ON CONFLICT DO NOTHING",
         [(space.id, h) for h in dict.fromkeys(hashes)],
     )
-
-
-def _rows_in_commit_order(conn: Connection) -> None:
-    """Make this transaction's new `vector_rows` ids commit after every lower one (writer
-    only; call before its first change of the table). Postgres hands out an id at the insert,
-    not at the commit: two daemons writing at once could commit a lower id after a higher one,
-    and the in-memory index, which reads "the rows past its top" (`vector_tables.Marks`),
-    would never see it. This lock conflicts with itself (and with other writers' changes),
-    not with readers, so the writers of the table take turns from their first change to their
-    commit. SQLite has one writer: nothing to do."""
-    if not isinstance(conn, sqlite3.Connection):
-        conn.execute("LOCK TABLE vector_rows IN SHARE ROW EXCLUSIVE MODE")
 
 
 def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int:
@@ -498,7 +524,7 @@ def add_partitions(conn: Connection, space: Space, hashes: Iterable[str]) -> int
     in the transaction that writes a batch, so a content counted as embedded is searchable from
     that commit on, a killed daemon included. Removals are `sync_partitions`' job. Returns the
     rows added."""
-    _rows_in_commit_order(conn)
+    _vector_write(conn)
     added: list[tuple[int, int, int]] = []
     for h in dict.fromkeys(hashes):
         chunks = conn.execute(
@@ -533,7 +559,7 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     do pays. Returns (added, removed)."""
     if partitions_synced(conn, space):
         return 0, 0
-    _rows_in_commit_order(conn)
+    _vector_write(conn)
     complete = complete_hashes(conn, space)
     wanted: set[tuple[int, int]] = set()
     pairs = conn.execute("SELECT DISTINCT collection, hash FROM documents WHERE active = 1").fetchall()
@@ -565,7 +591,9 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     insert_space_rows(conn, space, added)
     if (after := _changes(conn)) is not None:  # its own rows included
         conn.execute(
-            "INSERT OR REPLACE INTO temp.qmd_vector_synced VALUES (?, ?, ?, ?)", (space.id, space.fingerprint, *after)
+            "INSERT INTO qmd_vector_synced VALUES (?, ?, ?, ?) ON CONFLICT (space_id, fingerprint)"
+            " DO UPDATE SET changes = excluded.changes, version = excluded.version",
+            (space.id, space.fingerprint, *after),
         )
     return len(added), len(removed)
 
@@ -574,7 +602,7 @@ def partitions_synced(conn: Connection, space: Space) -> bool:
     """Whether `sync_partitions` on `conn` (the writer) would find nothing to do: none of the
     tables it reads changed since it last ran there (`_changes`). Asked in a write that does
     not move the store's generation, so an embed with nothing to do leaves every cache keyed
-    by it alone. False where that is not known (Postgres; a connection never synced)."""
+    by it alone. False where that is not known (a connection never synced)."""
     changes = _changes(conn)
     return changes is not None and _synced(conn, space) == changes
 
@@ -589,13 +617,24 @@ _WATCHED = {
 """What `sync_partitions` reads, and the changes to it that can move its answer."""
 
 
+_SYNCED_PG = (
+    "CREATE TEMP TABLE IF NOT EXISTS qmd_vector_synced(space_id bigint, fingerprint text, changes bigint,"
+    " version bigint, PRIMARY KEY (space_id, fingerprint))"
+)
+
+
 def _changes(conn: Connection) -> tuple[int, int] | None:
-    """A mark of the tables `sync_partitions` reads as `conn` sees them, on SQLite: rows of them
-    this connection changed (counted by TEMP triggers, made on first use and gone with the
-    connection, so the index's schema is untouched) and `PRAGMA data_version` (which moves when
-    another connection commits). None on Postgres, where another daemon may write unseen."""
+    """A mark of the tables `sync_partitions` reads as `conn` sees them, its own changes
+    included. On SQLite: rows of them this connection changed (counted by TEMP triggers, made
+    on first use and gone with the connection, so the index's schema is untouched) and `PRAGMA
+    data_version` (which moves when another connection commits). On Postgres: the count every
+    daemon's statements on them move (`vector_changes`, migration 8). What the last sync left
+    is kept in the session's TEMP table `qmd_vector_synced` (gone with it: a new session syncs
+    once)."""
     if not isinstance(conn, sqlite3.Connection):
-        return None
+        conn.execute(_SYNCED_PG)
+        (n,) = conn.execute("SELECT n FROM vector_changes").fetchone()
+        return int(n), 0
     if conn.execute("SELECT 1 FROM temp.sqlite_master WHERE name = 'qmd_vector_changes'").fetchone() is None:
         conn.execute("CREATE TEMP TABLE qmd_vector_changes(n INTEGER NOT NULL)")
         conn.execute("INSERT INTO temp.qmd_vector_changes VALUES (0)")
@@ -617,7 +656,7 @@ def _changes(conn: Connection) -> tuple[int, int] | None:
 def _synced(conn: Connection, space: Space) -> tuple[int, int] | None:
     """`_changes` as the last `sync_partitions` of the space on this connection left them."""
     row = conn.execute(
-        "SELECT changes, version FROM temp.qmd_vector_synced WHERE space_id = ? AND fingerprint = ?",
+        "SELECT changes, version FROM qmd_vector_synced WHERE space_id = ? AND fingerprint = ?",
         (space.id, space.fingerprint),
     ).fetchone()
     return (int(row[0]), int(row[1])) if row else None
@@ -647,14 +686,14 @@ def pending_hashes(conn: Connection, space: Space | None, collections: Iterable[
 def _pending_key(
     conn: Connection, names: tuple[str, ...] | None
 ) -> tuple[tuple[str, int | None], tuple[str, ...] | None] | None:
-    """What a pending set depends on besides the tally (the scope, the documents mark, the
-    chunkless contents' top rowid: deleting one sets a new epoch, which drops the tally), on a
-    SQLite file; None elsewhere."""
-    mark = _documents_mark(conn) if _index_file(conn) else None
+    """What a pending set depends on besides the tally (the scope, the documents mark, how many
+    chunkless contents there are: deleting one sets a new epoch, which drops the tally), in an
+    index that keeps caches; None elsewhere."""
+    mark = _documents_mark(conn) if _index_key(conn) else None
     if mark is None:
         return None
-    (top,) = conn.execute("SELECT max(rowid) FROM chunkless_contents").fetchone()
-    return (mark, top), names
+    (count,) = conn.execute("SELECT count(*) FROM chunkless_contents").fetchone()
+    return (mark, int(count)), names
 
 
 def _documents_mark(conn: Connection) -> str | None:
@@ -672,7 +711,7 @@ def _active(conn: Connection, collections: tuple[str, ...] | None) -> frozenset[
     documents mark moved. Any connection may keep what it read, the writer too: the mark is
     random, so one of a transaction rolled back never comes back. Deduplicated here: SQLite's
     DISTINCT walks the hash index and looks each row up, 2-3x the table scan (125k documents)."""
-    path = _index_file(conn)
+    path = _index_key(conn)
     mark = _documents_mark(conn) if path else None
     key = (path, collections) if path and mark else None
     if key is not None:
@@ -720,7 +759,7 @@ def count_spaces(conn: Connection, used: Sequence[Space]) -> VectorCounts:
     from orphaned ones; that split is kept on the tally until the documents mark moves."""
     with snapshot(conn):
         held = _active(conn, None) if used else frozenset()
-        mark = _documents_mark(conn) if _index_file(conn) else None
+        mark = _documents_mark(conn) if _index_key(conn) else None
         embedded = orphans = 0
         for space in used:
 

@@ -1,20 +1,24 @@
-"""The daemon's in-memory first pass on a Postgres index (issue 34): a collection too large
-for pgvector's exact scan is searched by the index SQLite's searches use
-(server/store/vector_index.py), its rows measured again by pgvector, so recall@10 is the
-sign-bit pass's (≥ 0.99) and not HNSW's (0.72 at a million rows), with pgvector's own
-distances; another daemon's writes are in the next search; while it loads, HNSW answers
-and the answer says so. A real Postgres (conftest's embedded server), written as the embed
-job writes it (test_vectors.Corpus)."""
+"""Vectors on a Postgres index at scale (issue 34), with a real Postgres (conftest's embedded
+server), written as the embed job writes it (test_vectors.Corpus).
+
+The daemon's in-memory first pass: a collection too large for pgvector's exact scan is
+searched by the index SQLite's searches use (server/store/vector_index.py), its rows
+measured again by pgvector, so recall@10 is the sign-bit pass's (≥ 0.99) and not HNSW's
+(0.72 at a million rows), with pgvector's own distances; another daemon's writes are in the
+next search; while it loads, HNSW answers and the answer says so. What an embed with
+nothing to do and the first search after a batch read: a count of changes and the rows
+past a top, as on SQLite, another daemon's included."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 
 import pytest
 from test_vectors import CHUNKS, Corpus
 
-from qmd.server.store import pg_vectors, vector_index, vectors
+from qmd.server.store import pg_vectors, vector_index, vector_tables, vectors
 from qmd.server.store.pg_store import PgStore, raw
 from qmd.server.store.vector_tables import VecHit, widened
 
@@ -133,5 +137,52 @@ def test_writers_of_search_rows_take_turns(corpus: Corpus, pg_index: str) -> Non
             assert writer.is_alive()  # waiting for the first session's commit
         writer.join(30)
         assert not writer.is_alive()
+    finally:
+        other.store.close()
+
+
+def test_an_embed_with_nothing_to_do_reads_one_number(corpus: Corpus, pg_index: str) -> None:
+    """Once the partitions are reconciled, the check before the next reconciliation reads the
+    count of changes (`vector_changes`) and nothing else; another daemon's change of a
+    document moves it, and the reconciliation after it settles again."""
+    synced = functools.partial(vectors.partitions_synced, space=corpus.space)
+    corpus.store.write(functools.partial(vectors.sync_partitions, space=corpus.space))
+    assert corpus.store.write(synced, bump=False)
+    other = Corpus(PgStore(pg_index), seed=24)
+    try:
+        other.store.write(lambda c: c.execute("UPDATE documents SET active = 0 WHERE path = 'd0.md'"))
+        assert not corpus.store.write(synced, bump=False)
+        added, removed = corpus.store.write(functools.partial(vectors.sync_partitions, space=corpus.space))
+        assert (added, removed) == (0, CHUNKS)  # d0's rows, found by this daemon
+        assert corpus.store.write(synced, bump=False)
+    finally:
+        other.store.close()
+
+
+def test_the_tally_follows_another_daemons_batches(
+    corpus: Corpus, pg_index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's count of the embedded contents is kept and brought up to date by the rows
+    another daemon adds past it: counted from scratch once, and the same as a fresh count."""
+    counted: list[int] = []
+    count = vectors._count  # noqa: SLF001 - the from-scratch count, spied on
+    monkeypatch.setattr(vectors, "_count", lambda *a: counted.append(1) or count(*a))
+
+    def complete() -> set[str]:
+        with corpus.store.read() as conn:
+            return vectors.complete_hashes(conn, corpus.space)
+
+    before = complete()
+    assert len(before) == 750 and complete() == before
+    other = Corpus(PgStore(pg_index), seed=25)
+    try:
+        other.docs = corpus.docs
+        other.add(3)
+        after = complete()
+        assert len(after) == 753 and before < after
+        assert counted == [1]
+        with corpus.store.read() as conn:
+            fresh = vectors._count(conn, corpus.space, vector_tables.marks(conn, "content_vectors"))  # noqa: SLF001
+        assert fresh.complete == after
     finally:
         other.store.close()
