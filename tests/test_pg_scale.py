@@ -19,6 +19,7 @@ import pytest
 from test_vectors import CHUNKS, Corpus
 
 from qmd.server.store import pg_vectors, vector_index, vector_tables, vectors
+from qmd.server.store.db import Connection
 from qmd.server.store.pg_store import PgStore, raw
 from qmd.server.store.vector_tables import VecHit, widened
 
@@ -157,6 +158,29 @@ def test_an_embed_with_nothing_to_do_reads_one_number(corpus: Corpus, pg_index: 
         assert corpus.store.write(synced, bump=False)
     finally:
         other.store.close()
+
+
+def test_the_count_moves_once_a_transaction_and_a_later_change_is_not_synced(corpus: Corpus) -> None:
+    """A transaction of many statements moves the count once (a row updated once a statement
+    made an embed batch's writes quadratic); a change after the writer's own reconciliation,
+    in the same transaction, drops what the reconciliation recorded."""
+
+    def count() -> int:
+        with corpus.store.read() as conn:
+            return int(conn.execute("SELECT n FROM vector_changes").fetchone()[0])
+
+    before = count()
+    corpus.add(3)  # documents, contents and vectors: dozens of statements, one transaction
+    assert count() == before + 1
+
+    def sync_then_change(conn: Connection) -> None:
+        conn.execute("UPDATE documents SET active = 0 WHERE path = 'd2.md'")  # the count moves here
+        assert vectors.sync_partitions(conn, corpus.space) == (0, CHUNKS)
+        conn.execute("UPDATE documents SET active = 0 WHERE path = 'd1.md'")  # and not again
+
+    corpus.store.write(sync_then_change)
+    assert not corpus.store.write(functools.partial(vectors.partitions_synced, space=corpus.space), bump=False)
+    assert corpus.store.write(functools.partial(vectors.sync_partitions, space=corpus.space)) == (0, CHUNKS)
 
 
 def test_the_tally_follows_another_daemons_batches(

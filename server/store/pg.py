@@ -247,7 +247,14 @@ CREATE TABLE vector_changes (
 INSERT INTO vector_changes (n) VALUES (0);
 CREATE FUNCTION qmd_vectors_changed() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    UPDATE vector_changes SET n = n + 1;
+    IF current_setting('qmd.vectors_changed', true) IS DISTINCT FROM 'yes' THEN
+        UPDATE vector_changes SET n = n + 1;
+        PERFORM set_config('qmd.vectors_changed', 'yes', true);
+    END IF;
+    IF current_setting('qmd.vectors_synced', true) = 'yes' THEN
+        DELETE FROM pg_temp.qmd_vector_synced;
+        PERFORM set_config('qmd.vectors_synced', '', true);
+    END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER vector_changes_documents AFTER INSERT OR DELETE OR UPDATE OF collection, hash, active ON documents
@@ -261,11 +268,15 @@ CREATE TRIGGER vector_changes_vector_rows AFTER INSERT OR DELETE OR UPDATE ON ve
 CREATE TRIGGER vector_changes_collection_ids AFTER INSERT OR DELETE OR UPDATE ON vector_collection_ids
     FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
 """
-"""A count of the statements that changed what `vectors.sync_partitions` reads (SQLite counts
-them with TEMP triggers on the writer's connection, `vectors._changes`): in one row every
-daemon's writes move, in their own transaction, so a daemon's embed with nothing to do
-reads one number instead of reconciling every search row. Once a statement, as
-``documents_mark``; a writer of vectors holds the row from its first statement
+"""A count of the transactions that changed what `vectors.sync_partitions` reads (SQLite
+counts the rows with TEMP triggers on the writer's connection, `vectors._changes`): one row
+every daemon's writes move, so a daemon's embed with nothing to do reads one number instead
+of reconciling every search row. Once a transaction, at its first such statement (a
+transaction-local setting says it was): a row updated once a statement grows a chain of
+versions the next update walks, and an embed batch's 8,000 statements made each batch's
+writes quadratic. A statement after the writer's own `sync_partitions` in the same
+transaction drops what it recorded (``qmd.vectors_synced``), so its own later changes are
+not taken for synced. A writer of vectors holds the row from its first statement
 (`vectors._vector_write`), so the writers of these tables take turns."""
 
 MIGRATIONS: tuple[str, ...] = (

@@ -595,6 +595,8 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
             " DO UPDATE SET changes = excluded.changes, version = excluded.version",
             (space.id, space.fingerprint, *after),
         )
+        if not isinstance(conn, sqlite3.Connection):  # a change after this in the transaction drops it
+            conn.execute("SELECT set_config('qmd.vectors_synced', 'yes', true)")
     return len(added), len(removed)
 
 
@@ -628,9 +630,9 @@ def _changes(conn: Connection) -> tuple[int, int] | None:
     included. On SQLite: rows of them this connection changed (counted by TEMP triggers, made
     on first use and gone with the connection, so the index's schema is untouched) and `PRAGMA
     data_version` (which moves when another connection commits). On Postgres: the count every
-    daemon's statements on them move (`vector_changes`, migration 8). What the last sync left
-    is kept in the session's TEMP table `qmd_vector_synced` (gone with it: a new session syncs
-    once)."""
+    daemon's transactions that change them move (`vector_changes`, migration 8; a change after
+    the sync in its own transaction drops the record instead). What the last sync left is kept
+    in the session's TEMP table `qmd_vector_synced` (gone with it: a new session syncs once)."""
     if not isinstance(conn, sqlite3.Connection):
         conn.execute(_SYNCED_PG)
         (n,) = conn.execute("SELECT n FROM vector_changes").fetchone()
