@@ -257,6 +257,14 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+CREATE FUNCTION qmd_vector_write() RETURNS void LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    IF current_setting('qmd.vector_write', true) IS DISTINCT FROM 'yes' THEN
+        PERFORM 1 FROM vector_changes FOR UPDATE;
+        LOCK TABLE content_vectors, vector_rows IN SHARE ROW EXCLUSIVE MODE;
+        PERFORM set_config('qmd.vector_write', 'yes', true);
+    END IF;
+END $$;
 CREATE TRIGGER vector_changes_documents AFTER INSERT OR DELETE OR UPDATE OF collection, hash, active ON documents
     FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
 CREATE TRIGGER vector_changes_content_vectors AFTER INSERT OR DELETE OR UPDATE ON content_vectors
@@ -277,7 +285,8 @@ versions the next update walks, and an embed batch's 8,000 statements made each 
 writes quadratic. A statement after the writer's own `sync_partitions` in the same
 transaction drops what it recorded (``qmd.vectors_synced``), so its own later changes are
 not taken for synced. A writer of vectors holds the row from its first statement
-(`vectors._vector_write`), so the writers of these tables take turns."""
+(`qmd_vector_write()`, called by `vectors._vector_write`; once a transaction too), so the
+writers of these tables take turns."""
 
 MIGRATIONS: tuple[str, ...] = (
     LEXICAL_V1,

@@ -174,12 +174,6 @@ def ensure_space(conn: Connection, fingerprint: str, model: str, dims: int) -> S
     return space
 
 
-_VECTOR_WRITE = (
-    "DO $$ BEGIN PERFORM 1 FROM vector_changes FOR UPDATE;"
-    " LOCK TABLE content_vectors, vector_rows IN SHARE ROW EXCLUSIVE MODE; END $$"
-)
-
-
 def _vector_write(conn: Connection) -> None:
     """Take this writer's turn at the vector tables, before its first change of them in the
     transaction (on Postgres; SQLite has one writer). Postgres hands out an id at the insert,
@@ -190,9 +184,10 @@ def _vector_write(conn: Connection) -> None:
     tables against other writers (not readers) until it commits: ids commit in order, and
     `sync_partitions` reads nothing another daemon changes meanwhile. The row first, always,
     so no two writers can each hold what the other waits for (a trigger takes the row after
-    its statement's own table lock: every writer of these tables comes through here)."""
+    its statement's own table lock: every writer of these tables comes through here). Postgres
+    migration 8's `qmd_vector_write()` does it, once a transaction."""
     if not isinstance(conn, sqlite3.Connection):
-        conn.execute(_VECTOR_WRITE)
+        conn.execute("SELECT qmd_vector_write()")
 
 
 def drop_space(conn: Connection, space: Space) -> None:
