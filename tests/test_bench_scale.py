@@ -1,6 +1,7 @@
 """bench/bench_scale.py at a small size: the one command of the scale bench runs end to end
-(corpus, daemon, vectors through the store's code, HTTP figures) and writes the figures the
-issue names, with sane values; bad arguments are refused before anything starts."""
+(corpus, daemon, vectors through the store's code, HTTP figures), on SQLite and on Postgres,
+and writes the figures the issue names, with sane values; bad arguments are refused before
+anything starts."""
 
 from __future__ import annotations
 
@@ -52,6 +53,25 @@ def test_a_small_scale_run_writes_every_figure(tmp_path: Path) -> None:
         assert figures[key] > 0, key
     assert figures["update_1pct_files"] > 0 and figures["embed_batch_vectors"] > 0
     assert "2,000 chunks" in r.stdout and "recall@10" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_small_scale_run_on_postgres(tmp_path: Path, postgres_url: str) -> None:
+    """`--backend postgres` on the test server: the same figures, from a Postgres index, with
+    pgvector's HNSW walk timed beside the daemon's index."""
+    model = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM embedder GGUF (the daemon's embed model)")
+    out = tmp_path / "scale.json"
+    r = run(
+        "--sizes", "2000", "--queries", "10", "--exact-queries", "5", "--keyword-queries", "5", "--rounds", "1",
+        "--model", str(model), "--json", str(out), "--backend", "postgres", "--url", postgres_url,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    [figures] = json.loads(out.read_text())
+    assert figures["backend"] == "postgres"
+    assert all(figures.get(k) is not None for k in KEYS), figures
+    assert figures["recall_at_10"] >= 0.99
+    assert figures["hnsw_build_s"] > 0 and 0 <= figures["hnsw_recall_at_10"] <= 1
+    assert "2,000 chunks, postgres" in r.stdout and "HNSW walk" in r.stdout
 
 
 @pytest.mark.parametrize(

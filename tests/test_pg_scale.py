@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from test_vectors import CHUNKS, Corpus
@@ -210,3 +211,27 @@ def test_the_tally_follows_another_daemons_batches(
         assert fresh.complete == after
     finally:
         other.store.close()
+
+
+def test_a_collection_the_index_holds_is_not_counted_again(corpus: Corpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the first pass holds a collection larger than the exact scan's share, a search no
+    longer counts the collection's rows to decide (a million rows: 50,001 index entries a
+    search); before its first build it does."""
+    import psycopg
+
+    said: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def spied(self: psycopg.Connection, query: Any, *args: Any, **kwargs: Any) -> Any:
+        said.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", spied)
+    monkeypatch.setattr(vector_index, "BUILD_INLINE", 0)  # the first search starts a build, HNSW answers
+    q = corpus.query()
+    corpus.search(q)
+    assert any("count(*) <=" in s for s in said)
+    corpus.warm()
+    said.clear()
+    assert len(corpus.search(q)) == 10
+    assert not any("count(*) <=" in s for s in said)

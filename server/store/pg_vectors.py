@@ -20,7 +20,7 @@ scan of its rows by the btree beats a filtered HNSW walk there) or a small share
 space (``EXACT_SHARE``: there a filtered walk loses its way). Otherwise the daemon's
 in-memory first pass answers (server/store/vector_index.py, the one SQLite's searches use:
 recall@10 ≥ 0.99 where HNSW found 0.72 of the top 10 at a million rows of a clustered mixture,
-0.13 at 100k uniform ones), its rows measured again here (`distances`); and until it is in, or
+0.015 at a million uniform ones), its rows measured again here (`distances`); and until it is in, or
 in a process without it, an HNSW walk with pgvector 0.8's iterative scan, which keeps walking
 until the filter has let `k` rows through; should it give up (``hnsw.max_scan_tuples``)
 before that, the exact scan answers, so a collection with `k` rows always returns `k`. The HNSW settings are
@@ -274,12 +274,15 @@ def knn(
     k: int,
     collection_id: int,
     first: Callable[[int], list[tuple[int, float]] | None] | None = None,
+    held: int | None = None,
 ) -> list[tuple[int, float]]:
     """The collection's `k` nearest rows, (row id, cosine distance) nearest first: exact for a
     collection of at most `EXACT_UP_TO` rows or `EXACT_SHARE` of the space's; else `first(k)`,
     the daemon's in-memory first pass (recall@10 ≥ 0.99, with these distances), when it
     answers; else HNSW (approximate) with an iterative scan. Fewer than `k` only when the
-    collection holds fewer."""
+    collection holds fewer. `held`: the rows the first pass last held of the collection; more
+    than the exact scan's share spares counting them (at a million rows, 50,001 index entries
+    a search)."""
     if k < 1:
         return []
     q = _literal(query)
@@ -288,12 +291,13 @@ def knn(
         estimate = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (t,)).fetchone()
         rows = max(0.0, estimate[0]) if estimate else 0.0  # -1 before the table's first ANALYZE
         exact_up_to = max(EXACT_UP_TO, int(rows * EXACT_SHARE))
-        small = conn.execute(
-            f"SELECT count(*) <= %s FROM (SELECT 1 FROM {t} WHERE collection_id = %s LIMIT %s) s",
-            (exact_up_to, collection_id, exact_up_to + 1),
-        ).fetchone()
-        if small and small[0]:
-            return _exact(conn, space_id, q, "collection_id = %s", (collection_id,), k)
+        if held is None or held <= exact_up_to:
+            small = conn.execute(
+                f"SELECT count(*) <= %s FROM (SELECT 1 FROM {t} WHERE collection_id = %s LIMIT %s) s",
+                (exact_up_to, collection_id, exact_up_to + 1),
+            ).fetchone()
+            if small and small[0]:
+                return _exact(conn, space_id, q, "collection_id = %s", (collection_id,), k)
     if first is not None and (found := first(k)) is not None:
         return found
     with _errors(space_id), conn.transaction(force_rollback=True):
@@ -373,8 +377,11 @@ class PgvectorTables:
         def first(k: int) -> list[tuple[int, float]] | None:
             return None if index is None else index.knn(self._conn, space, cid, query, k, exact=False)
 
+        held = None if index is None else index.rows(space, cid)
         # unfiltered, and `knn` always answers: `widened` has no reason to give up
-        return widened(self._conn, collection, limit, lambda k: knn(self._raw, space.id, query, k, cid, first)) or []
+        return (
+            widened(self._conn, collection, limit, lambda k: knn(self._raw, space.id, query, k, cid, first, held)) or []
+        )
 
     def nearest_of(
         self, space: Space, query: Sequence[float], cid: int, collection: str, doc_ids: Sequence[int]

@@ -94,6 +94,9 @@ class FirstPass(Protocol):
     ) -> list[tuple[int, float]] | None:
         """The `k` nearest rows of the partition, or None while the index is being built."""
 
+    def rows(self, space: Space, cid: int) -> int | None:
+        """The partition's size as its snapshot last held it, or None before its first build."""
+
     def fresh(self, conn: Connection, space: Space, cid: int) -> object | None:
         """The partition's snapshot as of now, or None while it is being built (asking starts
         the build a search would start)."""
