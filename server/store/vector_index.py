@@ -70,7 +70,7 @@ daemon's writes move, and the writers of the vector tables take turns
 (`vectors._vector_write`), so "the rows past the snapshot's top" holds across daemons too.
 Measured with bench/bench_scale.py --backend postgres on its uniform random vectors (the
 hard case for both): at 100k, 7.5 ms p50 at recall@10 0.995, where the HNSW walk took 11.8
-ms at 0.15; at 1M 40 ms at 1.0, where it took 42 ms at 0.015.
+ms at 0.15; at 1M 37 ms at 1.0, where it took 42 ms at 0.015.
 """
 
 from __future__ import annotations
