@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
-from _common import code_line, machine, percentile, table, write_json  # noqa: E402
+from _common import code_line, machine, percentile, pg_database, table, write_json  # noqa: E402
 from pg_server import embedded_postgres  # noqa: E402 - tests/ is on the path through _common
 
 import qmd  # noqa: E402
@@ -93,13 +93,6 @@ class TsvectorTokenizer:
         ]
 
 
-def database(admin: psycopg.Connection, url: str, name: str) -> str:
-    admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.execute(f"CREATE DATABASE {name}")
-    parts = url.split("?", 1)
-    return parts[0].rsplit("/", 1)[0] + f"/{name}" + (f"?{parts[1]}" if len(parts) > 1 else "")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("beir", type=Path, help="a BEIR-format folder (bench/manpages_beir.py makes one)")
@@ -125,9 +118,8 @@ def main() -> None:
         paths = {d.doc_id: d.filepath for d in rows}
 
         url = args.url or stack.enter_context(embedded_postgres())
-        admin = stack.enter_context(psycopg.connect(url, autocommit=True))
-        fts5 = stack.enter_context(pg.connect(database(admin, url, "qmd_bench_fts5")))
-        ts = stack.enter_context(pg.connect(database(admin, url, "qmd_bench_tsvector")))
+        fts5 = stack.enter_context(pg.connect(pg_database(url, "qmd_bench_fts5")))
+        ts = stack.enter_context(pg.connect(pg_database(url, "qmd_bench_tsvector")))
         ts.execute(TS_CONFIG)
         tsvector = TsvectorTokenizer(ts)
         fill: dict[str, float] = {}
