@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_vectors import CHUNKS, Corpus
+from test_vectors import CHUNKS, Corpus, found_first
 
 from qmd.server.store import pg_vectors, vector_index, vector_tables, vectors
 from qmd.server.store.db import Connection
@@ -78,13 +78,7 @@ def test_another_daemons_writes_are_in_the_next_search(corpus: Corpus, pg_index:
     other = Corpus(PgStore(pg_index), seed=22)
     try:
         other.docs = corpus.docs  # new paths and contents
-        [new] = other.add(1, vector=q)
-        new_id = corpus.doc_id(new)
-        hits = corpus.search(q)
-        assert hits[0].doc_id == new_id and hits[0].distance < 1e-3
-        after = corpus.snapshot()
-        assert after is not None and after.size == before.size + CHUNKS
-        assert after.columns is before.columns  # appended in place, not rebuilt
+        new, new_id, _ = found_first(corpus, other, q, 1e-3)
         other.remove([new])
         assert new_id not in {h.doc_id for h in corpus.search(q)}
         gone = corpus.snapshot()

@@ -398,6 +398,26 @@ class Corpus:
         return self.rng.standard_normal(DIMS).astype(np.float32).tolist()
 
 
+def found_first(
+    reader: Corpus, writer: Corpus, q: list[float], tolerance: float
+) -> tuple[str, int, vector_index.Snapshot]:
+    """`writer` (this store or another on the same index) adds a document whose first chunk
+    is `q`: `reader`'s next search finds it first (within `tolerance`, the backend's rounding),
+    by its rows appended to the warm snapshot in place, not by a rebuild. Its path and id, and
+    the snapshot after."""
+    before = reader.snapshot()
+    assert before is not None
+    [new] = writer.add(1, vector=q)
+    new_id = reader.doc_id(new)
+    hits = reader.search(q)
+    assert hits[0].doc_id == new_id and hits[0].distance < tolerance
+    after = reader.snapshot()
+    assert after is not None and after.size == before.size + CHUNKS
+    assert after.row_ids[: before.size].tolist() == before.row_ids.tolist()  # appended, not rebuilt
+    assert after.columns is before.columns  # in place: the batch was written past the old snapshot's rows
+    return new, new_id, after
+
+
 @pytest.fixture
 def corpus(tmp_path: Path) -> Iterator[Corpus]:
     c = Corpus(tmp_path / "index.sqlite", seed=3)
@@ -462,14 +482,7 @@ def test_writes_are_searchable_at_once(corpus: Corpus) -> None:
     q = corpus.query()
     before = corpus.snapshot()
     assert before is not None and before.size == 2000 * CHUNKS
-    [new] = corpus.add(1, vector=q)
-    new_id = corpus.doc_id(new)
-    hits = corpus.search(q)
-    assert hits[0].doc_id == new_id and hits[0].distance < 1e-6
-    after = corpus.snapshot()
-    assert after is not None and after.size == before.size + CHUNKS
-    assert after.row_ids[: before.size].tolist() == before.row_ids.tolist()  # appended, not rebuilt
-    assert after.columns is before.columns  # in place: the batch was written past the old snapshot's rows
+    _, _, after = found_first(corpus, corpus, q, 1e-6)
 
     near = [h.doc_id for h in corpus.search(q, 5)]
     with corpus.store.read() as conn:
