@@ -317,12 +317,11 @@ def _pair_keys(row_ids: I64, chunk_ids: I64) -> I64:
 
 
 def _batches(
-    conn: Connection, space: Space, cid: int, mean: F32, where: str = "", arg: object = None
+    conn: Connection, space: Space, cid: int, mean: F32, *, after: int = 0, where: str = "", arg: object = None
 ) -> Iterator[Coded]:
-    """The partition's rows (those matching `where` on `vr`) coded batch by batch, a page of
-    row ids at a time: no float copy of the partition is ever held, here or in a driver that
-    fetches a whole result at once (psycopg's cursors do)."""
-    after = 0
+    """The partition's rows past row id `after` (those matching `where` on `vr`) coded batch
+    by batch, a page of row ids at a time: no float copy of the partition is ever held, here
+    or in a driver that fetches a whole result at once (psycopg's cursors do)."""
     while True:
         args: tuple[object, ...] = (space.id, cid, after) if arg is None else (space.id, cid, after, arg)
         rows = conn.execute(
@@ -342,10 +341,12 @@ def _batches(
         after = int(ids[-1])
 
 
-def _read(conn: Connection, space: Space, cid: int, mean: F32, where: str, arg: object) -> Coded:
+def _read(
+    conn: Connection, space: Space, cid: int, mean: F32, *, after: int = 0, where: str = "", arg: object = None
+) -> Coded:
     """The rows matching `where`, coded, in one `Coded` (for a change: a whole partition is
     written batch by batch into its columns instead, see `VectorIndex._build`)."""
-    parts = [Coded.empty(space.dims), *_batches(conn, space, cid, mean, where, arg)]
+    parts = [Coded.empty(space.dims), *_batches(conn, space, cid, mean, after=after, where=where, arg=arg)]
     return Coded(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Coded)))
 
 
@@ -640,8 +641,8 @@ def _refreshed(conn: Connection, space: Space, cid: int, snap: Snapshot, generat
             space,
             cid,
             snap.mean,
-            "AND vr.id IN (SELECT CAST(value AS BIGINT) FROM json_each(?))",
-            json.dumps(missing.tolist()),
+            where="AND vr.id IN (SELECT CAST(value AS BIGINT) FROM json_each(?))",
+            arg=json.dumps(missing.tolist()),
         )
         return snap.minus(np.isin(held, current), added, generation, now)
     finally:
@@ -655,7 +656,7 @@ def _past(conn: Connection, space: Space, cid: int, snap: Snapshot, top: int) ->
         "SELECT count(*) FROM vector_rows WHERE space_id = ? AND collection_id = ? AND id > ?",
         (space.id, cid, top),
     ).fetchone()
-    return None if above > INLINE else _read(conn, space, cid, snap.mean, "AND vr.id > ?", top)
+    return None if above > INLINE else _read(conn, space, cid, snap.mean, after=top)
 
 
 class _Partition:
