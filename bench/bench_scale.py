@@ -314,11 +314,9 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
                     t0 = time.perf_counter()
                     want = {h.doc_id for h in exact_search(conn, space, q, cid)}
                     exact.append(time.perf_counter() - t0)
-                    got = vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)
-                    recall.append(len(want & {h.doc_id for h in got}) / max(len(want), 1))
+                    recall.append(found(want, vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)))
                     if postgres:
-                        walked = vectors.search(conn, space, q, COLLECTION, LIMIT)
-                        hnsw_recall.append(len(want & {h.doc_id for h in walked}) / max(len(want), 1))
+                        hnsw_recall.append(found(want, vectors.search(conn, space, q, COLLECTION, LIMIT)))
 
         def search(q: np.ndarray) -> None:
             """What a vsearch does around the query's embedding: the engine's vector state, then
@@ -355,6 +353,11 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
         }
     finally:
         engine.close()
+
+
+def found(want: set[int], hits: list[Any]) -> float:
+    """The share of the exact top documents `want` that `hits` found: recall@10."""
+    return len(want & {h.doc_id for h in hits}) / max(len(want), 1)
 
 
 def top_rows(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
