@@ -316,6 +316,15 @@ def _pair_keys(row_ids: I64, chunk_ids: I64) -> I64:
     return (row_ids << 32) | chunk_ids
 
 
+PAGE_SQL = (
+    "SELECT vr.id, vr.chunk_id, cv.embedding FROM vector_rows vr CROSS JOIN content_vectors cv"
+    " ON cv.id = vr.chunk_id WHERE vr.space_id = ? AND vr.collection_id = ? AND vr.id > ? {where}"
+    " ORDER BY vr.id LIMIT {batch}"
+)
+"""A page of a partition's rows past a row id (`_batches`): an index range on both backends
+(SQLite's rowid, Postgres' `idx_vector_rows_partition`, migration 9)."""
+
+
 def _batches(
     conn: Connection, space: Space, cid: int, mean: F32, *, after: int = 0, where: str = "", arg: object = None
 ) -> Iterator[Coded]:
@@ -324,12 +333,7 @@ def _batches(
     or in a driver that fetches a whole result at once (psycopg's cursors do)."""
     while True:
         args: tuple[object, ...] = (space.id, cid, after) if arg is None else (space.id, cid, after, arg)
-        rows = conn.execute(
-            "SELECT vr.id, vr.chunk_id, cv.embedding FROM vector_rows vr CROSS JOIN content_vectors cv"
-            f" ON cv.id = vr.chunk_id WHERE vr.space_id = ? AND vr.collection_id = ? AND vr.id > ? {where}"
-            f" ORDER BY vr.id LIMIT {BATCH}",
-            args,
-        ).fetchall()
+        rows = conn.execute(PAGE_SQL.format(where=where, batch=BATCH), args).fetchall()
         if not rows:
             return
         x = vector_codec.decode([r[2] for r in rows], space.dims)

@@ -32,7 +32,8 @@ read again only when the documents mark moved (`_active`: a random value trigger
 `documents` set, schema migration 8), and the pending contents and the held chunk counts
 derived from a tally are kept on it and moved with each row it counts in (`_Tally.pending`,
 `.splits`): an embed with nothing to do, or the first search after an embed batch, reads a
-few marks and the batch. Postgres, which other daemons may write, reads it all each time.
+few marks and the batch. Postgres, which other daemons may write, does the same with marks
+every daemon's writes move (`_changes`, `_index_key`).
 """
 
 from __future__ import annotations
@@ -550,8 +551,8 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
     longer holds it. The reconciliation at the end of an embed run (documents removed,
     moved or copied since their batch was written); rows for new vectors are added as
     each batch commits (`add_partitions`). Skipped when none of the tables it reads changed
-    since it last ran on this connection (`partitions_synced`): what an embed with nothing to
-    do pays. Returns (added, removed)."""
+    since it last ran (`partitions_synced`): what an embed with nothing to do pays. Returns
+    (added, removed)."""
     if partitions_synced(conn, space):
         return 0, 0
     _vector_write(conn)
@@ -597,9 +598,10 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
 
 def partitions_synced(conn: Connection, space: Space) -> bool:
     """Whether `sync_partitions` on `conn` (the writer) would find nothing to do: none of the
-    tables it reads changed since it last ran there (`_changes`). Asked in a write that does
-    not move the store's generation, so an embed with nothing to do leaves every cache keyed
-    by it alone. False where that is not known (a connection never synced)."""
+    tables it reads changed since it last ran (`_changes`: on SQLite, on this connection; on
+    Postgres, by any daemon). Asked in a write that does not move the store's generation, so
+    an embed with nothing to do leaves every cache keyed by it alone. False where that is not
+    known (never synced)."""
     changes = _changes(conn)
     return changes is not None and _synced(conn, space) == changes
 
@@ -614,12 +616,6 @@ _WATCHED = {
 """What `sync_partitions` reads, and the changes to it that can move its answer."""
 
 
-_SYNCED_PG = (
-    "CREATE TEMP TABLE IF NOT EXISTS qmd_vector_synced(space_id bigint, fingerprint text, changes bigint,"
-    " version bigint, PRIMARY KEY (space_id, fingerprint))"
-)
-
-
 def _changes(conn: Connection) -> tuple[int, int] | None:
     """A mark of the tables `sync_partitions` reads as `conn` sees them, its own changes
     included. On SQLite: rows of them this connection changed (counted by TEMP triggers, made
@@ -627,9 +623,10 @@ def _changes(conn: Connection) -> tuple[int, int] | None:
     data_version` (which moves when another connection commits). On Postgres: the count every
     daemon's transactions that change them move (`vector_changes`, migration 8; a change after
     the sync in its own transaction drops the record instead). What the last sync left is kept
-    in the session's TEMP table `qmd_vector_synced` (gone with it: a new session syncs once)."""
+    in `qmd_vector_synced`: on SQLite a TEMP table (a new connection syncs once), on Postgres
+    the index's own (migration 9), since the count is every daemon's: one sync serves every
+    daemon and every start."""
     if not isinstance(conn, sqlite3.Connection):
-        conn.execute(_SYNCED_PG)
         (n,) = conn.execute("SELECT n FROM vector_changes").fetchone()
         return int(n), 0
     if conn.execute("SELECT 1 FROM temp.sqlite_master WHERE name = 'qmd_vector_changes'").fetchone() is None:
@@ -651,7 +648,7 @@ def _changes(conn: Connection) -> tuple[int, int] | None:
 
 
 def _synced(conn: Connection, space: Space) -> tuple[int, int] | None:
-    """`_changes` as the last `sync_partitions` of the space on this connection left them."""
+    """`_changes` as the last `sync_partitions` of the space left them (on SQLite, on this connection)."""
     row = conn.execute(
         "SELECT changes, version FROM qmd_vector_synced WHERE space_id = ? AND fingerprint = ?",
         (space.id, space.fingerprint),
