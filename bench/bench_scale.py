@@ -33,8 +33,9 @@ Per size N (chunks), one isolated installation (bench/_common.py's `Isolated`):
    and rerank off), each round and each of the two on summary lines of its own (the daemon
    keeps each word's document count until the index changes: a repeated query would time
    what it remembers), `update` with nothing changed, an embed call with nothing to do
-   (`POST /v1/embed`), daemon RSS with the index loaded, the index size on disk, and last
-   `update` after 1% of the notes were edited.
+   (`POST /v1/embed`), daemon RSS with the index loaded, the index size on disk, the first
+   embed call of a daemon started again on the unchanged index, and last `update` after 1% of
+   the notes were edited.
 
 `--backend postgres` measures the same on a Postgres index (`QMD_INDEX_URL`): a fresh database
 per size on the server at `--url`, else on an embedded one (tests/pg_server.py). What differs:
@@ -446,6 +447,10 @@ def over_http(env: Isolated, root: Path, batches: list[list[str]]) -> dict[str, 
         rss = proc_status_kb(daemon.pid, "VmRSS")
         url = env.vars.get("QMD_INDEX_URL")
         disk = pg_database_bytes(url) if url else sum(env.db_bytes().values())
+        daemon.stop()  # the same index, nothing changed: what the first embed after a restart reads
+        daemon, _ = first_answer(env, warm[0])
+        http = daemon.http
+        embed_restart = timed(lambda: job(http, "/v1/embed", {}))
         edited = sorted(root.rglob("*.md"))[::100]
         for path in edited:
             with path.open("a", encoding="utf-8") as f:
@@ -458,6 +463,7 @@ def over_http(env: Isolated, root: Path, batches: list[list[str]]) -> dict[str, 
             "query": query,
             "update_noop": update_noop,
             "embed_noop": embed_noop,
+            "embed_restart": embed_restart,
             "update_edit": update_edit,
             "edited": len(edited),
             "rss_cold_mb": mb(rss_cold),
@@ -529,6 +535,7 @@ def one_size(size: int, pool: Pool, model: str, args: argparse.Namespace, server
             "update_1pct_files": web["edited"],
             "embed_noop_ms": ms(web["embed_noop"][1:]),
             "embed_noop_first_ms": round(web["embed_noop"][0] * 1000, 1),
+            "embed_noop_restart_ms": round(web["embed_restart"] * 1000, 1),
             "embed_batch_vectors": vec["embed_batch_vectors"],
             "first_search_after_embed_ms": ms(vec["after_embed"]),
             "warm_search_ms": ms(vec["warm_search"]),
@@ -558,6 +565,7 @@ ROWS: list[tuple[str, str, str | None]] = [
     ("update, nothing changed, ms", "update_noop_ms", None),
     ("update, 1% of notes edited, ms", "update_1pct_ms", None),
     ("embed, nothing to do, ms (POST /v1/embed): p50 / the daemon's first", "embed_noop_ms", "embed_noop_first_ms"),
+    ("  … the first after a restart of the daemon, ms", "embed_noop_restart_ms", None),
     ("cold start to first keyword answer, ms", "cold_start_ms", None),
     ("cold start to the vector index loaded, ms", "vectors_loaded_ms", None),
     ("daemon RSS, index loaded, MB", "rss_mb", None),

@@ -21,6 +21,7 @@ KEYS = (
     "keyword_p50_ms",
     "query_p50_ms",
     "embed_noop_ms",
+    "embed_noop_restart_ms",
     "first_search_after_embed_ms",
     "warm_search_ms",
     "rss_mb",

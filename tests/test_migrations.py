@@ -65,14 +65,20 @@ DOCUMENTS_MARK_OBJECTS = {
     ("trigger", "documents_mark_update"),
 }
 KEYWORD_TERM_OBJECTS = {("table", "fts_rows"), ("table", "fts_terms"), ("table", "fts_counted")}
+VECTOR_CHANGES_OBJECTS = {("table", "vector_changes"), ("table", "qmd_vector_synced")} | {
+    ("trigger", f"vector_changes_{table}_{i}")
+    for table in ("documents", "content_vectors", "chunkless_contents", "vector_rows", "vector_collection_ids")
+    for i in range(3)
+}
 LATER_OBJECTS = (
     METADATA_OBJECTS
     | DOCUMENTS_MARK_OBJECTS
     | KEYWORD_TERM_OBJECTS
+    | VECTOR_CHANGES_OBJECTS
     | {("index", "idx_content_vectors_chunk_key"), ("table", "chunkless_contents")}
 )
 """What migrations after the first release add (3: metadata, 6: chunk keys, 7: chunkless contents,
-8: the documents mark, 11: the keyword terms' counts)."""
+8: the documents mark, 11: the keyword terms' counts, 12: the count of vector changes)."""
 VECTOR_TABLES = ("vector_spaces", "content_vectors", "vector_collection_ids", "vector_rows")
 
 

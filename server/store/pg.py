@@ -295,7 +295,6 @@ CREATE TABLE qmd_vector_synced (
     space_id bigint NOT NULL,
     fingerprint text COLLATE "C" NOT NULL,
     changes bigint NOT NULL,
-    version bigint NOT NULL,
     PRIMARY KEY (space_id, fingerprint)
 );
 CREATE OR REPLACE FUNCTION qmd_vectors_changed() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -320,8 +319,8 @@ END $$;
 - What `vectors.sync_partitions` last reconciled is kept in the index, not in the writer's
   session: the count it compares with (`vector_changes`) is every daemon's, so one record
   serves every daemon and every start (a start used to reconcile every search row once: 18 s
-  at a million). `version` is SQLite's `data_version`, 0 here. A change after the sync in its
-  own transaction drops the records at the count it has not moved from, the sync's."""
+  at a million; SQLite's migration 12 does the same). A change after the sync in its own
+  transaction drops the records at the count it has not moved from, the sync's."""
 
 MIGRATIONS: tuple[str, ...] = (
     LEXICAL_V1,

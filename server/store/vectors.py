@@ -23,10 +23,10 @@ an HNSW index, the same cosine distance). `tables_of` and `space_table` are the 
 that ask which backend a connection is, and import pg_vectors only then, so a SQLite-only
 daemon never loads psycopg. Everything else here is the same SQL on both.
 
-Bookkeeping costs what changed, not the index (issue 34): on SQLite, an embed with nothing
-to do skips the partition sync (`_changes`: TEMP triggers count the writer's changes to the
-tables it reads), and which contents are complete is a per-content tally that reads only
-the rows past the largest id it has seen (`_tallied`), valid while no vector row is deleted
+Bookkeeping costs what changed, not the index (issue 34): an embed with nothing to do skips
+the partition sync (`_changes`: triggers count the changes to the tables it reads), and
+which contents are complete is a per-content tally that reads only the rows past the
+largest id it has seen (`_tallied`), valid while no vector row is deleted
 (every deletion sets a new epoch: `vector_tables.Marks`). What the active documents hold is
 read again only when the documents mark moved (`_active`: a random value triggers on
 `documents` set, schema migration 8), and the pending contents and the held chunk counts
@@ -585,75 +585,41 @@ def sync_partitions(conn: Connection, space: Space) -> tuple[int, int]:
         ).fetchone()[0]
         added.append((int(rid), cid, chunk))
     insert_space_rows(conn, space, added)
-    if (after := _changes(conn)) is not None:  # its own rows included
-        conn.execute(
-            "INSERT INTO qmd_vector_synced VALUES (?, ?, ?, ?) ON CONFLICT (space_id, fingerprint)"
-            " DO UPDATE SET changes = excluded.changes, version = excluded.version",
-            (space.id, space.fingerprint, *after),
-        )
-        if not isinstance(conn, sqlite3.Connection):  # a change after this in the transaction drops it
-            conn.execute("SELECT set_config('qmd.vectors_synced', 'yes', true)")
+    conn.execute(
+        "INSERT INTO qmd_vector_synced VALUES (?, ?, ?) ON CONFLICT (space_id, fingerprint)"
+        " DO UPDATE SET changes = excluded.changes",
+        (space.id, space.fingerprint, _changes(conn)),  # its own rows included
+    )
+    if not isinstance(conn, sqlite3.Connection):  # a change after this in the transaction drops it
+        conn.execute("SELECT set_config('qmd.vectors_synced', 'yes', true)")
     return len(added), len(removed)
 
 
 def partitions_synced(conn: Connection, space: Space) -> bool:
     """Whether `sync_partitions` on `conn` (the writer) would find nothing to do: none of the
-    tables it reads changed since it last ran (`_changes`: on SQLite, on this connection; on
-    Postgres, by any daemon). Asked in a write that does not move the store's generation, so
-    an embed with nothing to do leaves every cache keyed by it alone. False where that is not
-    known (never synced)."""
-    changes = _changes(conn)
-    return changes is not None and _synced(conn, space) == changes
+    tables it reads changed since it last ran, on any connection (`_changes`). Asked in a write
+    that does not move the store's generation, so an embed with nothing to do leaves every
+    cache keyed by it alone. False where that is not known (never synced)."""
+    return _synced(conn, space) == _changes(conn)
 
 
-_WATCHED = {
-    "documents": ("INSERT", "DELETE", "UPDATE OF collection, hash, active"),
-    **{
-        table: ("INSERT", "DELETE", "UPDATE")
-        for table in ("content_vectors", "chunkless_contents", "vector_rows", "vector_collection_ids")
-    },
-}
-"""What `sync_partitions` reads, and the changes to it that can move its answer."""
+def _changes(conn: Connection) -> int:
+    """How many times the tables `sync_partitions` reads have changed, as `conn` sees them, its
+    own changes included: a count every writer's triggers move (SQLite migration 12: once a
+    row; Postgres migration 8: once a transaction, where a change after the sync in its own
+    transaction drops what the sync recorded instead). What each space's last sync saw of it
+    is the index's `qmd_vector_synced`, so one sync serves every daemon and every start."""
+    (n,) = conn.execute("SELECT n FROM vector_changes").fetchone()
+    return int(n)
 
 
-def _changes(conn: Connection) -> tuple[int, int] | None:
-    """A mark of the tables `sync_partitions` reads as `conn` sees them, its own changes
-    included. On SQLite: rows of them this connection changed (counted by TEMP triggers, made
-    on first use and gone with the connection, so the index's schema is untouched) and `PRAGMA
-    data_version` (which moves when another connection commits). On Postgres: the count every
-    daemon's transactions that change them move (`vector_changes`, migration 8; a change after
-    the sync in its own transaction drops the record instead). What the last sync left is kept
-    in `qmd_vector_synced`: on SQLite a TEMP table (a new connection syncs once), on Postgres
-    the index's own (migration 9), since the count is every daemon's: one sync serves every
-    daemon and every start."""
-    if not isinstance(conn, sqlite3.Connection):
-        (n,) = conn.execute("SELECT n FROM vector_changes").fetchone()
-        return int(n), 0
-    if conn.execute("SELECT 1 FROM temp.sqlite_master WHERE name = 'qmd_vector_changes'").fetchone() is None:
-        conn.execute("CREATE TEMP TABLE qmd_vector_changes(n INTEGER NOT NULL)")
-        conn.execute("INSERT INTO temp.qmd_vector_changes VALUES (0)")
-        conn.execute(
-            "CREATE TEMP TABLE qmd_vector_synced(space_id INTEGER, fingerprint TEXT, changes INTEGER,"
-            " version INTEGER, PRIMARY KEY (space_id, fingerprint))"
-        )
-        for table, events in _WATCHED.items():
-            for i, event in enumerate(events):
-                conn.execute(
-                    f"CREATE TEMP TRIGGER qmd_vector_{table}_{i} AFTER {event} ON main.{table}"
-                    " BEGIN UPDATE qmd_vector_changes SET n = n + 1; END"
-                )
-    (n,) = conn.execute("SELECT n FROM temp.qmd_vector_changes").fetchone()
-    (version,) = conn.execute("PRAGMA data_version").fetchone()
-    return int(n), int(version)
-
-
-def _synced(conn: Connection, space: Space) -> tuple[int, int] | None:
-    """`_changes` as the last `sync_partitions` of the space left them (on SQLite, on this connection)."""
+def _synced(conn: Connection, space: Space) -> int | None:
+    """`_changes` as the last `sync_partitions` of the space left it."""
     row = conn.execute(
-        "SELECT changes, version FROM qmd_vector_synced WHERE space_id = ? AND fingerprint = ?",
+        "SELECT changes FROM qmd_vector_synced WHERE space_id = ? AND fingerprint = ?",
         (space.id, space.fingerprint),
     ).fetchone()
-    return (int(row[0]), int(row[1])) if row else None
+    return int(row[0]) if row else None
 
 
 def pending_hashes(conn: Connection, space: Space | None, collections: Iterable[str] | None = None) -> set[str]:
