@@ -46,7 +46,8 @@ measured again by pgvector; the exact scan and the reference of recall@10 is pgv
 `knn_exact`; the search without the in-memory index (what answers while it loads) is
 pgvector's HNSW walk, timed with its recall@10 (`hnsw_p50_ms`, `hnsw_recall_at_10`); the embed
 batches are inserted into the HNSW index as the embed job inserts them; the size on disk is
-the database's.
+the database's. `--no-hnsw` skips the HNSW build (565 s at 1M) and its walk: the daemon's
+leg is then read from tables Postgres has no statistics of yet, as right after a bulk load.
 
 Prints a table per size and writes the figures (`--json FILE`, else bench/out/scale.json):
 a list with one object per size. Figures only, never assertions; on a shared machine read
@@ -233,14 +234,15 @@ def unindexed(conn: Any, space: Space) -> None:
         table.create(space, bulk=True)
 
 
-def indexed(conn: Any, space: Space) -> None:
-    """Postgres: the HNSW index built over the rows, and the table analyzed (the row estimate
-    `knn` reads, which autovacuum would give later)."""
+def indexed(conn: Any, space: Space, hnsw: bool = True) -> None:
+    """Postgres: the HNSW index built over the rows (unless not wanted), and the table analyzed
+    (the row estimate `knn` reads, which autovacuum would give later)."""
     from qmd.server.store import pg_vectors, vectors
     from qmd.server.store.pg_store import raw
 
     if (table := vectors.space_table(conn)) is not None:
-        table.build_index(space)
+        if hnsw:
+            table.build_index(space)
         raw(conn).execute(f"ANALYZE {pg_vectors.table_name(space.id)}")
 
 
@@ -283,7 +285,8 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
         print(f"  vectors: {len(now) * CHUNKS_PER_NOTE:,} written in {write_s:.1f}s", flush=True)
 
         postgres = not isinstance(engine.store, Store)
-        hnsw_s = timed(lambda: engine.store.write(lambda c: indexed(c, space))) if postgres else None
+        walk = postgres and not args.no_hnsw
+        hnsw_s = timed(lambda: engine.store.write(lambda c: indexed(c, space, walk))) if postgres else None
         index = vector_index.index_of(engine.store)
         with engine.store.read() as conn:
             cid = vectors.collection_id(conn, COLLECTION, create=False)
@@ -309,14 +312,14 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
             for i, q in enumerate(queries):
                 fast.append(timed(lambda q=q: vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)))
                 floor.append(timed(lambda q=q: top_rows(matrix, q)))
-                if postgres:  # without the in-memory index: pgvector's HNSW walk
+                if walk:  # without the in-memory index: pgvector's HNSW walk
                     hnsw.append(timed(lambda q=q: vectors.search(conn, space, q, COLLECTION, LIMIT)))
                 if i < args.exact_queries:
                     t0 = time.perf_counter()
                     want = {h.doc_id for h in exact_search(conn, space, q, cid)}
                     exact.append(time.perf_counter() - t0)
                     recall.append(found(want, vectors.search(conn, space, q, COLLECTION, LIMIT, None, index)))
-                    if postgres:
+                    if walk:
                         hnsw_recall.append(found(want, vectors.search(conn, space, q, COLLECTION, LIMIT)))
 
         def search(q: np.ndarray) -> None:
@@ -340,7 +343,7 @@ def in_process(env: Isolated, args: argparse.Namespace) -> dict[str, Any]:
             "vectors": len(hashes) * CHUNKS_PER_NOTE,
             "vectors_write_s": round(write_s, 2),
             "index_build_s": round(build_s, 2),
-            "hnsw_build_s": None if hnsw_s is None else round(hnsw_s, 2),
+            "hnsw_build_s": round(hnsw_s, 2) if walk and hnsw_s is not None else None,
             "hnsw": hnsw,
             "hnsw_recall": hnsw_recall,
             "vector": fast,
@@ -599,6 +602,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="embed GGUF [$QMD_BENCH_EMBED_MODEL or the shared MiniLM Q8_0]")
     ap.add_argument("--keep", action="store_true", help="keep each size's temporary folder")
     ap.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite", help="the index's database")
+    ap.add_argument(
+        "--no-hnsw",
+        action="store_true",
+        help="with --backend postgres: skip pgvector's HNSW build (565 s at 1M) and its walk",
+    )
     ap.add_argument("--url", help="with --backend postgres: a server to use (its databases qmd_bench_scale_*)")
     args = ap.parse_args(argv)
     try:
@@ -607,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
     if not sizes or min(sizes) < 100 or args.queries < 1 or not 1 <= args.exact_queries <= args.queries:
         ap.error("sizes must be at least 100 chunks, and 1 <= --exact-queries <= --queries")
+    if args.no_hnsw and args.backend != "postgres":
+        ap.error("--no-hnsw is for --backend postgres (SQLite has no HNSW index)")
     print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     print(code_line(), flush=True)
     model = embed_model_path(args.model)

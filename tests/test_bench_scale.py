@@ -81,6 +81,7 @@ def test_a_small_scale_run_on_postgres(tmp_path: Path, postgres_url: str) -> Non
         (("--sizes", "10k"), "--sizes must be comma-separated integers"),
         (("--sizes", "50"), "sizes must be at least 100 chunks"),
         (("--queries", "5", "--exact-queries", "6"), "1 <= --exact-queries <= --queries"),
+        (("--no-hnsw",), "--no-hnsw is for --backend postgres"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_starts(args: tuple[str, ...], message: str) -> None:
