@@ -277,7 +277,7 @@ CREATE TRIGGER vector_changes_collection_ids AFTER INSERT OR DELETE OR UPDATE ON
     FOR EACH STATEMENT EXECUTE FUNCTION qmd_vectors_changed();
 """
 """A count of the transactions that changed what `vectors.sync_partitions` reads (SQLite
-counts the rows with TEMP triggers on the writer's connection, `vectors._changes`): one row
+counted the rows with TEMP triggers on the writer's connection until its migration 12): one row
 every daemon's writes move, so a daemon's embed with nothing to do reads one number instead
 of reconciling every search row. Once a transaction, at its first such statement (a
 transaction-local setting says it was): a row updated once a statement grows a chain of
