@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from harness import (  # noqa: F401 - daemons_on, free_port: for the test modules
@@ -167,6 +167,14 @@ def write(root: Path, files: dict[str, str | bytes]) -> Path:
         else:
             p.write_text(content, encoding="utf-8")
     return root
+
+
+def assert_terms_counted(conn: Any) -> None:
+    """A Postgres index's `lex_terms` is each term's document count, as its postings count
+    it, and names no other term."""
+    kept = dict(conn.execute("SELECT term, docs FROM lex_terms").fetchall())
+    counted = dict(conn.execute("SELECT term, count(DISTINCT doc_id) FROM lex_postings GROUP BY term").fetchall())
+    assert kept == counted
 
 
 NOTES: dict[str, str | bytes] = {

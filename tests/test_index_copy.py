@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import MODELS_DIR, NOTES, Daemon, Env, require, write
+from conftest import MODELS_DIR, NOTES, Daemon, Env, assert_terms_counted, require, write
 
 import qmd
 from qmd.server.errors import Conflict, InvalidInput, NotFound, QmdError
@@ -82,6 +82,7 @@ def test_a_destination_that_holds_an_index_is_refused_unless_replaced(tmp_path: 
     with psycopg.connect(pg_index) as conn:
         assert conn.execute("SELECT count(*) FROM documents").fetchone() == (len(NOTES) + 1,)
         assert conn.execute("SELECT docs FROM lex_totals").fetchone() == (len(NOTES) + 1,)
+        assert_terms_counted(conn)  # counted once, not on top of the replaced index's counts
 
 
 def test_an_interrupted_copy_leaves_the_destination_as_it_was(tmp_path: Path, pg_index: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import EVAL_DIR, NOTES, require, write
+from conftest import EVAL_DIR, NOTES, assert_terms_counted, require, write
 
 import qmd
 from qmd.server.errors import IndexTooNew, Unavailable
@@ -186,6 +186,7 @@ def test_deletes_and_edits_move_the_statistics(make_both: object, tmp_path: Path
     notes = write(tmp_path / "notes", {**NOTES, **EXTRA})
     both = make_both({"notes": notes})  # type: ignore[operator]
     before = totals(both.pg)
+    assert both.pg.execute("SELECT docs FROM lex_terms WHERE term = 'runner'").fetchone() == (1,)
     (notes / "phrases.md").unlink()
     write(notes, {"ideas.md": "# Ideas\n\nAngel investors like bread, and angel bread likes investors.\n"})
     both.index.update()
@@ -195,12 +196,16 @@ def test_deletes_and_edits_move_the_statistics(make_both: object, tmp_path: Path
     postings = both.pg.execute("SELECT sum(tf), count(DISTINCT doc_id) FROM lex_postings").fetchone()
     lengths = both.pg.execute("SELECT sum(len_filepath + len_title + len_body) FROM lex_docs").fetchone()
     assert postings == (after.tokens, after.docs) and lengths == (after.tokens,)
+    assert_terms_counted(both.pg)
+    assert both.pg.execute("SELECT docs FROM lex_terms WHERE term = 'runner'").fetchone() is None  # note gone
     for query in ("angel investors", '"angel investors"', "running", "bread -sourdough", "ideas"):
         both.agree(query)
     put_documents(both.pg, list(sqlite_documents(both.sqlite)))  # indexing again changes nothing
     assert totals(both.pg) == after
+    assert_terms_counted(both.pg)
     delete_documents(both.pg, [*both.paths, 10**9])
     assert totals(both.pg).docs == 0 and both.pg.execute("SELECT count(*) FROM lex_postings").fetchone() == (0,)
+    assert both.pg.execute("SELECT count(*) FROM lex_terms").fetchone() == (0,)
     assert search_pg(both.pg, parse_lex("angel"), 10) == []
 
 
@@ -226,6 +231,7 @@ def test_a_failed_write_changes_nothing(pg_url: str) -> None:
         put_documents(conn, [LexDoc(2, "c", "c/b.md", "Beta", "beta"), LexDoc(3, "c\x00", "c/c.md", "", "gamma")])
     assert totals(conn) == before
     assert [row[0] for row in conn.execute("SELECT doc_id FROM lex_docs")] == [1]
+    assert_terms_counted(conn)
     assert [h.doc_id for h in search_pg(conn, parse_lex("beta"), 10)] == [1]
 
 
@@ -245,6 +251,7 @@ def test_concurrent_writers_queue_on_the_totals_and_lose_nothing(pg_url: str) ->
     conn = pg.connect(pg_url)
     docs = conn.execute("SELECT count(*), sum(len_filepath + len_title + len_body) FROM lex_docs").fetchone()
     assert docs is not None and totals(conn) == Totals(docs[0], docs[1]) and docs[0] == 78
+    assert_terms_counted(conn)
     assert len(search_pg(conn, parse_lex("shared"), 100)) == 78
 
 
@@ -253,6 +260,23 @@ def test_an_unreachable_server_is_unavailable_without_its_password(tmp_path: Pat
     with pytest.raises(Unavailable, match="is not reachable") as e:
         pg.connect(url)
     assert "s3cret" not in e.value.message and "qmd:***@" in e.value.message
+
+
+def test_an_upgrade_counts_the_terms_of_the_documents_indexed_before(pg_url: str) -> None:
+    """Migration 10 fills `lex_terms` from the postings an older qmd wrote, and a one-word
+    item's idf is read from it: the same hits as counting the postings."""
+    conn = pg.connect(pg_url)
+    docs = [LexDoc(n, "c", f"c/{n}.md", f"Doc {n}", "alpha beta " * (n % 3) + f"gamma {n}") for n in range(1, 40)]
+    put_documents(conn, docs)
+    query = parse_lex("alpha gamma")
+    before = search_pg(conn, query, 10)
+    conn.execute("DROP TABLE lex_terms")
+    conn.execute("UPDATE qmd_schema SET version = 9")
+    conn = pg.connect(pg_url)
+    assert pg.schema_version(conn) == len(pg.MIGRATIONS)
+    assert_terms_counted(conn)
+    assert conn.execute("SELECT docs FROM lex_terms WHERE term = 'alpha'").fetchone() == (26,)
+    assert search_pg(conn, query, 10) == before
 
 
 def test_the_schema_migrates_once_and_refuses_a_newer_one(pg_url: str) -> None:

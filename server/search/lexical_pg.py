@@ -96,6 +96,15 @@ def _hits(phrase: _Phrase) -> tuple[str, list[object]]:
     )
 
 
+def _documents(phrase: _Phrase, hits: tuple[str, list[object]]) -> tuple[str, list[object]]:
+    """How many documents hold `phrase` (its `hits`), as an expression: a word's count is
+    kept (``lex_terms``); a phrase's or a prefix's is counted from its hits."""
+    if len(phrase.tokens) == 1 and not phrase.prefix:
+        return "coalesce((SELECT docs FROM lex_terms WHERE term = %s), 0)", [phrase.tokens[0]]
+    sql, params = hits
+    return f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)", params
+
+
 class _Phrases:
     """Every item's tokens, cut in one call to the tokenizer."""
 
@@ -145,7 +154,10 @@ class _Ranking:
         head, params, within = "", list[object](), ""
         if among is not None:
             head, params = _union([self.positives[i] for i in among])
-            head, within = f"cand AS (SELECT doc_id FROM ({head}) c), ", " WHERE h.doc_id IN (SELECT doc_id FROM cand)"
+            # each item's hits semi-join one distinct set (a plain CTE was made distinct again
+            # for each item: at 125k notes 15% of the ranking's time)
+            head = f"cand AS MATERIALIZED (SELECT DISTINCT doc_id FROM ({head}) c), "
+            within = " WHERE h.doc_id IN (SELECT doc_id FROM cand)"
         hits, more = _union(self.positives, within)
         if self.excluding:
             sql, left_out = _union(self.excluding)
@@ -241,9 +253,10 @@ def search_pg(
 
         query = resolve_prefixes_by(query, _held(conn, query, phrases))
         positives = [_hits(phrases(expr)) for expr in query.positives]
-        counts = ", ".join(f"(SELECT count(DISTINCT doc_id) FROM ({sql}) h)" for sql, _ in positives)
+        counts = [_documents(phrases(expr), hits) for expr, hits in zip(query.positives, positives, strict=True)]
         row = conn.execute(
-            f"SELECT docs, tokens, {counts} FROM lex_totals", [p for _, params in positives for p in params]
+            f"SELECT docs, tokens, {', '.join(sql for sql, _ in counts)} FROM lex_totals",
+            [p for _, params in counts for p in params],
         ).fetchone()
         assert row is not None  # lex_totals has its one row from the migration on
         stats = Totals(row[0], row[1])
@@ -307,7 +320,7 @@ class PgVocabulary:
         return [t for (t,) in terms]
 
     def frequency(self, term: str) -> int:
-        row = self.conn.execute("SELECT count(DISTINCT doc_id) FROM lex_postings WHERE term = %s", (term,)).fetchone()
+        row = self.conn.execute("SELECT docs FROM lex_terms WHERE term = %s", (term,)).fetchone()
         return int(row[0]) if row else 0
 
     def holder(self, term: str) -> int | None:

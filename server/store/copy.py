@@ -98,6 +98,7 @@ def _clear(conn: Connection) -> None:
     for table, _, _ in reversed(TABLES):
         conn.execute(f"DELETE FROM {table}")
     conn.execute("DELETE FROM lex_postings")
+    conn.execute("DELETE FROM lex_terms")
     conn.execute("DELETE FROM lex_docs")
     conn.execute("UPDATE lex_totals SET docs = 0, tokens = 0")
 

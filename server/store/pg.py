@@ -322,6 +322,18 @@ END $$;
   at a million; SQLite's migration 12 does the same). A change after the sync in its own
   transaction drops the records at the count it has not moved from, the sync's."""
 
+TERMS_V10 = """
+CREATE TABLE lex_terms (
+    term text COLLATE "C" PRIMARY KEY,
+    docs integer NOT NULL
+);
+INSERT INTO lex_terms (term, docs) SELECT term, count(DISTINCT doc_id) FROM lex_postings GROUP BY term;
+"""
+"""Each term's document count, kept by `pg_lexical` in each write's transaction: a search's
+idf of a one-word item is then one row, where counting its postings' documents read every
+one of them (45 ms a query at 125k notes, a quarter of keyword search there). Phrases and
+prefixes are still counted from the postings."""
+
 MIGRATIONS: tuple[str, ...] = (
     LEXICAL_V1,
     CORE_V2,
@@ -332,6 +344,7 @@ MIGRATIONS: tuple[str, ...] = (
     VECTOR_ROWS_V7,
     VECTOR_CHANGES_V8,
     VECTOR_SYNC_V9,
+    TERMS_V10,
 )
 
 

@@ -9,7 +9,8 @@ man-page queries in four differently (bench/bench_postgres_lexical.py). Tokens c
 FTS5's tokenizer instead (server/store/fts_tokens.py), so a document's terms, offsets and
 lengths are the ones the SQLite index holds, and BM25 over them is FTS5's to the last bit.
 
-Every write is one transaction that also moves the totals (N and the total token count),
+Every write is one transaction that also moves the totals (N and the total token count) and
+each of its terms' document count (``lex_terms``: a one-word item's idf),
 so a reader never sees postings without their statistics, and the row lock on the totals
 orders concurrent writers: two daemons indexing at once queue here instead of deadlocking.
 """
@@ -58,9 +59,16 @@ def totals(conn: psycopg.Connection) -> Totals:
     return Totals(row[0], row[1])
 
 
-def _remove(conn: psycopg.Connection, doc_ids: list[int]) -> Totals:
-    """Delete these documents and their postings; what they counted in the totals."""
-    conn.execute("DELETE FROM lex_postings WHERE doc_id = ANY(%s)", (doc_ids,))
+def _remove(conn: psycopg.Connection, doc_ids: list[int]) -> tuple[Totals, list[str]]:
+    """Delete these documents and their postings; what they counted in the totals, and the
+    terms no document holds any more (`_drop_unheld`)."""
+    unheld = conn.execute(
+        "WITH gone AS (DELETE FROM lex_postings WHERE doc_id = ANY(%s) RETURNING term, doc_id),"
+        " held AS (SELECT term, count(DISTINCT doc_id) AS docs FROM gone GROUP BY term)"
+        " UPDATE lex_terms t SET docs = t.docs - held.docs FROM held WHERE t.term = held.term"
+        " RETURNING t.term, t.docs",
+        (doc_ids,),
+    ).fetchall()
     row = conn.execute(
         "WITH gone AS (DELETE FROM lex_docs WHERE doc_id = ANY(%s)"
         " RETURNING len_filepath + len_title + len_body AS tokens)"
@@ -68,7 +76,23 @@ def _remove(conn: psycopg.Connection, doc_ids: list[int]) -> Totals:
         (doc_ids,),
     ).fetchone()
     assert row is not None
-    return Totals(row[0], int(row[1]))
+    return Totals(row[0], int(row[1])), [term for term, docs in unheld if docs == 0]
+
+
+def _add_terms(conn: psycopg.Connection, doc_ids: list[int]) -> None:
+    """Count these (just written) documents in their terms' document counts."""
+    conn.execute(
+        "INSERT INTO lex_terms (term, docs) SELECT term, count(DISTINCT doc_id) FROM lex_postings"
+        " WHERE doc_id = ANY(%s) GROUP BY term"
+        " ON CONFLICT (term) DO UPDATE SET docs = lex_terms.docs + excluded.docs",
+        (doc_ids,),
+    )
+
+
+def _drop_unheld(conn: psycopg.Connection, terms: list[str]) -> None:
+    """Forget the terms whose count fell to 0 and stayed there, so `lex_terms` stays the vocabulary."""
+    if terms:
+        conn.execute("DELETE FROM lex_terms WHERE term = ANY(%s) AND docs = 0", (terms,))
 
 
 def _move_totals(conn: psycopg.Connection, added: Totals, removed: Totals) -> None:
@@ -89,7 +113,8 @@ def put_documents(
     tokens = tokenize([(d.doc_id, d.filepath, d.title, d.body) for d in latest])
     with conn.transaction():
         conn.execute("SELECT 1 FROM lex_totals FOR UPDATE")
-        removed = _remove(conn, [d.doc_id for d in latest])
+        ids = [d.doc_id for d in latest]
+        removed, unheld = _remove(conn, ids)
         with conn.cursor() as cur:
             with cur.copy("COPY lex_docs (doc_id, collection, len_filepath, len_title, len_body) FROM STDIN") as copy:
                 for d in latest:
@@ -97,6 +122,8 @@ def put_documents(
             # the tokenizer's COPY text, whole: psycopg's per-row dump of offset arrays took 4× longer
             with cur.copy("COPY lex_postings (term, doc_id, col, tf, positions) FROM STDIN") as copy:
                 copy.write(tokens.postings)
+        _add_terms(conn, ids)
+        _drop_unheld(conn, unheld)
         _move_totals(conn, Totals(len(latest), sum(sum(n) for n in tokens.lengths.values())), removed)
 
 
@@ -106,7 +133,9 @@ def delete_documents(conn: psycopg.Connection, doc_ids: Sequence[int]) -> None:
         return
     with conn.transaction():
         conn.execute("SELECT 1 FROM lex_totals FOR UPDATE")
-        _move_totals(conn, Totals(0, 0), _remove(conn, list(doc_ids)))
+        removed, unheld = _remove(conn, list(doc_ids))
+        _drop_unheld(conn, unheld)
+        _move_totals(conn, Totals(0, 0), removed)
 
 
 def sqlite_documents(conn: sqlite3.Connection) -> Iterator[LexDoc]:
