@@ -7,6 +7,7 @@ disk (so a hand edit takes effect without a restart) and writes it atomically
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -60,6 +61,13 @@ def validate_collection_name(name: str) -> str:
 
 def expand_path(raw: str, base: Path | None = None) -> Path:
     """`~` expanded; relative paths resolved against `base` (default: home)."""
+    return _expanded(raw, base, os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _expanded(raw: str, base: Path | None, home_var: str | None) -> Path:  # noqa: ARG001 - part of the key
+    """`expand_path`, remembered: every hit names its file's absolute path through its
+    collection's root (20-30 µs of pathlib a hit, a tenth of a small keyword search)."""
     p = Path(os.path.expanduser(raw))
     if not p.is_absolute():
         p = (base or home()) / p

@@ -122,7 +122,9 @@ def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, i
     if not lexq.positives:
         out.warnings.append("the query has no searchable terms (only negations, punctuation or nothing)")
         return out
-    fetch = ALL_LIMIT if opts.all_results else max(50, 2 * opts.limit)
+    # the best `limit` by BM25 are the best `limit` by score (`hit_score` keeps the order): the
+    # original's max(50, 2 × limit) read 50 documents' bodies to show 10, and ranked deeper
+    fetch = ALL_LIMIT if opts.all_results else opts.limit
     hits = lexical_hits(store, lexq, scope, fetch, count_matched=opts.explain)
     with store.read() as conn:
         out.filter = filter_report(conn, scope)

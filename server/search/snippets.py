@@ -7,7 +7,10 @@ those lines.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import add
 
 from qmd.server.text.lines import file_lines
 
@@ -53,15 +56,11 @@ def best_passage(
     if bounds is not None:
         lo, hi, last = max(lo, bounds[0] - 1), min(hi, bounds[1]), min(last, bounds[1])
     best, best_score = lo, 0.0
-    perfect = len(needles) + INTENT_WEIGHT * len(extra)
     if needles or extra:
-        for i in range(lo, hi):
-            low = lines[i].lower()
-            score = sum(1 for t in needles if t in low) + INTENT_WEIGHT * sum(1 for t in extra if t in low)
-            if score > best_score:
-                best, best_score = i, score
-                if score == perfect:
-                    break
+        scores = _line_scores(body.lower(), needles, extra, lo, hi)
+        if scores:
+            best_score = max(scores.values())
+            best = min(i for i, score in scores.items() if score == best_score)
     start = max(lo, best - BEFORE) if best_score else best
     end = min(last, best + AFTER)
     text = "\n".join(lines[start:end])
@@ -75,6 +74,28 @@ def best_passage(
         text=text,
         matched=best_score > 0,
     )
+
+
+def _line_scores(low: str, needles: list[str], extra: list[str], lo: int, hi: int) -> dict[int, float]:
+    """Per line of `low` (a lowercased body) in lo..hi holding any term, how many of
+    `needles` it holds plus `INTENT_WEIGHT` for each of `extra`: each term found in the
+    whole text and its hits mapped to their lines, so a line no term is in costs nothing
+    (scoring every line in Python was most of a keyword search's snippets)."""
+    if lo >= hi:
+        return {}
+    lines = low.split("\n")
+    starts = list(map(add, accumulate(map(len, lines), initial=0), range(len(lines) + 1)))  # + a newline each
+    counts: dict[int, list[int]] = {}
+    for kind, terms in enumerate((needles, extra)):
+        for term in terms:
+            pos = -1 if "\n" in term else low.find(term, starts[lo])  # no line holds a newline
+            while pos != -1:
+                i = bisect_right(starts, pos) - 1
+                if i >= hi:
+                    break
+                counts.setdefault(i, [0, 0])[kind] += 1
+                pos = low.find(term, starts[i + 1])
+    return {i: n + INTENT_WEIGHT * e for i, (n, e) in counts.items()}
 
 
 def passage_window(body: str, passage: Passage, max_chars: int, within: tuple[int, int] | None = None) -> str:
