@@ -74,7 +74,7 @@ def install(tools: Path) -> Path:
         tools.mkdir(parents=True, exist_ok=True)
         print(f"installing {ORIGINAL} and {BUN} into {tools} (npm)", flush=True)
         subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(tools), ORIGINAL, BUN],
+            ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", str(tools), ORIGINAL, BUN],
             check=True,
             stdout=subprocess.DEVNULL,
         )
