@@ -35,13 +35,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus as corpus_mod  # noqa: E402
-from _common import OUT_DIR, code_line, machine, percentile, table, write_json  # noqa: E402
+from _common import OUT_DIR, code_line, machine, summary_ms, table, write_json  # noqa: E402
 
 ORIGINAL = "@tobilu/qmd@2.8.3"
 BUN = "bun@1.4.5"
@@ -148,12 +149,14 @@ def ours(root: Path, asked: list[str], work: Path) -> tuple[float, dict[str, lis
     from qmd.server.store.db import sqlite3
 
     db = work / "ours.sqlite"
-    index = qmd.open(db, collections={"docs": {"path": str(root)}})
-    try:
+    with ExitStack() as stack:
+        index = qmd.open(db, collections={"docs": {"path": str(root)}})
+        stack.callback(index.close)
         t0 = time.perf_counter()
         index.update()
         indexed = time.perf_counter() - t0
         conn = sqlite3.connect(str(db))
+        stack.callback(conn.close)
 
         def timed(fn: Callable[[str], object]) -> list[float]:
             for q in asked[:WARM]:
@@ -169,8 +172,6 @@ def ours(root: Path, asked: list[str], work: Path) -> tuple[float, dict[str, lis
             "library": timed(lambda q: index.search(q, limit=LIMIT)),
             "search_fts": timed(lambda q: search_fts(conn, parse_lex(q), None, LIMIT)),
         }
-    finally:
-        index.close()
 
 
 def one_corpus(name: str, root: Path, args: argparse.Namespace, bun: Path) -> dict[str, Any]:
@@ -183,16 +184,9 @@ def one_corpus(name: str, root: Path, args: argparse.Namespace, bun: Path) -> di
         ours_s, mine = ours(root, asked, work)
     files = sum(1 for _ in root.rglob("*.md"))
     print(f"{name}: {files:,} files; indexed by the original in {orig_s:.1f} s, by qmd in {ours_s:.1f} s", flush=True)
-    stats = {k: _stats(v) for k, v in {**{f"original_{k}": v for k, v in orig.items()}, **mine}.items()}
+    timings = {**{f"original_{k}": v for k, v in orig.items()}, **mine}
+    stats = {k: summary_ms([ms / 1000 for ms in v]) for k, v in timings.items()}
     return {"corpus": name, "files": files, "original_index_s": round(orig_s, 2), "index_s": round(ours_s, 2), **stats}
-
-
-def _stats(ms: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": round(percentile(ms, 50), 3),
-        "p95_ms": round(percentile(ms, 95), 3),
-        "mean_ms": round(sum(ms) / len(ms), 3),
-    }
 
 
 def report(results: list[dict[str, Any]]) -> str:

@@ -252,8 +252,9 @@ def search_pg(
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
         query = resolve_prefixes_by(query, _held(conn, query, phrases))
-        positives = [_hits(phrases(expr)) for expr in query.positives]
-        counts = [_documents(phrases(expr), hits) for expr, hits in zip(query.positives, positives, strict=True)]
+        items = [phrases(expr) for expr in query.positives]
+        positives = [_hits(item) for item in items]
+        counts = [_documents(item, hits) for item, hits in zip(items, positives, strict=True)]
         row = conn.execute(
             f"SELECT docs, tokens, {', '.join(sql for sql, _ in counts)} FROM lex_totals",
             [p for _, params in counts for p in params],
