@@ -1,16 +1,19 @@
 """Fit and check `relevance` (server/search/relevance.py) on bench_fusion.py's saved lists.
 
-    .venv/bin/python bench/relevance_fit.py --lists FILE [--model GGUF]
+    .venv/bin/python bench/relevance_fit.py --lists FILE [--check SET ...] [--check-lists FILE] [--model GGUF]
 
 The lists (`bench/bench_fusion.py SETS... --offtopic bench/data/offtopic_queries.txt --lists
 FILE`) hold each question's keyword and vector lists on each set: its own questions (one
 relevant document), the other sets' and the everyday ones (none). For each, the first result
-of the rank fusion (`fusion.fuse`) and its evidence as `relevance` reads it: the keyword score, and the
-cosine on the embedder's scale (`relevance.Scales`, measured here with the same model the
-lists were made with). A logistic regression on all of them gives the shipped weights; held
-out one set at a time, what each floor refuses of the questions with no answer there and
-drops of the right first answers, and the set's nDCG@10 ranked by that held-out fit (the
-default order of a plain query) next to the rank fusion's.
+of a plain query's default order (`bench_fusion.by_relevance`) and its evidence as
+`hybrid._relevance` reads it: the keyword score, the cosine on the embedder's scale
+(`relevance.Scales`, measured here with the same model the lists were made with) and the
+query's `relevance.standout`. A logistic regression on the fitted sets gives the shipped
+weights, with the order's ratio W_KEYWORD / W_VECTOR held; held out one set at a time (and on
+each `--check` set, and every set of `--check-lists`, never fitted: `bench/evalnotes_beir.py`'s
+six notes, beside the other sets or in an index of their own), what each floor refuses of the
+questions with no answer there and drops of the right first answers, and the set's nDCG@10 in
+that order next to the rank fusion's.
 """
 
 from __future__ import annotations
@@ -26,73 +29,117 @@ import numpy as np
 from _common import embed_model_path
 from bench_fusion import as_fused, by_relevance, ndcg10, rrf_fused, scale_of
 
-FLOORS = (0.01, 0.02, 0.05, 0.1)
+from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, standout
+
+FLOORS = (0.02, 0.04, 0.05, 0.1)
+RATIO = W_KEYWORD / W_VECTOR
 
 
-def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[float, float] | None:
-    """The rank fusion's first result's (keyword score, scaled cosine), as `hybrid._evidence`
-    computes them; None when nothing was found."""
-    fused = rrf_fused(as_fused(row))
+def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
+    """The default order's first result, and what its relevance reads: (the order's sum with
+    W_VECTOR as 1, the query's keyword standout, its vector standout); None when nothing was found."""
+    lists = as_fused(row)
+    order = by_relevance(related, unrelated)(lists)
+    if not order:
+        return None
+    top = order[0]
+    keyword = dict(lists["fts"])
+    scale = CosineScale(related, unrelated)
+    scaled = {d: scale(2 - 1 / s) for d, s in lists["vec"]}  # the lists hold 1/(1 + distance)
+    vector = scaled.get(top, min(scaled.values(), default=0.0))
+    stands = standout(keyword.values(), scaled.values())
+    return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword, stands.vector]
+
+
+def order_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
+    """The rank fusion's first result and its (keyword score, scaled cosine): what the order's
+    ratio W_KEYWORD / W_VECTOR was fitted on (stop 46)."""
+    lists = as_fused(row)
+    fused = rrf_fused(lists)
     if not fused:
         return None
-    top = fused[0]
-    cosines = {d: 2 - 1 / s for d, s in row["vec"]}  # the lists hold 1/(1 + distance)
-    cosine = cosines.get(top, min(cosines.values(), default=0.0))
-    return dict(row["fts"]).get(top, 0.0), (cosine - unrelated) / (related - unrelated)
+    scale = CosineScale(related, unrelated)
+    cosines = {d: 2 - 1 / s for d, s in lists["vec"]}
+    return fused[0], [dict(lists["fts"]).get(fused[0], 0.0), scale(cosines.get(fused[0], min(cosines.values())))]
 
 
-def fit(x: np.ndarray, y: np.ndarray, l2: float = 1e-3, steps: int = 4000, rate: float = 0.5) -> np.ndarray:
-    xb = np.hstack([x, np.ones((len(x), 1))])
+def fit(
+    x: np.ndarray, y: np.ndarray, l2: float = 1e-3, steps: int = 6000, rate: float = 0.5, scaled: bool = True
+) -> np.ndarray:
+    """Logistic regression by gradient descent, on features scaled to a mean size of 1
+    (`scaled`), or as they are (how the order was fitted)."""
+    size = np.abs(x).mean(axis=0) + 1e-9 if scaled else np.ones(x.shape[1])
+    xb = np.hstack([x / size, np.ones((len(x), 1))])
     w = np.zeros(xb.shape[1])
     for _ in range(steps):
         p = 1 / (1 + np.exp(-xb @ w))
         w -= rate * (xb.T @ (p - y) / len(y) + l2 * np.r_[w[:-1], 0])
-    return w
+    return np.r_[w[:-1] / size, w[-1]]
+
+
+def fitted(rows: list[tuple[Any, ...]], **how: Any) -> np.ndarray:
+    used = [x for x in rows if x[2] or x[1] != "own"]  # an own question answered wrong says nothing either way
+    return fit(np.array([x[3] for x in used]), np.array([1.0 if x[2] else 0.0 for x in used]), **how)
+
+
+def rows_of(lists: list[dict[str, Any]], of: Any, related: float, unrelated: float) -> list[tuple[Any, ...]]:
+    """(set, kind, right first answer, features) of each answer with a first result."""
+    rows = []
+    for r in lists:
+        if (e := of(r, related, unrelated)) is None:
+            continue
+        kind = "off" if r.get("offtopic") else ("own" if r["own"] else "other")
+        rows.append((r["set"], kind, kind == "own" and e[0] in r["relevant"], e[1]))
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lists", type=Path, required=True)
+    ap.add_argument("--check", action="append", default=[], help="a set to check the fits on, never to fit")
+    ap.add_argument("--check-lists", type=Path, help="more lists whose sets are checked, never fitted")
     ap.add_argument("--model", help="embed GGUF the lists were made with (default: the shared MiniLM)")
     a = ap.parse_args()
     related, unrelated = scale_of(embed_model_path(a.model))
     print(f"scale: related {related:.4f}, unrelated {unrelated:.4f}")
-    rows = []
     lists = json.loads(a.lists.read_text())
-    for r in lists:
-        if (e := evidence(r, related, unrelated)) is None:
-            continue
-        kind = "off" if r.get("offtopic") else ("own" if r["own"] else "other")
-        right = kind == "own" and rrf_fused(as_fused(r))[0] in r["relevant"]
-        rows.append((r["set"], kind, right, e))
-    used = [x for x in rows if x[2] or x[1] != "own"]  # an own question answered wrong says nothing either way
-    w = fit(np.array([x[3] for x in used]), np.array([1.0 if x[2] else 0.0 for x in used]))
-    print(f"all sets: W_KEYWORD {w[0]:.2f}, W_VECTOR {w[1]:.2f}, BIAS {w[2]:.2f}")
-    print("held out: everyday refused / other sets' refused / right dropped")
+    checked = set(a.check)
+    if a.check_lists:
+        more = [{**r, "set": f"{r['set']} (own index)"} for r in json.loads(a.check_lists.read_text())]
+        checked |= {r["set"] for r in more}
+        lists += more
+    rows = rows_of(lists, evidence, related, unrelated)
+    sets = list(dict.fromkeys(x[0] for x in rows))
+    fitting = [x for x in rows if x[0] not in checked]
+    w = fitted(fitting)
+    print(
+        f"fitted on {', '.join(s for s in sets if s not in checked)}: W_KEYWORD {w[0] * RATIO:.2f}, "
+        f"W_VECTOR {w[0]:.2f}, W_STANDOUT_KEYWORD {w[1]:.2f}, W_STANDOUT_VECTOR {w[2]:.2f}, BIAS {w[3]:.2f}"
+    )
+    print("held out: everyday refused / other sets' refused / right first answers dropped (of n)")
     print("set | " + " | ".join(f"floor {f}" for f in FLOORS))
-    for held in dict.fromkeys(x[0] for x in rows):
-        train = [x for x in used if x[0] != held]
-        wh = fit(np.array([x[3] for x in train]), np.array([1.0 if x[2] else 0.0 for x in train]))
+    for held in sets:
+        wh = fitted([x for x in fitting if x[0] != held])
         test = [x for x in rows if x[0] == held]
 
-        def p(e: tuple[float, float], wh: np.ndarray = wh) -> float:
-            return 1 / (1 + math.exp(-(wh[0] * e[0] + wh[1] * e[1] + wh[2])))
+        def p(e: list[float], wh: np.ndarray = wh) -> float:
+            return 1 / (1 + math.exp(-(float(np.dot(wh[:-1], e)) + wh[-1])))
 
         cells = []
         for f in FLOORS:
-            share = [np.mean([p(x[3]) < f for x in test if sel(x)]) for sel in (_off, _other, _right)]
-            cells.append(" / ".join(f"{v:.0%}" for v in share))
-        print(f"{held} | " + " | ".join(cells))
-    print("held out: nDCG@10 ranked by the fit without the set / by the rank fusion")
-    for held in dict.fromkeys(x[0] for x in rows):
-        train = [x for x in used if x[0] != held]
-        wh = fit(np.array([x[3] for x in train]), np.array([1.0 if x[2] else 0.0 for x in train]))
+            share = [[p(x[3]) < f for x in test if sel(x)] for sel in (_off, _other, _right)]
+            cells.append(" / ".join(f"{sum(v) / len(v):.0%}" if v else "-" for v in share))
+        print(f"{held} | " + " | ".join(cells) + f" (n {sum(map(_right, test))})")
+    print("nDCG@10: the order fitted without the set (its ratio) / the shipped order / rank fusion")
+    ordering = [x for x in rows_of(lists, order_evidence, related, unrelated) if x[0] not in checked]
+    for held in sets:
+        wo = fitted([x for x in ordering if x[0] != held], steps=4000, scaled=False)
         own = [r for r in lists if r["set"] == held and r["own"]]
-        order = by_relevance(related, unrelated, wh[0], wh[1])
-        by_fit, by_rrf = (
-            sum(ndcg10(v(as_fused(r)), r["relevant"]) for r in own) / len(own) for v in (order, rrf_fused)
-        )
-        print(f"{held} | {by_fit:.4f} / {by_rrf:.4f}")
+        ndcg = [
+            sum(ndcg10(v(as_fused(r)), r["relevant"]) for r in own) / len(own)
+            for v in (by_relevance(related, unrelated, wo[0], wo[1]), by_relevance(related, unrelated), rrf_fused)
+        ]
+        print(f"{held} | {ndcg[0]:.4f} ({wo[0] / wo[1]:.3f}) / {ndcg[1]:.4f} / {ndcg[2]:.4f}")
 
 
 def _off(x: tuple[Any, ...]) -> bool:

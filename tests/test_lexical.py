@@ -881,6 +881,21 @@ def test_long_queries_search_words_exactly_unless_partial(conn: sqlite3.Connecti
     assert set(ids(conn, "cell")) == {cell, cellar}
 
 
+def test_a_letter_no_document_holds_is_not_a_prefix_in_a_long_query(conn: sqlite3.Connection) -> None:
+    """`"d"*` would find every document with a word in d, and score it as if it held the
+    query where nothing holds the rest (`vitamin d` asked of notes on data design)."""
+    add(conn, "data design decisions")
+    add_filler(conn)
+    assert resolve_prefixes(conn, parse_lex("symptoms of vitamin d deficiency")).positives == (
+        '"symptoms"*',
+        '"vitamin"*',
+        '"d"',
+        '"deficiency"*',
+    )
+    assert ids(conn, "symptoms of vitamin d deficiency") == []
+    assert resolve_prefixes(conn, parse_lex("vitamin d")).positives == ('"vitamin"*', '"d"*')  # typed partly: a prefix
+
+
 # --- timing (printed, not asserted) -------------------------------------------------------
 
 

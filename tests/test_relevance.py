@@ -15,7 +15,16 @@ from mcp import Client, types
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
 from qmd.server.http.mcp import TOOLS
-from qmd.server.search.relevance import ANCHORS, CosineScale, Evidence, Scales, relevance
+from qmd.server.search.relevance import (
+    ANCHORS,
+    NO_STANDOUT,
+    STANDOUT_DEPTH,
+    CosineScale,
+    Evidence,
+    Scales,
+    relevance,
+    standout,
+)
 
 OFF_TOPIC = "how long should I boil an egg for a runny yolk"
 ON_TOPIC = "Series A fundraising"
@@ -27,6 +36,22 @@ def test_relevance_grows_with_each_kind_of_evidence() -> None:
     # without vector evidence, keywords alone (a separate fit)
     assert relevance(Evidence(0.1, None)) < relevance(Evidence(0.5, None)) < relevance(Evidence(0.9, None))
     assert relevance(Evidence(0.9, None)) > 0.5
+
+
+def test_a_best_result_that_stands_out_is_likelier_relevant() -> None:
+    """A question about something else finds many documents about as near as its best."""
+    crowded = standout([0.5] * 10, [0.8] * 10)
+    assert crowded.keyword == pytest.approx(0.0) and crowded.vector == pytest.approx(0.0)
+    clear = standout([0.2, 0.5, 0.1], [0.3, 0.8, 0.2])  # any order
+    assert clear.keyword == pytest.approx(0.5 - 0.15) and clear.vector == pytest.approx(0.8 - 0.25)
+    assert relevance(Evidence(0.5, 0.8, crowded)) < relevance(Evidence(0.5, 0.8, clear))
+    # the mean of the next STANDOUT_DEPTH at most; a list of one has nothing to stand above
+    deep = standout([1.0] + [0.5] * STANDOUT_DEPTH + [0.0] * 5, [])
+    assert deep.keyword == pytest.approx(0.5) and deep.vector == 0.0
+    assert standout([0.4], [0.6]) == NO_STANDOUT == standout([], [])
+    assert standout([], [-0.2, -0.3]).vector == pytest.approx(0.1)
+    # keyword evidence alone reads no standout (it was fitted without)
+    assert relevance(Evidence(0.5, None, clear)) == relevance(Evidence(0.5, None))
 
 
 def test_a_cosine_scale_is_measured_once_per_embedder() -> None:

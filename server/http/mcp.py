@@ -42,6 +42,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from qmd.defaults import AGENT_RELEVANCE_FLOOR
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.http.routes import on_model_thread
@@ -186,7 +187,7 @@ write lex/vec/hyde lines (by default only a model trained for it does: a general
 model's measured no gain). The lists are fused and the best passages reranked \
 (by default by a model trained to rank only; `rerank: true` also with a general model). \
 `relevance` (0-1) is the probability that a result is relevant, the same meaning for every \
-query: results below `minRelevance` (default 0.02) are dropped, and when none is left the \
+query: results below `minRelevance` (default AGENT_RELEVANCE_FLOOR) are dropped, and when none is left the \
 answer says so and names the closest one. Treat that as "nothing here on this". A plain \
 query without a rerank is ranked by relevance, and `score` is it; otherwise `score` = fusion \
 blended with rerank, 0-1: `fusion` is how strongly the searches agree (1 = first everywhere, \
@@ -194,7 +195,9 @@ relative to this query's lists), `rerank` the reranker's relevance (null if not 
 
 At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
 (default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
-could not run are reported under `skipped` with the reason, never dropped silently."""
+could not run are reported under `skipped` with the reason, never dropped silently.""".replace(
+    "AGENT_RELEVANCE_FLOOR", f"{AGENT_RELEVANCE_FLOOR:g}"
+)
 
 _METADATA_DESCRIPTION = """\
 Discover the metadata (frontmatter `qmd: metadata:`) the documents hold, to write a \

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple, TypeAlias
 
 from qmd.server.config import Config
@@ -40,7 +40,7 @@ from qmd.server.search.keyword import KeywordHit, fuzzed, lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
-from qmd.server.search.relevance import CosineScale, Evidence, relevance
+from qmd.server.search.relevance import CosineScale, Evidence, relevance, standout
 from qmd.server.search.rerank import NOT_BY_DEFAULT, SCORING, CosineScorer, Reranker, reranks
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
@@ -739,8 +739,12 @@ class HybridQuery:
                 out.warnings.append(f"relevance from keyword evidence alone: {e.message}")
         # a candidate no vector list found is at most as near as the least near one listed
         floor = min(cosines.values(), default=0.0)
-        chances = {c.doc_id: relevance(_evidence(c, cosines.get(c.doc_id, floor), scale)) for c in run.candidates}
-        return chances, scale is not None
+        evidence = {c.doc_id: _evidence(c, cosines.get(c.doc_id, floor), scale) for c in run.candidates}
+        if scale is not None:
+            keyword = [e.keyword for e in evidence.values() if e.keyword > 0]
+            stands = standout(keyword, map(scale, cosines.values()))
+            evidence = {d: replace(e, standout=stands) for d, e in evidence.items()}
+        return {d: relevance(e) for d, e in evidence.items()}, scale is not None
 
     def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:
         """Order and cut the candidates. Without a rerank, a plain query's candidates are

@@ -13,29 +13,40 @@ query:
              (MiniLM's relevant notes sit at 0.4-0.8; another model's unrelated ones may sit
              at 0.5); the model's cosines of `ANCHORS`, measured once, say where.
 
-    relevance = 1 / (1 + exp(-(W_KEYWORD * keyword + W_VECTOR * vector + BIAS)))
+    standout how far the query's best keyword score and best cosine stand above the mean of
+             the next nine of their lists (`standout`; of as many as a list holds): a
+             question the collection answers has a document that stands out; a question
+             about something else, even on the same subject, finds many about as near
 
-Fitted by logistic regression (bench/relevance_fit.py over bench/bench_fusion.py's lists)
+    relevance = 1 / (1 + exp(-(W_KEYWORD * keyword + W_VECTOR * vector
+                               + W_STANDOUT_KEYWORD * standout.keyword
+                               + W_STANDOUT_VECTOR * standout.vector + BIAS)))
+
+The standout is the query's, the same for every hit, so the order of a plain query is the
+sum of the first two terms alone, in the ratio chosen over rank fusion
+(docs/benchmarks.md#across-sets-contextual-chunks-and-fusion). The rest is fitted by logistic
+regression (bench/relevance_fit.py over bench/bench_fusion.py's lists) with that ratio held,
 on three BEIR sets made from this machine's docs (Node.js API markdown, pydoc, man pages,
-MiniLM): 450 questions with their one relevant document, against 900 questions about the
-other two sets and 447 everyday questions no software manual answers
+MiniLM): each set's first results for its own questions (one relevant document each), for
+the other two sets' questions and for 149 everyday questions no software manual answers
 (bench/data/offtopic_queries.txt). Held out one set at a time, the agents' floor
-(`AGENT_FLOOR`, 0.02) refused 78-85% of the everyday questions and 23-42% of the other sets'
-while dropping none of the right first answers; on the eval notes (six of them, queries
-written unlike the notes' words) it refused 138 of the 149 everyday questions and dropped 6
-of 32 right first answers, whose cosines MiniLM puts at 0.2-0.3 (docs/benchmarks.md#relevance).
-A floor cuts, so the closest result is still named: a question phrased unlike the notes
-can score low and be right.
-A cosine measured against the collection (standard deviations above the
-query's cosines with its chunks) would not transfer: a relevant document in a collection of
-six notes stands fewer deviations above the rest than in one of a thousand.
+(`AGENT_FLOOR`, 0.04) refused 89-94% of the everyday questions and 52-74% of the other sets'
+while dropping 0-3% of the right first answers. On the eval notes in an index of their own
+(six notes, never fitted on) it refused 136 of the 149 everyday questions and dropped 5 of 47
+right first answers, hard paraphrases that MiniLM puts at cosines of 0.2-0.3
+(docs/benchmarks.md#relevance). A floor cuts, so the closest result is still named: a
+question phrased unlike the notes can score low and be right.
+A list's standout is measured against what it holds: in a folder of six notes the keyword
+list of an everyday question often holds one or two notes matching a stray word, and
+counting the ranks it lacks as 0 made that word stand out: on the eval notes that refused
+130 of the 149 rather than 136 (and dropped 4 right answers rather than 5).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,9 +54,13 @@ import numpy as np
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
 
-W_KEYWORD = 4.72
-W_VECTOR = 6.91
-BIAS = -7.96
+W_KEYWORD = 4.12
+W_VECTOR = 6.04
+W_STANDOUT_KEYWORD = 5.54
+W_STANDOUT_VECTOR = 4.16
+BIAS = -8.99
+STANDOUT_DEPTH = 9
+"""How many of each list's next results the best one is measured against, at most."""
 KEYWORD_ONLY = (5.49, -3.74)
 """(weight, bias) when the query had no vector evidence (no embedder, nothing embedded):
 fitted on the same lists without the vector term; it separates far less well, and an answer
@@ -134,6 +149,31 @@ each pair is where it puts relevant text, of the crossed pairs where it puts unr
 
 
 @dataclass(frozen=True)
+class Standout:
+    """How far a query's best result stands above the mean of the next `STANDOUT_DEPTH` of
+    each list (0 for a list of one: nothing to stand above)."""
+
+    keyword: float
+    vector: float
+
+
+NO_STANDOUT = Standout(0.0, 0.0)
+
+
+def standout(keyword: Iterable[float], vector: Iterable[float]) -> Standout:
+    """From one query's keyword scores and its scaled cosines (`CosineScale`), in any order."""
+    return Standout(_above_the_rest(keyword), _above_the_rest(vector))
+
+
+def _above_the_rest(scores: Iterable[float]) -> float:
+    ranked = sorted(scores, reverse=True)
+    if not ranked:
+        return 0.0
+    rest = ranked[1 : 1 + STANDOUT_DEPTH]
+    return ranked[0] - sum(rest) / len(rest) if rest else 0.0
+
+
+@dataclass(frozen=True)
 class Evidence:
     """What a hit's relevance is computed from."""
 
@@ -141,13 +181,21 @@ class Evidence:
     """Its keyword score (`LexHit.score`), 0 when no keyword list found it."""
     vector: float | None
     """Its cosine on the embedder's scale (`CosineScale`); None without vector evidence."""
+    standout: Standout = NO_STANDOUT
+    """Its query's (`standout`); read with vector evidence only."""
 
 
 def relevance(e: Evidence) -> float:
     if e.vector is None:
         w, b = KEYWORD_ONLY
         return _sigmoid(w * e.keyword + b)
-    return _sigmoid(W_KEYWORD * e.keyword + W_VECTOR * e.vector + BIAS)
+    return _sigmoid(
+        W_KEYWORD * e.keyword
+        + W_VECTOR * e.vector
+        + W_STANDOUT_KEYWORD * e.standout.keyword
+        + W_STANDOUT_VECTOR * e.standout.vector
+        + BIAS
+    )
 
 
 def _sigmoid(x: float) -> float:
