@@ -893,6 +893,8 @@ def test_a_letter_no_document_holds_is_not_a_prefix_in_a_long_query(conn: sqlite
         '"deficiency"*',
     )
     assert ids(conn, "symptoms of vitamin d deficiency") == []
+    two = resolve_prefixes(conn, parse_lex("which db package to open")).positives
+    assert '"db"*' in two  # two letters stay a partial word: `db` finds `dbm`
     assert resolve_prefixes(conn, parse_lex("vitamin d")).positives == ('"vitamin"*', '"d"*')  # typed partly: a prefix
 
 

@@ -314,7 +314,7 @@ _IDF_FLOOR = 1e-6
 """What FTS5 uses for an item in more than half the documents, whose idf would be negative."""
 PREFIX_ITEMS = 2
 """Queries of at most this many items search plain words as prefixes; see the module docstring."""
-MIN_PREFIX_CHARS = 3
+MIN_PREFIX_CHARS = 2
 """In a longer query, a word no document holds stays a prefix only from this many characters."""
 
 PER_ROW_SCOPE = 2000
@@ -352,8 +352,9 @@ def resolve_prefixes_by(query: LexQuery, held: Callable[[str], bool]) -> LexQuer
         return query
     resolved = []
     for expr in query.positives:
-        if expr.endswith('"*') and (len(expr) - 3 < MIN_PREFIX_CHARS or held(expr[:-1])):
-            expr = expr[:-1]
+        exact = expr[:-1]  # '"word"*' -> '"word"'
+        if expr.endswith('"*') and (len(exact) - 2 < MIN_PREFIX_CHARS or held(exact)):
+            expr = exact
         resolved.append(expr)
     return replace(query, positives=tuple(_unique(resolved)))
 
