@@ -60,7 +60,8 @@ def order_evidence(row: dict[str, Any], related: float, unrelated: float) -> tup
         return None
     scale = CosineScale(related, unrelated)
     cosines = {d: 2 - 1 / s for d, s in lists["vec"]}
-    return fused[0], [dict(lists["fts"]).get(fused[0], 0.0), scale(cosines.get(fused[0], min(cosines.values())))]
+    cosine = cosines.get(fused[0], min(cosines.values(), default=0.0))
+    return fused[0], [dict(lists["fts"]).get(fused[0], 0.0), scale(cosine)]
 
 
 def fit(
