@@ -101,6 +101,9 @@ def main() -> None:
     ap.add_argument("--check-lists", type=Path, help="more lists whose sets are checked, never fitted")
     ap.add_argument("--model", help="embed GGUF the lists were made with (default: the shared MiniLM)")
     a = ap.parse_args()
+    for given in (a.lists, a.check_lists):
+        if given is not None and not given.is_file():
+            sys.exit(f"no lists at {given}: make them with bench/bench_fusion.py ... --lists {given}")
     related, unrelated = scale_of(embed_model_path(a.model))
     print(f"scale: related {related:.4f}, unrelated {unrelated:.4f}")
     lists = json.loads(a.lists.read_text())

@@ -1,0 +1,74 @@
+"""The relevance bench's scripts: the eval notes as a BEIR set qmd reads, and relevance_fit.py
+fitting on some sets and checking on others (with the real embedder's scale)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import EVAL_DIR, MODELS_DIR, ROOT, require
+
+from qmd.server.quality import load_beir
+
+
+def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_eval_notes_are_a_beir_set_qmd_reads(tmp_path: Path) -> None:
+    require(EVAL_DIR / "docs", "the qmd eval corpus (../shared/eval/qmd-eval)")
+    r = bench("evalnotes_beir.py", str(tmp_path / "notes"), "--eval", str(EVAL_DIR))
+    assert r.returncode == 0, r.stderr
+    docs, fixture, warnings = load_beir(tmp_path / "notes")
+    assert len(docs) == 6 and len(fixture.queries) == 49 and warnings == []
+    files = {d.file for d in docs}
+    assert all(len(q.expected) == 1 and set(q.expected) <= files for q in fixture.queries)
+
+
+def lists(sets: list[str], rng: random.Random, kinds: tuple[str, ...] = ("own", "other", "off")) -> list[dict]:
+    """bench_fusion.py's shape: each set's own questions (the answer stands out in both legs),
+    the other sets' and everyday ones (a crowd of near neighbours)."""
+    rows = []
+    for home in sets:
+        for kind in kinds * 30:
+            docs = [f"d{i}" for i in rng.sample(range(100), 20)]
+            clear = kind == "own"
+            fts = [
+                (d, (0.7 if clear and i == 0 else 0.25) - 0.01 * i + rng.uniform(0, 0.05)) for i, d in enumerate(docs)
+            ]
+            cosines = [(0.6 if clear and i == 0 else 0.3) - 0.005 * i + rng.uniform(0, 0.05) for i in range(20)]
+            vec = [(d, 1 / (1 + (1 - c))) for d, c in zip(docs, cosines, strict=True)]  # 1/(1 + distance)
+            row = {"set": home, "own": clear, "offtopic": kind == "off", "query": "q", "fts": fts, "vec": vec}
+            rows.append({**row, "relevant": [docs[0]] if clear else []})
+    return rows
+
+
+def test_relevance_fit_fits_on_some_sets_and_checks_the_others(tmp_path: Path) -> None:
+    model = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM embedder (../shared/models)")
+    rng = random.Random(3)
+    (tmp_path / "lists.json").write_text(json.dumps(lists(["a", "b", "c", "notes"], rng)))
+    (tmp_path / "alone.json").write_text(json.dumps(lists(["notes"], rng, ("own", "off"))))
+    r = bench(
+        "relevance_fit.py",
+        *("--lists", str(tmp_path / "lists.json"), "--check", "notes"),
+        *("--check-lists", str(tmp_path / "alone.json"), "--model", str(model)),
+    )
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "fitted on a, b, c: W_KEYWORD" in out and "W_STANDOUT_VECTOR" in out
+    held = {line.split(" | ")[0]: line for line in out.splitlines() if " | " in line and "%" in line}
+    assert set(held) == {"a", "b", "c", "notes", "notes (own index)"}
+    assert " / - / " in held["notes (own index)"]  # no other sets' questions were asked of it alone
+    # separable lists: a high floor refuses every question without an answer
+    assert held["a"].split(" | ")[-1].startswith("100% / 100% / ")
+
+
+def test_relevance_fit_says_which_lists_are_missing(tmp_path: Path) -> None:
+    r = bench("relevance_fit.py", "--lists", str(tmp_path / "none.json"))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert f"no lists at {tmp_path / 'none.json'}: make them with bench/bench_fusion.py" in r.stderr
