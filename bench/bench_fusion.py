@@ -107,17 +107,22 @@ def rrf_fused(row: Lists) -> list[str]:
     return [names[c.doc_id] for c in fuse(lists)]
 
 
+def cosines_of(row: Lists) -> dict[str, float]:
+    """The vector list's cosines (it holds each `1/(1 + distance)`)."""
+    return {d: 2 - 1 / s for d, s in row["vec"]}
+
+
 def by_relevance(
     related: float, unrelated: float, w_keyword: float = W_KEYWORD, w_vector: float = W_VECTOR
 ) -> Callable[[Lists], list[str]]:
     """A plain query's default order (`hybrid._shape`): the relevance model's sum of the
     keyword score and the cosine on the embedder's scale (`relevance.CosineScale`); a
     document the keyword list lacks counts 0 there, one the vector list lacks its least near
-    cosine (the lists hold 1/(1 + distance))."""
+    cosine."""
 
     def ranked(row: Lists) -> list[str]:
         keyword = dict(row["fts"])
-        cosines = {d: 2 - 1 / s for d, s in row["vec"]}
+        cosines = cosines_of(row)
         least = min(cosines.values(), default=0.0)
 
         def logit(d: str) -> float:

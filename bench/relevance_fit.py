@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from _common import embed_model_path
-from bench_fusion import as_fused, by_relevance, ndcg10, rrf_fused, scale_of
+from bench_fusion import as_fused, by_relevance, cosines_of, ndcg10, rrf_fused, scale_of
 
 from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, standout
 
@@ -45,7 +45,7 @@ def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str
     top = order[0]
     keyword = dict(lists["fts"])
     scale = CosineScale(related, unrelated)
-    scaled = {d: scale(2 - 1 / s) for d, s in lists["vec"]}  # the lists hold 1/(1 + distance)
+    scaled = {d: scale(c) for d, c in cosines_of(lists).items()}
     vector = scaled.get(top, min(scaled.values(), default=0.0))
     stands = standout(keyword.values(), scaled.values())
     return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword, stands.vector]
@@ -59,7 +59,7 @@ def order_evidence(row: dict[str, Any], related: float, unrelated: float) -> tup
     if not fused:
         return None
     scale = CosineScale(related, unrelated)
-    cosines = {d: 2 - 1 / s for d, s in lists["vec"]}
+    cosines = cosines_of(lists)
     cosine = cosines.get(fused[0], min(cosines.values(), default=0.0))
     return fused[0], [dict(lists["fts"]).get(fused[0], 0.0), scale(cosine)]
 

@@ -82,6 +82,7 @@ __all__ = [
     "STOP_WORDS",
     "FtsVocabulary",
     "common_tail",
+    "held_questions",
     "hit_score",
     "identifier_tokens",
     "item_idfs",
@@ -343,17 +344,28 @@ class _Scope:
         return f"+{rowid} IN ({sql})", params
 
 
+def held_questions(query: LexQuery) -> list[str]:
+    """The exact expressions `resolve_prefixes_by` asks `held` about: those of the prefix
+    words of a query of more than `PREFIX_ITEMS` items, but for words shorter than
+    `MIN_PREFIX_CHARS` (exact whatever the index holds)."""
+    if len(query.positives) <= PREFIX_ITEMS:
+        return []
+    exact = (expr[:-1] for expr in query.positives if expr.endswith('"*'))  # '"word"*' -> '"word"'
+    return [e for e in exact if len(e) - 2 >= MIN_PREFIX_CHARS]
+
+
 def resolve_prefixes_by(query: LexQuery, held: Callable[[str], bool]) -> LexQuery:
     """`query` as it is searched: in a query of more than `PREFIX_ITEMS` items, each plain
     prefix word that some document holds exactly (`held` of its exact expression, asked of
-    whichever backend holds the index), or that is shorter than `MIN_PREFIX_CHARS`, becomes
-    that exact word."""
+    whichever backend holds the index; `held_questions`), or that is shorter than
+    `MIN_PREFIX_CHARS`, becomes that exact word."""
     if len(query.positives) <= PREFIX_ITEMS:
         return query
+    asked = set(held_questions(query))
     resolved = []
     for expr in query.positives:
-        exact = expr[:-1]  # '"word"*' -> '"word"'
-        if expr.endswith('"*') and (len(exact) - 2 < MIN_PREFIX_CHARS or held(exact)):
+        exact = expr[:-1]
+        if expr.endswith('"*') and (exact not in asked or held(exact)):
             expr = exact
         resolved.append(expr)
     return replace(query, positives=tuple(_unique(resolved)))

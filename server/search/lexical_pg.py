@@ -33,11 +33,11 @@ import psycopg
 from qmd.server.search.lexical import (
     COLUMN_WEIGHTS,
     K1,
-    PREFIX_ITEMS,
     B,
     LexHit,
     LexQuery,
     common_tail,
+    held_questions,
     hit_score,
     item_idfs,
     ranking_items,
@@ -222,8 +222,8 @@ def _weighing(idfs: Sequence[float], items: Sequence[int]) -> list[float]:
 def _held(conn: psycopg.Connection, query: LexQuery, phrases: _Phrases) -> Callable[[str], bool]:
     """Whether some document holds each prefix item's word exactly, asked in one statement
     for `resolve_prefixes_by` (a pasted paragraph has dozens of prefix items)."""
-    exact = [expr[:-1] for expr in query.positives if expr.endswith('"*')]
-    if len(query.positives) <= PREFIX_ITEMS or not exact:
+    exact = held_questions(query)
+    if not exact:
         return lambda _: False
     tests = [_hits(phrases(expr)) for expr in exact]
     row = conn.execute(
