@@ -31,7 +31,7 @@ from bench_fusion import as_fused, by_relevance, cosines_of, ndcg10, rrf_fused, 
 
 from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, standout
 
-FLOORS = (0.02, 0.04, 0.05, 0.1)
+FLOORS = (0.02, 0.025, 0.04, 0.05, 0.1)
 RATIO = W_KEYWORD / W_VECTOR
 
 

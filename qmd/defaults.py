@@ -27,7 +27,7 @@ CLI_STRUCTURED_RESULTS: Final = 20
 MCP_RESULTS: Final = 8
 """Results of the MCP `query` tool: enough to choose from, few enough for an agent's context."""
 
-AGENT_RELEVANCE_FLOOR: Final = 0.04
+AGENT_RELEVANCE_FLOOR: Final = 0.025
 """MCP `query`'s default `minRelevance`: results less likely than this to be relevant are
 dropped, and an answer left empty names the closest one (server/search/relevance.py says
 how the probability is made and what this floor measured)."""

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, Env, embedded_eval_and_notes
+from conftest import EVAL_DIR, MODELS_DIR, Daemon, Env, embedded_eval_and_notes, require
 from mcp import Client, types
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
@@ -118,6 +118,34 @@ def test_a_floor_keeps_what_is_relevant_and_names_the_closest_when_nothing_is(em
     assert off["closest"]["relevance"] < AGENT_RELEVANCE_FLOOR and off["closest"]["file"].startswith("qmd://eval/")
     bad = d.http.post("/v1/query", json={"query": ON_TOPIC, "min_relevance": 2})
     assert bad.status_code == 400 and "min_relevance" in bad.text
+
+
+@pytest.fixture(scope="module")
+def eval_alone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """The eval notes in an index of their own, as the floor was measured on them."""
+    embed = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM test embedder (../shared/models)")
+    env = Env(tmp_path_factory.mktemp("eval-alone"))
+    env.vars.update(QMD_EMBED_MODEL=str(embed))
+    d = Daemon(env)
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "eval corpus")), "--name", "eval")
+    env.ok("embed")
+    yield d
+    d.stop()
+
+
+def test_the_agents_floor_drops_under_5_percent_of_right_answers(eval_alone: Daemon) -> None:
+    """Issue 33's goal, on the eval notes in their own index: of the 24 eval queries' right
+    first answers the agents' floor may drop one (4%). The floor is the highest that met it on
+    every set measured (docs/benchmarks.md#relevance); 0.04 dropped "nouns not verbs" and "how
+    to prevent models from memorizing data"."""
+    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    dropped = []
+    for q in spec["eval_queries"]:
+        got = query(eval_alone, q["query"], limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)
+        if not got["results"] or got["results"][0]["path"] not in q["expected_files"]:
+            dropped.append((q["query"], (got.get("closest") or got["results"][0])["relevance"]))
+    assert len(dropped) <= 1, dropped
 
 
 def test_the_cli_says_nothing_is_above_the_floor(embedded: tuple[Env, Daemon]) -> None:
