@@ -27,6 +27,10 @@ CLI_STRUCTURED_RESULTS: Final = 20
 MCP_RESULTS: Final = 8
 """Results of the MCP `query` tool: enough to choose from, few enough for an agent's context."""
 
+MCP_BUDGET_MS: Final = 4000
+"""The MCP `query` tool's default `budgetMs`: agents call it in loops, so it answers within ~4 s,
+dropping expansion, then reranking, then vectors as needed, each drop reported."""
+
 AGENT_RELEVANCE_FLOOR: Final = 0.025
 """MCP `query`'s default `minRelevance`: results less likely than this to be relevant are
 dropped, and an answer left empty names the closest one (server/search/relevance.py says

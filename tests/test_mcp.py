@@ -179,6 +179,10 @@ def test_tools_are_listed_in_order_with_annotations_and_schemas(shared: Daemon) 
     assert query["properties"]["limit"]["default"] == 8
     assert query["properties"]["budgetMs"]["default"] == 4000
     assert query["properties"]["minRelevance"]["default"] == AGENT_RELEVANCE_FLOOR
+    # the tool's text quotes the defaults the schema holds
+    text = by_name["query"].description or ""
+    assert "At most 8 results" in text and "(default 4000)" in text
+    assert f"(default {AGENT_RELEVANCE_FLOOR:g})" in text
     assert query["properties"]["rerank"].get("default") is None  # as asked, else with a model trained to rank
     assert query["properties"]["searches"]["maxItems"] == 10
     assert query["properties"]["searches"]["items"]["properties"]["type"]["enum"] == ["lex", "vec", "hyde"]

@@ -42,7 +42,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from qmd.defaults import AGENT_RELEVANCE_FLOOR
+from qmd.defaults import AGENT_RELEVANCE_FLOOR, MCP_BUDGET_MS, MCP_RESULTS
 from qmd.server.engine import Engine
 from qmd.server.errors import InvalidInput, NotFound, QmdError
 from qmd.server.http.routes import on_model_thread
@@ -193,11 +193,22 @@ query without a rerank is ranked by relevance, and `score` is it; otherwise `sco
 blended with rerank, 0-1: `fusion` is how strongly the searches agree (1 = first everywhere, \
 relative to this query's lists), `rerank` the reranker's relevance (null if not scored).
 
-At most 8 results unless `limit` says otherwise. The answer comes within `budgetMs` \
-(default 4000): expansion, then reranking, then vectors are dropped to meet it. Stages that \
-could not run are reported under `skipped` with the reason, never dropped silently.""".replace(
-    "AGENT_RELEVANCE_FLOOR", f"{AGENT_RELEVANCE_FLOOR:g}"
-)
+At most MCP_RESULTS results unless `limit` says otherwise. The answer comes within `budgetMs` \
+(default MCP_BUDGET_MS): expansion, then reranking, then vectors are dropped to meet it. Stages that \
+could not run are reported under `skipped` with the reason, never dropped silently."""
+
+
+def _with_defaults(text: str) -> str:
+    """`text` with the defaults it names by their constants' names put in: an f-string would
+    need every brace of the JSON examples doubled."""
+    for name, value in (
+        ("AGENT_RELEVANCE_FLOOR", f"{AGENT_RELEVANCE_FLOOR:g}"),
+        ("MCP_RESULTS", str(MCP_RESULTS)),
+        ("MCP_BUDGET_MS", str(MCP_BUDGET_MS)),
+    ):
+        text = text.replace(name, value)
+    return text
+
 
 _METADATA_DESCRIPTION = """\
 Discover the metadata (frontmatter `qmd: metadata:`) the documents hold, to write a \
@@ -450,7 +461,7 @@ TOOLS: dict[str, ToolSpec] = {
             types.Tool(
                 name="query",
                 title="Query",
-                description=_QUERY_DESCRIPTION,
+                description=_with_defaults(_QUERY_DESCRIPTION),
                 input_schema=tool_schema(McpQueryArgs),
                 output_schema=tool_schema(QueryResponse[ResultOut], output=True),
                 annotations=_READ_ONLY,

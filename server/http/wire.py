@@ -22,7 +22,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, MAX_QUERY_CHARS, MCP_RESULTS, RESULTS
+from qmd.defaults import CANDIDATE_LIMIT, CLI_RESULTS, MAX_QUERY_CHARS, MCP_BUDGET_MS, MCP_RESULTS, RESULTS
 from qmd.server.config import Context, unstorable
 from qmd.server.errors import Conflict, Forbidden, HookFailed, InvalidInput, NotFound, QmdError, Unavailable
 from qmd.server.ingest.embed_job import EmbedProgress, EmbedSource
@@ -192,7 +192,7 @@ class McpQueryArgs(QueryFields):
         "when none is left, the answer says so and names the closest one.",
     )
     budget_ms: int | None = Field(
-        4000,
+        MCP_BUDGET_MS,
         ge=1,
         le=600_000,
         description="Answer within this many milliseconds; stages that do not fit are skipped and reported.",
