@@ -12,6 +12,12 @@ a user's permissions for the file or directory specified by path." Its document 
 relevant. The sentence sits in a long document under a heading path it is about, often
 many chunks from the document's start: what contextual chunks are for. Which pages a
 machine has varies, so figures are comparable within one machine's set.
+
+`--by-page` makes the other kind of query instead: a page's title ("Crypto", "Worker
+threads"), a word or two with every chosen section of that page relevant (those of pages
+with at least `PAGE_SECTIONS` of them), the documents left whole. A query with many right
+answers finds many documents about as near as its best, which is what `relevance.standout`
+reads as a question the collection does not answer: this set checks the floor on it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ _SENTENCE = re.compile(r"^(.{30,240}?[.!?])(?:\s|$)")
 _NOT_PROSE = ("<!--", ">", "*", "-", "|", "```", "#", "[", "<")
 PER_DOC = 3
 """Queries one document may answer: a long section holds many entries."""
+PAGE_SECTIONS = 3
+"""`--by-page`: a page title is a query when at least this many chosen sections are its page's."""
 
 
 @dataclass
@@ -89,7 +97,7 @@ def sections(page: Path, max_chars: int) -> list[Section]:
     return found
 
 
-def build(out: Path, docs: int, queries: int, seed: int, max_chars: int) -> tuple[int, int]:
+def build(out: Path, docs: int, queries: int, seed: int, max_chars: int, by_page: bool = False) -> tuple[int, int]:
     pages = sorted(p for r in ROOTS if r.is_dir() for p in r.rglob("*.md"))
     if not pages:
         sys.exit(f"no Node.js or npm markdown docs here ({', '.join(map(str, ROOTS))}): apt-get install nodejs-doc")
@@ -97,6 +105,8 @@ def build(out: Path, docs: int, queries: int, seed: int, max_chars: int) -> tupl
     pool = [s for page in pages for s in sections(page, max_chars)]
     rng.shuffle(pool)
     chosen = pool[:docs]
+    if by_page:
+        return len(chosen), write_by_page(out, chosen, queries)
     seen: set[str] = set()
     candidates = []
     for i, s in enumerate(chosen):
@@ -128,6 +138,24 @@ def build(out: Path, docs: int, queries: int, seed: int, max_chars: int) -> tupl
     return len(chosen), len(picked)
 
 
+def write_by_page(out: Path, chosen: list[Section], queries: int) -> int:
+    """`--by-page`'s set: the sections whole, a query per page title with its sections relevant."""
+    pages: dict[str, list[int]] = {}
+    for i, s in enumerate(chosen):
+        pages.setdefault(s.title, []).append(i)
+    asked = [(title, ids) for title, ids in pages.items() if len(ids) >= PAGE_SECTIONS][:queries]
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(out / "corpus.jsonl", "w") as corpus:
+        for i, s in enumerate(chosen):
+            corpus.write(json.dumps({"_id": f"d{i}", "title": s.title, "text": s.text}) + "\n")
+    with open(out / "queries.jsonl", "w") as q, open(out / "qrels" / "test.tsv", "w") as qrels:
+        qrels.write("query-id\tcorpus-id\tscore\n")
+        for n, (title, ids) in enumerate(asked):
+            q.write(json.dumps({"_id": f"p{n}", "text": title}) + "\n")
+            qrels.write("".join(f"p{n}\td{i}\t1\n" for i in ids))
+    return len(asked)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
@@ -135,8 +163,9 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=400)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--max-chars", type=int, default=40000)
+    ap.add_argument("--by-page", action="store_true", help="page titles as queries, every section of the page relevant")
     a = ap.parse_args()
-    n_docs, n_queries = build(a.out, a.docs, a.queries, a.seed, a.max_chars)
+    n_docs, n_queries = build(a.out, a.docs, a.queries, a.seed, a.max_chars, a.by_page)
     print(f"{a.out}: {n_docs} documents, {n_queries} queries")
 
 

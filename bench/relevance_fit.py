@@ -1,6 +1,6 @@
 """Fit and check `relevance` (server/search/relevance.py) on bench_fusion.py's saved lists.
 
-    .venv/bin/python bench/relevance_fit.py --lists FILE [--check SET ...] [--check-lists FILE] [--model GGUF]
+    .venv/bin/python bench/relevance_fit.py --lists FILE [--check SET ...] [--check-lists FILE ...] [--model GGUF]
 
 The lists (`bench/bench_fusion.py SETS... --offtopic bench/data/offtopic_queries.txt --lists
 FILE`) hold each question's keyword and vector lists on each set: its own questions (one
@@ -10,10 +10,11 @@ of a plain query's default order (`bench_fusion.by_relevance`) and its evidence 
 (`relevance.Scales`, measured here with the same model the lists were made with) and the
 query's `relevance.standout`. A logistic regression on the fitted sets gives the shipped
 weights, with the order's ratio W_KEYWORD / W_VECTOR held; held out one set at a time (and on
-each `--check` set, and every set of `--check-lists`, never fitted: `bench/evalnotes_beir.py`'s
-six notes, beside the other sets or in an index of their own), what each floor refuses of the
-questions with no answer there and drops of the right first answers, and the set's nDCG@10 in
-that order next to the rank fusion's.
+each `--check` set, and every set of each `--check-lists` file, never fitted: a set made by
+`bench_fusion.py` alone, in an index of its own as a user's folder is, held out together with
+the same set in the shared index), what each floor refuses of the questions with no answer
+there and drops of the right first answers, and the set's nDCG@10 in that order next to the
+rank fusion's.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from bench_fusion import as_fused, by_relevance, cosines_of, ndcg10, rrf_fused, 
 
 from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, standout
 
-FLOORS = (0.02, 0.025, 0.04, 0.05, 0.1)
+FLOORS = (0.025, 0.04, 0.05, 0.06, 0.1)
 RATIO = W_KEYWORD / W_VECTOR
+OWN_INDEX = " (own index)"
+"""How the sets of `--check-lists` are named: each was indexed alone, as a user's folder is."""
 
 
 def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
@@ -98,18 +101,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lists", type=Path, required=True)
     ap.add_argument("--check", action="append", default=[], help="a set to check the fits on, never to fit")
-    ap.add_argument("--check-lists", type=Path, help="more lists whose sets are checked, never fitted")
+    ap.add_argument(
+        "--check-lists",
+        type=Path,
+        action="append",
+        default=[],
+        help="more lists whose sets are checked, never fitted (a set each in an index of its own; repeatable)",
+    )
     ap.add_argument("--model", help="embed GGUF the lists were made with (default: the shared MiniLM)")
     a = ap.parse_args()
-    for given in (a.lists, a.check_lists):
-        if given is not None and not given.is_file():
+    for given in (a.lists, *a.check_lists):
+        if not given.is_file():
             sys.exit(f"no lists at {given}: make them with bench/bench_fusion.py ... --lists {given}")
     related, unrelated = scale_of(embed_model_path(a.model))
     print(f"scale: related {related:.4f}, unrelated {unrelated:.4f}")
     lists = json.loads(a.lists.read_text())
     checked = set(a.check)
-    if a.check_lists:
-        more = [{**r, "set": f"{r['set']} (own index)"} for r in json.loads(a.check_lists.read_text())]
+    for path in a.check_lists:
+        more = [{**r, "set": f"{r['set']}{OWN_INDEX}"} for r in json.loads(path.read_text())]
         checked |= {r["set"] for r in more}
         lists += more
     rows = rows_of(lists, evidence, related, unrelated)
@@ -123,7 +132,8 @@ def main() -> None:
     print("held out: everyday refused / other sets' refused / right first answers dropped (of n)")
     print("set | " + " | ".join(f"floor {f}" for f in FLOORS))
     for held in sets:
-        wh = fitted([x for x in fitting if x[0] != held])
+        # a set in its own index is held out with the same set in the shared one
+        wh = fitted([x for x in fitting if x[0] not in (held, held.removesuffix(OWN_INDEX))])
         test = [x for x in rows if x[0] == held]
 
         def p(e: list[float], wh: np.ndarray = wh) -> float:

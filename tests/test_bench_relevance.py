@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import EVAL_DIR, MODELS_DIR, ROOT, require
 
 from qmd.server.quality import load_beir
@@ -53,19 +54,39 @@ def test_relevance_fit_fits_on_some_sets_and_checks_the_others(tmp_path: Path) -
     rng = random.Random(3)
     (tmp_path / "lists.json").write_text(json.dumps(lists(["a", "b", "c", "notes"], rng)))
     (tmp_path / "alone.json").write_text(json.dumps(lists(["notes"], rng, ("own", "off"))))
+    (tmp_path / "a-alone.json").write_text(json.dumps(lists(["a"], rng, ("own", "off"))))
     r = bench(
         "relevance_fit.py",
         *("--lists", str(tmp_path / "lists.json"), "--check", "notes"),
-        *("--check-lists", str(tmp_path / "alone.json"), "--model", str(model)),
+        *("--check-lists", str(tmp_path / "alone.json"), "--check-lists", str(tmp_path / "a-alone.json")),
+        *("--model", str(model)),
     )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "fitted on a, b, c: W_KEYWORD" in out and "W_STANDOUT_VECTOR" in out
     held = {line.split(" | ")[0]: line for line in out.splitlines() if " | " in line and "%" in line}
-    assert set(held) == {"a", "b", "c", "notes", "notes (own index)"}
+    assert set(held) == {"a", "b", "c", "notes", "notes (own index)", "a (own index)"}
     assert " / - / " in held["notes (own index)"]  # no other sets' questions were asked of it alone
     # separable lists: a high floor refuses every question without an answer
     assert held["a"].split(" | ")[-1].startswith("100% / 100% / ")
+
+
+def test_page_titles_are_queries_with_every_section_of_the_page_relevant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nodedocs_beir.py --by-page: a title is asked when enough chosen sections are its page's."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from nodedocs_beir import PAGE_SECTIONS, Section, write_by_page
+
+    chosen = [Section("Crypto", f"## part {i}\n\nabout ciphers {i}\n", []) for i in range(PAGE_SECTIONS)]
+    chosen.insert(1, Section("Path", "## join\n\njoins paths\n", []))
+    assert write_by_page(tmp_path, chosen, queries=10) == 1
+    docs, fixture, warnings = load_beir(tmp_path)
+    assert len(docs) == PAGE_SECTIONS + 1 and warnings == []
+    (q,) = fixture.queries
+    assert q.query == "Crypto" and len(q.expected) == PAGE_SECTIONS  # "Path" has one section: not asked
+    by_file = {d.file: d for d in docs}
+    assert all("about ciphers" in by_file[f].text for f in q.expected)  # sections are kept whole
 
 
 def test_relevance_fit_says_which_lists_are_missing(tmp_path: Path) -> None:

