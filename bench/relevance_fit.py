@@ -40,7 +40,8 @@ OWN_INDEX = " (own index)"
 
 def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
     """The default order's first result, and what its relevance reads: (the order's sum with
-    W_VECTOR as 1, the query's keyword standout, its vector standout); None when nothing was found."""
+    W_VECTOR as 1, the query's keyword standout, its vector standout, the share of its idf
+    the index holds); None when nothing was found."""
     lists = as_fused(row)
     order = by_relevance(related, unrelated)(lists)
     if not order:
@@ -51,7 +52,7 @@ def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str
     scaled = {d: scale(c) for d, c in cosines_of(lists).items()}
     vector = scaled.get(top, min(scaled.values(), default=0.0))
     stands = standout(keyword.values(), scaled.values())
-    return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword, stands.vector]
+    return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword, stands.vector, row["held"]]
 
 
 def order_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
@@ -121,13 +122,16 @@ def main() -> None:
         more = [{**r, "set": f"{r['set']}{OWN_INDEX}"} for r in json.loads(path.read_text())]
         checked |= {r["set"] for r in more}
         lists += more
+    if any("held" not in r for r in lists):
+        sys.exit("these lists hold no `held` share (made before stop 50): make them again with bench/bench_fusion.py")
     rows = rows_of(lists, evidence, related, unrelated)
     sets = list(dict.fromkeys(x[0] for x in rows))
     fitting = [x for x in rows if x[0] not in checked]
     w = fitted(fitting)
     print(
         f"fitted on {', '.join(s for s in sets if s not in checked)}: W_KEYWORD {w[0] * RATIO:.2f}, "
-        f"W_VECTOR {w[0]:.2f}, W_STANDOUT_KEYWORD {w[1]:.2f}, W_STANDOUT_VECTOR {w[2]:.2f}, BIAS {w[3]:.2f}"
+        f"W_VECTOR {w[0]:.2f}, W_STANDOUT_KEYWORD {w[1]:.2f}, W_STANDOUT_VECTOR {w[2]:.2f}, W_HELD {w[3]:.2f}, "
+        f"BIAS {w[4]:.2f}"
     )
     print("held out: everyday refused / other sets' refused / right first answers dropped (of n)")
     print("set | " + " | ".join(f"floor {f}" for f in FLOORS))

@@ -44,7 +44,9 @@ def lists(sets: list[str], rng: random.Random, kinds: tuple[str, ...] = ("own", 
             ]
             cosines = [(0.6 if clear and i == 0 else 0.3) - 0.005 * i + rng.uniform(0, 0.05) for i in range(20)]
             vec = [(d, 1 / (1 + (1 - c))) for d, c in zip(docs, cosines, strict=True)]  # 1/(1 + distance)
+            held = {"own": 0.95, "other": 0.9, "off": 0.35}[kind] + rng.uniform(0, 0.05)  # idf share held
             row = {"set": home, "own": clear, "offtopic": kind == "off", "query": "q", "fts": fts, "vec": vec}
+            row["held"] = held
             rows.append({**row, "relevant": [docs[0]] if clear else []})
     return rows
 
@@ -63,7 +65,7 @@ def test_relevance_fit_fits_on_some_sets_and_checks_the_others(tmp_path: Path) -
     )
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "fitted on a, b, c: W_KEYWORD" in out and "W_STANDOUT_VECTOR" in out
+    assert "fitted on a, b, c: W_KEYWORD" in out and "W_STANDOUT_VECTOR" in out and "W_HELD" in out
     held = {line.split(" | ")[0]: line for line in out.splitlines() if " | " in line and "%" in line}
     assert set(held) == {"a", "b", "c", "notes", "notes (own index)", "a (own index)"}
     assert " / - / " in held["notes (own index)"]  # no other sets' questions were asked of it alone

@@ -24,6 +24,7 @@ from qmd.server.search.lexical import (
     STOP_WORDS,
     LexHit,
     LexQuery,
+    held_share,
     indexed_rows,
     item_idfs,
     parse_lex,
@@ -896,6 +897,28 @@ def test_a_letter_no_document_holds_is_not_a_prefix_in_a_long_query(conn: sqlite
     two = resolve_prefixes(conn, parse_lex("which db package to open")).positives
     assert '"db"*' in two  # two letters stay a partial word: `db` finds `dbm`
     assert resolve_prefixes(conn, parse_lex("vitamin d")).positives == ('"vitamin"*', '"d"*')  # typed partly: a prefix
+
+
+def test_held_share_is_the_idf_of_what_some_document_holds() -> None:
+    assert held_share([3, 10], 100) == 1.0 and held_share([], 100) == 1.0
+    assert held_share([0, 0], 100) == 0.0
+    absent = math.log(100.5 / 0.5)
+    rare = math.log((100 - 1 + 0.5) / 1.5)
+    assert held_share([1, 0], 100) == pytest.approx(rare / (rare + absent))
+    # a word most documents hold weighs next to nothing either way
+    assert held_share([90, 0], 100) == pytest.approx(0.0, abs=1e-6)
+    assert held_share([0], 0) == 0.0  # an empty index holds nothing
+
+
+def test_every_hit_carries_how_much_of_the_query_the_index_holds(conn: sqlite3.Connection) -> None:
+    """The score leaves out a word no document holds; `held` says how much was left out."""
+    doc = add(conn, "the rules of the game", title="rules")
+    add_filler(conn)
+    full = search_fts(conn, parse_lex("rules game"), None, 5)
+    part = search_fts(conn, parse_lex("rules of blitzchess castlings"), None, 5)
+    assert full[0].doc_id == part[0].doc_id == doc
+    assert all(h.held == 1.0 for h in full) and all(0.0 < h.held < 0.5 for h in part)
+    assert part[0].score == pytest.approx(search_fts(conn, parse_lex("rules"), None, 5)[0].score)  # left out
 
 
 # --- timing (printed, not asserted) -------------------------------------------------------

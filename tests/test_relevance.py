@@ -54,6 +54,14 @@ def test_a_best_result_that_stands_out_is_likelier_relevant() -> None:
     assert relevance(Evidence(0.5, None, clear)) == relevance(Evidence(0.5, None))
 
 
+def test_a_question_the_index_holds_little_of_is_likelier_irrelevant() -> None:
+    """`held` (lexical.held_share): a cooking question asked of software docs matches a stray
+    word, and the score leaves out the words no document holds; held says how much that was."""
+    assert relevance(Evidence(0.9, 0.3, held=0.2)) < relevance(Evidence(0.9, 0.3, held=1.0))
+    assert relevance(Evidence(0.9, 0.3)) == relevance(Evidence(0.9, 0.3, held=1.0))  # unread: all held
+    assert relevance(Evidence(0.9, None, held=0.2)) == relevance(Evidence(0.9, None))  # keywords alone: unread
+
+
 def test_a_cosine_scale_is_measured_once_per_embedder() -> None:
     calls: list[str] = []
 
@@ -136,9 +144,9 @@ def eval_alone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 def test_the_agents_floor_on_the_eval_notes_alone(eval_alone: Daemon) -> None:
     """Issue 33's goal where a user's notes are indexed alone: the floor answers "nothing" to at
-    least 80% of the everyday questions (bench/data/offtopic_queries.txt) and keeps the right first
-    answers of the 24 eval queries but the two it was chosen knowing it drops ("nouns not verbs",
-    "how to prevent models from memorizing data": docs/benchmarks.md#relevance)."""
+    least 80% of the everyday questions (bench/data/offtopic_queries.txt) and drops under 5% of
+    the 24 eval queries' right first answers, at most one (docs/benchmarks.md#relevance: it
+    drops none; before the query's `held` share, a floor that refused as many dropped two)."""
     lines = (ROOT / "bench" / "data" / "offtopic_queries.txt").read_text().splitlines()
     everyday = [t for t in lines if t and t[0] != "#"]
     answered = [t for t in everyday if query(eval_alone, t, limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)["results"]]
@@ -149,7 +157,7 @@ def test_the_agents_floor_on_the_eval_notes_alone(eval_alone: Daemon) -> None:
         got = query(eval_alone, q["query"], limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)
         if not got["results"] or got["results"][0]["path"] not in q["expected_files"]:
             dropped.append((q["query"], (got.get("closest") or got["results"][0])["relevance"]))
-    assert len(dropped) <= 2, dropped
+    assert len(dropped) <= 1, dropped
 
 
 def test_the_cli_says_nothing_is_above_the_floor(embedded: tuple[Env, Daemon]) -> None:

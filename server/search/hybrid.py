@@ -248,6 +248,9 @@ class _Run:
     plain: bool = False
     """Only the query's own keyword and vector lists were fused (no expansion, no typed lines):
     what the relevance model was fitted on, so what may be ranked by it."""
+    held: float = 1.0
+    """How much of the query's own text the index holds (`lexical.held_share`), from its keyword
+    probe; a probe that found nothing held none of it. Typed lines have no such text: 1."""
     docs: dict[int, DocRow] = field(default_factory=dict)
 
     @property
@@ -367,6 +370,7 @@ class HybridQuery:
         t = time.perf_counter()
         expander = self.legs.expander
         probe = self._fts(query, scope, count_matched=self._may_expand(opts))
+        run.held = probe[0].held if probe else 0.0
         weight = 2.0 * (IDENTIFIER_BOOST if idents else 1.0)
         lists.append(RankedList("fts", "original", query, weight, [(h.doc.id, h.score) for h in probe]))
         detail = f"{len(probe)} keyword hits"
@@ -743,7 +747,7 @@ class HybridQuery:
         if scale is not None:
             keyword = [e.keyword for e in evidence.values() if e.keyword > 0]
             stands = standout(keyword, map(scale, cosines.values()))
-            evidence = {d: replace(e, standout=stands) for d, e in evidence.items()}
+            evidence = {d: replace(e, standout=stands, held=run.held) for d, e in evidence.items()}
         return {d: relevance(e) for d, e in evidence.items()}, scale is not None
 
     def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:

@@ -39,6 +39,8 @@ class KeywordHit:
     total: int
     coordination: float | None
     """The original's score (`LexHit.coordination`), for spec §13.2's strong-signal test."""
+    held: float
+    """The query's share of idf the index holds (`LexHit.held`)."""
 
 
 def _whole_index(conn: Connection, collections: list[str]) -> bool:
@@ -101,7 +103,11 @@ def lexical_hits(
                     best[h.doc_id] = h
         ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
-    return [KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination) for h in ranked if h.doc_id in docs]
+    return [
+        KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination, h.held)
+        for h in ranked
+        if h.doc_id in docs
+    ]
 
 
 def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, index_name: str | None) -> SearchOutcome:

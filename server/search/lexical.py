@@ -83,6 +83,7 @@ __all__ = [
     "FtsVocabulary",
     "common_tail",
     "held_questions",
+    "held_share",
     "hit_score",
     "identifier_tokens",
     "item_idfs",
@@ -292,6 +293,9 @@ class LexHit:
     """How many positive items the query has."""
     score: float
     """``|bm25|`` as a fraction of the query's attainable BM25; see the module docstring."""
+    held: float = 1.0
+    """The query's, the same on every hit: the share of its items' idf that some document of
+    the index holds (`held_share`)."""
 
     @property
     def coordination(self) -> float | None:
@@ -395,6 +399,20 @@ def _idf(n: int, rows: int) -> float:
 def item_idfs(counts: Sequence[int], rows: int) -> list[float]:
     """The idf of each query item from how many of the index's `rows` documents hold it."""
     return [_idf(n, rows) for n in counts]
+
+
+def held_share(counts: Sequence[int], rows: int) -> float:
+    """How much of a query the index holds at all: the idf of the items some document holds
+    over that of every item, one that no document holds counted at bm25's idf for that,
+    ln((N + 0.5) / 0.5). `hit_score` leaves such items out, so that a misspelt word lowers no
+    score; a query's relevance (`relevance.Evidence.held`) reads what it left out: in 150 Node
+    sections "what are the rules of chess castling" reaches 0.91 of its attainable score from
+    "rules" alone, and holds 0.2 of its idf."""
+    rows = max(rows, *counts, 1)
+    absent = math.log((rows + 0.5) / 0.5)
+    idfs = [_idf(n, rows) if n else absent for n in counts]
+    total = sum(idfs)
+    return sum(v for v, n in zip(idfs, counts, strict=True) if n) / total if total > 0 else 1.0
 
 
 def hit_score(bm25: float, idfs: Sequence[float]) -> float:
@@ -684,7 +702,8 @@ def search_fts(
         rows += _ranked(conn, rest, scope, limit - len(rows), [idfs[i] for i in common], halves)
     matched = _matched(conn, query, [doc_id for doc_id, _ in rows]) if count_matched else {}
     total = len(query.positives)
-    return [LexHit(doc_id, bm25, matched.get(doc_id), total, hit_score(bm25, idfs)) for doc_id, bm25 in rows]
+    held = held_share(counts, rows_total)
+    return [LexHit(doc_id, bm25, matched.get(doc_id), total, hit_score(bm25, idfs), held) for doc_id, bm25 in rows]
 
 
 _INTENT_STOP = STOP_WORDS | frozenset("find need show tell want looking notes search".split())

@@ -38,6 +38,7 @@ from qmd.server.search.lexical import (
     LexQuery,
     common_tail,
     held_questions,
+    held_share,
     hit_score,
     item_idfs,
     ranking_items,
@@ -271,8 +272,8 @@ def search_pg(
             params.append(list(doc_ids))
         excluding = [_hits(phrases(expr)) for expr in query.negatives]
         rows = _Ranking(positives, idfs, stats.avgdl, " AND ".join(where), params, excluding, limit).best(conn)
-    total = len(query.positives)
-    return [LexHit(doc_id, bm25, matched, total, hit_score(bm25, idfs)) for doc_id, bm25, matched in rows]
+    total, held = len(query.positives), held_share(row[2:], stats.docs)
+    return [LexHit(doc_id, bm25, matched, total, hit_score(bm25, idfs), held) for doc_id, bm25, matched in rows]
 
 
 _INITIALS: dict[tuple[str, str, str], tuple[str, dict[str, list[str]]]] = {}
