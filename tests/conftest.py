@@ -193,24 +193,33 @@ def notes(tmp_path: Path) -> Path:
     return write(tmp_path / "notes", NOTES)
 
 
-def embedded_eval_and_notes(base: Path, **models: str) -> tuple[Env, Daemon]:
+def embedded_install(base: Path, collections: dict[str, Path], **models: str) -> tuple[Env, Daemon]:
     """An installation in `base` whose daemon embeds with the MiniLM test GGUF (and takes the
-    other `QMD_*_MODEL` settings in `models`), with the eval corpus ("eval") and the notes
-    ("notes") indexed and embedded. The caller stops the daemon."""
+    other `QMD_*_MODEL` settings in `models`), with `collections` (name: folder) indexed and
+    embedded. The caller stops the daemon."""
     embed = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM test embedder (../shared/models)")
     env = Env(base)
     env.vars.update(QMD_EMBED_MODEL=str(embed), **models)
     d = Daemon(env)
     env.vars["QMD_NO_AUTOSTART"] = "1"
-    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "eval corpus")), "--name", "eval")
-    env.ok("collection", "add", str(write(base / "notes", NOTES)), "--name", "notes")
+    for name, folder in collections.items():
+        env.ok("collection", "add", str(folder), "--name", name)
     env.ok("embed")
     return env, d
 
 
+def eval_docs_dir() -> Path:
+    return require(EVAL_DIR / "docs", "the qmd eval corpus (../shared/eval/qmd-eval)")
+
+
+def embedded_eval_and_notes(base: Path, **models: str) -> tuple[Env, Daemon]:
+    """`embedded_install` with the eval corpus ("eval") and the notes ("notes")."""
+    return embedded_install(base, {"eval": eval_docs_dir(), "notes": write(base / "notes", NOTES)}, **models)
+
+
 @pytest.fixture
 def eval_docs() -> Path:
-    return require(EVAL_DIR / "docs", "the qmd eval corpus (../shared/eval/qmd-eval)")
+    return eval_docs_dir()
 
 
 def copytree(src: Path, dst: Path) -> Path:

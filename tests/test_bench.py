@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, MODELS_DIR, require, write
+from conftest import EVAL_DIR, embedded_install, eval_docs_dir, require, write
 from harness import Daemon, Env
 
 from qmd.server.errors import InvalidInput
@@ -239,18 +239,10 @@ def test_bench_beir_indexes_a_collection_of_its_own_and_removes_it(env: Env, dae
     assert r.returncode != 0 and "is not a BEIR folder: corpus.jsonl is missing" in r.stderr
 
 
-EMBED = "all-MiniLM-L6-v2-Q8_0.gguf"
-
-
 @pytest.fixture(scope="module")
 def with_models(tmp_path_factory: pytest.TempPathFactory, gemma_model: Path) -> Iterator[Env]:
-    embed = require(MODELS_DIR / EMBED, "the MiniLM test embedder (../shared/models)")
-    env = Env(tmp_path_factory.mktemp("bench-models"))
-    env.vars.update(QMD_EMBED_MODEL=str(embed), QMD_GENERATE_MODEL=str(gemma_model), QMD_RERANK_MODEL=str(gemma_model))
-    d = Daemon(env)
-    env.vars["QMD_NO_AUTOSTART"] = "1"
-    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "eval corpus")), "--name", "eval-docs")
-    env.ok("embed")
+    models = {"QMD_GENERATE_MODEL": str(gemma_model), "QMD_RERANK_MODEL": str(gemma_model)}
+    env, d = embedded_install(tmp_path_factory.mktemp("bench-models"), {"eval-docs": eval_docs_dir()}, **models)
     yield env
     d.stop()
 

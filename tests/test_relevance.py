@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, MODELS_DIR, ROOT, Daemon, Env, embedded_eval_and_notes, require
+from conftest import EVAL_DIR, ROOT, Daemon, Env, embedded_eval_and_notes, embedded_install, eval_docs_dir, require
 from mcp import Client, types
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
@@ -131,13 +131,7 @@ def test_a_floor_keeps_what_is_relevant_and_names_the_closest_when_nothing_is(em
 @pytest.fixture(scope="module")
 def eval_alone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """The eval notes in an index of their own, as the floor was measured on them."""
-    embed = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM test embedder (../shared/models)")
-    env = Env(tmp_path_factory.mktemp("eval-alone"))
-    env.vars.update(QMD_EMBED_MODEL=str(embed))
-    d = Daemon(env)
-    env.vars["QMD_NO_AUTOSTART"] = "1"
-    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "eval corpus")), "--name", "eval")
-    env.ok("embed")
+    _, d = embedded_install(tmp_path_factory.mktemp("eval-alone"), {"eval": eval_docs_dir()})
     yield d
     d.stop()
 
