@@ -14,7 +14,9 @@ each `--check` set, and every set of each `--check-lists` file, never fitted: a 
 `bench_fusion.py` alone, in an index of its own as a user's folder is, held out together with
 the same set in the shared index), what each floor refuses of the questions with no answer
 there and drops of the right first answers, and the set's nDCG@10 in that order next to the
-rank fusion's.
+rank fusion's. The same for keyword evidence alone (no embedder, nothing embedded yet): the
+keyword list's first result, its score, the list's standout and the held share
+(`relevance.KEYWORD_ONLY_*`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 from _common import embed_model_path
-from bench_fusion import as_fused, by_relevance, cosines_of, ndcg10, rrf_fused, scale_of
+from bench_fusion import LIST_FETCH, as_fused, by_relevance, cosines_of, ndcg10, rrf_fused, scale_of
 
 from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, standout
 
@@ -53,6 +55,16 @@ def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str
     vector = scaled.get(top, min(scaled.values(), default=0.0))
     stands = standout(keyword.values(), scaled.values())
     return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword, stands.vector, row["held"]]
+
+
+def keyword_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
+    """Without vector evidence (no embedder, nothing embedded yet) the order is the keyword
+    list's: its first result and what `relevance` then reads (its keyword score, the list's
+    standout, the query's held share)."""
+    keyword = row["fts"][:LIST_FETCH]
+    if not keyword:
+        return None
+    return keyword[0][0], [keyword[0][1], standout([s for _, s in keyword], []).keyword, row["held"]]
 
 
 def order_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
@@ -133,6 +145,28 @@ def main() -> None:
         f"W_VECTOR {w[0]:.2f}, W_STANDOUT_KEYWORD {w[1]:.2f}, W_STANDOUT_VECTOR {w[2]:.2f}, W_HELD {w[3]:.2f}, "
         f"BIAS {w[4]:.2f}"
     )
+    held_out(rows, fitting, sets)
+    alone = rows_of(lists, keyword_evidence, related, unrelated)
+    wk = fitted([x for x in alone if x[0] not in checked])
+    print(
+        f"\nkeyword evidence alone (no embedder), fitted likewise: KEYWORD_ONLY_KEYWORD {wk[0]:.2f}, "
+        f"KEYWORD_ONLY_STANDOUT {wk[1]:.2f}, KEYWORD_ONLY_HELD {wk[2]:.2f}, KEYWORD_ONLY_BIAS {wk[3]:.2f}"
+    )
+    held_out(alone, [x for x in alone if x[0] not in checked], sets)
+    print("nDCG@10: the order fitted without the set (its ratio) / the shipped order / rank fusion")
+    ordering = [x for x in rows_of(lists, order_evidence, related, unrelated) if x[0] not in checked]
+    for held in sets:
+        wo = fitted([x for x in ordering if x[0] != held], steps=4000, scaled=False)
+        own = [r for r in lists if r["set"] == held and r["own"]]
+        ndcg = [
+            sum(ndcg10(v(as_fused(r)), r["relevant"]) for r in own) / len(own)
+            for v in (by_relevance(related, unrelated, wo[0], wo[1]), by_relevance(related, unrelated), rrf_fused)
+        ]
+        print(f"{held} | {ndcg[0]:.4f} ({wo[0] / wo[1]:.3f}) / {ndcg[1]:.4f} / {ndcg[2]:.4f}")
+
+
+def held_out(rows: list[tuple[Any, ...]], fitting: list[tuple[Any, ...]], sets: list[str]) -> None:
+    """What each floor refuses and drops on each set, with the weights fitted without it."""
     print("held out: everyday refused / other sets' refused / right first answers dropped (of n)")
     print("set | " + " | ".join(f"floor {f}" for f in FLOORS))
     for held in sets:
@@ -148,16 +182,6 @@ def main() -> None:
             share = [[p(x[3]) < f for x in test if sel(x)] for sel in (_off, _other, _right)]
             cells.append(" / ".join(f"{sum(v) / len(v):.0%}" if v else "-" for v in share))
         print(f"{held} | " + " | ".join(cells) + f" (n {sum(map(_right, test))})")
-    print("nDCG@10: the order fitted without the set (its ratio) / the shipped order / rank fusion")
-    ordering = [x for x in rows_of(lists, order_evidence, related, unrelated) if x[0] not in checked]
-    for held in sets:
-        wo = fitted([x for x in ordering if x[0] != held], steps=4000, scaled=False)
-        own = [r for r in lists if r["set"] == held and r["own"]]
-        ndcg = [
-            sum(ndcg10(v(as_fused(r)), r["relevant"]) for r in own) / len(own)
-            for v in (by_relevance(related, unrelated, wo[0], wo[1]), by_relevance(related, unrelated), rrf_fused)
-        ]
-        print(f"{held} | {ndcg[0]:.4f} ({wo[0] / wo[1]:.3f}) / {ndcg[1]:.4f} / {ndcg[2]:.4f}")
 
 
 def _off(x: tuple[Any, ...]) -> bool:

@@ -66,11 +66,14 @@ def test_relevance_fit_fits_on_some_sets_and_checks_the_others(tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "fitted on a, b, c: W_KEYWORD" in out and "W_STANDOUT_VECTOR" in out and "W_HELD" in out
-    held = {line.split(" | ")[0]: line for line in out.splitlines() if " | " in line and "%" in line}
-    assert set(held) == {"a", "b", "c", "notes", "notes (own index)", "a (own index)"}
-    assert " / - / " in held["notes (own index)"]  # no other sets' questions were asked of it alone
-    # separable lists: a high floor refuses every question without an answer
-    assert held["a"].split(" | ")[-1].startswith("100% / 100% / ")
+    full, alone = out.split("keyword evidence alone (no embedder)")
+    assert "KEYWORD_ONLY_STANDOUT" in alone and "KEYWORD_ONLY_HELD" in alone and "W_VECTOR" not in alone
+    for table in (full, alone):
+        held = {line.split(" | ")[0]: line for line in table.splitlines() if " | " in line and "%" in line}
+        assert set(held) == {"a", "b", "c", "notes", "notes (own index)", "a (own index)"}
+        assert " / - / " in held["notes (own index)"]  # no other sets' questions were asked of it alone
+        # separable lists: a high floor refuses every question without an answer
+        assert held["a"].split(" | ")[-1].startswith("100% / 100% / ")
 
 
 def test_page_titles_are_queries_with_every_section_of_the_page_relevant(

@@ -260,7 +260,10 @@ def test_query_files_are_the_uris_http_gives_and_get_takes_back(shared: Daemon) 
     """Issue 31: a result names its file as `/query` and the CLI do, and that name, as
     it is, reads the document back with `get` and `multi_get`."""
     searches = [{"type": "lex", "query": "zebra"}, {"type": "lex", "query": "angel investors"}]
-    over_http = shared.http.post("/query", json={"searches": searches, "limit": 20})
+    # MCP's default floor, given to HTTP too: the same request on both surfaces
+    over_http = shared.http.post(
+        "/query", json={"searches": searches, "limit": 20, "min_relevance": AGENT_RELEVANCE_FLOOR}
+    )
     assert over_http.status_code == 200, over_http.text
     answer = tool(shared, "query", {"searches": searches, "limit": 20})
     assert answer.structured_content is not None

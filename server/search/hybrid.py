@@ -744,10 +744,9 @@ class HybridQuery:
         # a candidate no vector list found is at most as near as the least near one listed
         floor = min(cosines.values(), default=0.0)
         evidence = {c.doc_id: _evidence(c, cosines.get(c.doc_id, floor), scale) for c in run.candidates}
-        if scale is not None:
-            keyword = [e.keyword for e in evidence.values() if e.keyword > 0]
-            stands = standout(keyword, map(scale, cosines.values()))
-            evidence = {d: replace(e, standout=stands, held=run.held) for d, e in evidence.items()}
+        keyword = [e.keyword for e in evidence.values() if e.keyword > 0]
+        stands = standout(keyword, map(scale, cosines.values()) if scale is not None else [])
+        evidence = {d: replace(e, standout=stands, held=run.held) for d, e in evidence.items()}
         return {d: relevance(e) for d, e in evidence.items()}, scale is not None
 
     def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:

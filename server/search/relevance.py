@@ -14,9 +14,10 @@ query:
              at 0.5); the model's cosines of `ANCHORS`, measured once, say where.
 
     standout how far the query's best keyword score and best cosine stand above the mean of
-             the next nine of their lists (`standout`; of as many as a list holds): a
-             question the collection answers has a document that stands out; a question
-             about something else, even on the same subject, finds many about as near
+             the next nine of their lists (`standout`; a document the keyword list lacks
+             matched nothing and counts 0 there): a question the collection answers has a
+             document that stands out; a question about something else, even on the same
+             subject, finds many about as near
     held     the share of the query's idf that some document of the index holds
              (`lexical.held_share`): the keyword score leaves out the words no document
              holds, so that a misspelt word lowers nothing, and an everyday question asked of
@@ -35,16 +36,17 @@ MiniLM): each set's first results for its own questions (one relevant document e
 the other two sets' questions and for 149 everyday questions no software manual answers
 (bench/data/offtopic_queries.txt). Held out one set at a time, the agents' floor
 (`AGENT_FLOOR`, 0.025: the lowest floor at which each set, indexed alone as a user's folder is,
-refused at least 80% of the everyday questions) refused 81-97% of them while dropping 0-2% of
+refused at least 80% of the everyday questions) refused 81-90% of them while dropping 0-2% of
 the right first answers. On the eval notes in an index of their own (six notes, never fitted
-on) it refused 138 of the 149 everyday questions and dropped 3 of 47 right first answers, hard
+on) it refused 130 of the 149 everyday questions and dropped 3 of 47 right first answers, hard
 paraphrases written without the notes' words that MiniLM puts at cosines of 0.2-0.3
 (docs/benchmarks.md#relevance). A floor cuts, so the closest result is still named: a
 question phrased unlike the notes can score low and be right.
-A list's standout is measured against what it holds: in a folder of six notes the keyword
-list of an everyday question often holds one or two notes matching a stray word, and
-counting the ranks it lacks as 0 made that word stand out: on the eval notes that refused
-130 of the 149 rather than 136 (and dropped 4 right answers rather than 5).
+
+Without vector evidence (no embedder, nothing embedded yet) the keyword score, its standout
+and held are fitted alone (`KEYWORD_ONLY_*`): held out, 0.025 refused 59-65% of the everyday
+questions on the sets alone and dropped 0-1%; on the eval notes 100 of 149 and none of 41.
+The keyword score alone, as before, refused only what nothing matched (52 of 149).
 """
 
 from __future__ import annotations
@@ -59,18 +61,22 @@ import numpy as np
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
 
-W_KEYWORD = 3.91
-W_VECTOR = 5.73
-W_STANDOUT_KEYWORD = 6.18
-W_STANDOUT_VECTOR = 3.83
-W_HELD = 1.42
-BIAS = -10.05
+W_KEYWORD = 3.94
+W_VECTOR = 5.77
+W_STANDOUT_KEYWORD = 4.67
+W_STANDOUT_VECTOR = 4.64
+W_HELD = 1.68
+BIAS = -10.35
 STANDOUT_DEPTH = 9
 """How many of each list's next results the best one is measured against, at most."""
-KEYWORD_ONLY = (5.49, -3.74)
-"""(weight, bias) when the query had no vector evidence (no embedder, nothing embedded):
-fitted on the same lists without the vector term; it separates far less well, and an answer
-a floor cut says relevance came from keywords alone."""
+KEYWORD_ONLY_KEYWORD = 4.99
+KEYWORD_ONLY_STANDOUT = 7.72
+KEYWORD_ONLY_HELD = 5.64
+KEYWORD_ONLY_BIAS = -10.43
+"""The weights when the query had no vector evidence (no embedder, nothing embedded yet):
+fitted on the same lists, the keyword list's order and first result, without the vector
+terms. It separates less well, and an answer a floor cut says relevance came from keywords
+alone."""
 AGENT_FLOOR = AGENT_RELEVANCE_FLOOR
 """MCP `query`'s default `minRelevance` (qmd/defaults.py, which the CLI's help quotes too)."""
 
@@ -167,15 +173,21 @@ NO_STANDOUT = Standout(0.0, 0.0)
 
 
 def standout(keyword: Iterable[float], vector: Iterable[float]) -> Standout:
-    """From one query's keyword scores and its scaled cosines (`CosineScale`), in any order."""
-    return Standout(_above_the_rest(keyword), _above_the_rest(vector))
+    """From one query's keyword scores and its scaled cosines (`CosineScale`), in any order.
+
+    A keyword list is short because the documents it lacks matched nothing: they count 0
+    among the next `STANDOUT_DEPTH`. A vector list is as deep as the collection: it is
+    measured against what it holds (a list of one has nothing to stand above)."""
+    return Standout(_above_the_rest(keyword, absent=0.0), _above_the_rest(vector, absent=None))
 
 
-def _above_the_rest(scores: Iterable[float]) -> float:
+def _above_the_rest(scores: Iterable[float], absent: float | None) -> float:
     ranked = sorted(scores, reverse=True)
     if not ranked:
         return 0.0
     rest = ranked[1 : 1 + STANDOUT_DEPTH]
+    if absent is not None:
+        rest += [absent] * (STANDOUT_DEPTH - len(rest))
     return ranked[0] - sum(rest) / len(rest) if rest else 0.0
 
 
@@ -188,16 +200,20 @@ class Evidence:
     vector: float | None
     """Its cosine on the embedder's scale (`CosineScale`); None without vector evidence."""
     standout: Standout = NO_STANDOUT
-    """Its query's (`standout`); read with vector evidence only."""
+    """Its query's (`standout`); the vector part is read with vector evidence only."""
     held: float = 1.0
     """Its query's share of idf that the index holds (`lexical.held_share`; 1 for typed lines,
-    which have no text of their own); read with vector evidence only."""
+    which have no text of their own)."""
 
 
 def relevance(e: Evidence) -> float:
     if e.vector is None:
-        w, b = KEYWORD_ONLY
-        return _sigmoid(w * e.keyword + b)
+        return _sigmoid(
+            KEYWORD_ONLY_KEYWORD * e.keyword
+            + KEYWORD_ONLY_STANDOUT * e.standout.keyword
+            + KEYWORD_ONLY_HELD * e.held
+            + KEYWORD_ONLY_BIAS
+        )
     return _sigmoid(
         W_KEYWORD * e.keyword
         + W_VECTOR * e.vector
