@@ -421,10 +421,21 @@ def _explain_lines(explain: Mapping[str, Any]) -> list[str]:
         f"Explain: fts=[{listing(explain.get('ftsScores') or [])}] vec=[{listing(explain.get('vectorScores') or [])}]",
         f"  RRF: total={num(rrf.get('totalScore', 0.0))} base={num(rrf.get('baseScore', 0.0))} "
         f"bonus={num(rrf.get('topRankBonus', 0.0))} rank={rrf.get('rank', 0)}",
-        f"  Blend: {round(weight * 100)}%*{num(rrf.get('positionScore', 0.0))} + "
-        f"{round((1 - weight) * 100)}%*{num(explain.get('rerankScore', 0.0))} = "
-        f"{num(explain.get('blendedScore', 0.0))}",
     ]
+    if explain.get("scoredBy") == "relevance":  # a plain query without a rerank: ranked by its relevance
+        fusion = num(rrf.get("positionScore", 0.0))
+        lines.append(f"  Score: relevance = {num(explain.get('blendedScore', 0.0))} (fusion {fusion})")
+    else:
+        lines.append(
+            f"  Blend: {round(weight * 100)}%*{num(rrf.get('positionScore', 0.0))} + "
+            f"{round((1 - weight) * 100)}%*{num(explain.get('rerankScore', 0.0))} = "
+            f"{num(explain.get('blendedScore', 0.0))}"
+        )
+    if chance := explain.get("relevance"):  # the logistic's terms, which the server weighs
+        summed = " + ".join(f"{t['weight']:g}*{t['value']:.4f} {t['name']}" for t in chance["terms"])
+        bias = chance["bias"]
+        sign = "-" if bias < 0 else "+"
+        lines.append(f"  Relevance: logistic({summed} {sign} {abs(bias):g}) = {num(chance['probability'])}")
     contributions = sorted(rrf.get("contributions") or [], key=lambda c: c.get("rrfContribution", 0.0), reverse=True)[
         :3
     ]

@@ -834,6 +834,17 @@ def test_render_document_full_path(hits: list[dict[str, Any]], tmp_path: Path) -
     assert resolve_full_path(gone["abs_path"], str(tmp_path)) is None
 
 
+def test_explain_of_a_result_ranked_by_relevance_says_so(tmp_path: Path) -> None:
+    """A plain query's score is its relevance: no blend line whose sum is not the score."""
+    hit = make_hits(tmp_path)[2]
+    terms = [{"name": "keyword", "weight": 3.94, "value": 0.5}, {"name": "vector", "weight": 5.77, "value": 0.75}]
+    chance = {"probability": 0.8121, "bias": -10.35, "terms": terms}
+    hit["explain"] = {**hit["explain"], "scoredBy": "relevance", "blendedScore": 0.8121, "relevance": chance}
+    text, _ = render_search([hit], "cli", PLAIN)
+    assert "  Score: relevance = 0.8121 (fusion 1.0000)\n" in text and "Blend" not in text
+    assert "  Relevance: logistic(3.94*0.5000 keyword + 5.77*0.7500 vector - 10.35) = 0.8121\n" in text
+
+
 def test_keyword_explain_shows_matched_terms_not_zero_fusion_fields(tmp_path: Path) -> None:
     """`qmd search --explain` has no RRF or rerank to show; it says what BM25 matched."""
     hit = {**make_hits(tmp_path)[0], "explain": {"bm25_terms_matched": 2, "terms": 3}}

@@ -68,6 +68,11 @@ def test_typed_document_and_explain(env: Env, daemon: Daemon, notes: Path) -> No
     assert ex["rrf"]["contributions"][0]["queryType"] == "lex"
     assert ex["rrf"]["contributions"][0]["weight"] == 2.0  # the first sub-query weighs double
     assert ex["blendedScore"] == pytest.approx(body["results"][0]["score"], abs=1e-3)
+    # typed lines keep the fusion's score; no embedder: relevance from the keyword terms alone
+    assert ex["scoredBy"] == "fusion" and "Blend: 100%*" in r.stdout and "Score: relevance" not in r.stdout
+    assert [t["name"] for t in ex["relevance"]["terms"]] == ["keyword", "standout_keyword", "held"]
+    assert ex["relevance"]["probability"] == pytest.approx(body["results"][0]["relevance"], abs=0.01)  # rounded
+    assert "  Relevance: logistic(4.99*" in r.stdout
 
 
 @pytest.mark.parametrize(

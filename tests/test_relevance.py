@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,6 +122,25 @@ def test_a_plain_query_is_ranked_and_scored_by_relevance(embedded: tuple[Env, Da
         assert all(h["score"] == pytest.approx(h["relevance"], abs=1e-4) for h in hits)
     typed = query(d, f"lex: fundraising\nvec: {ON_TOPIC}", limit=10, rerank=False)["results"]
     assert typed[0]["score"] == typed[0]["fusion"]
+
+
+def test_explain_shows_what_the_score_is_and_the_terms_of_the_relevance(embedded: tuple[Env, Daemon]) -> None:
+    """A plain query is ranked by its relevance: `--explain` says so (not a fusion/rerank blend
+    whose sum would not be the score) and gives the logistic's terms, which add up to it."""
+    env, d = embedded
+    [top] = query(d, ON_TOPIC, limit=1, rerank=False, explain=True)["results"]
+    ex = top["explain"]
+    assert ex["scoredBy"] == "relevance" and ex["blendedScore"] == pytest.approx(top["score"], abs=1e-4)
+    chance = ex["relevance"]
+    assert [t["name"] for t in chance["terms"]] == ["keyword", "vector", "standout_keyword", "standout_vector", "held"]
+    logit = sum(t["weight"] * t["value"] for t in chance["terms"]) + chance["bias"]
+    assert 1 / (1 + math.exp(-logit)) == pytest.approx(top["relevance"], abs=1e-3) == chance["probability"]
+    r = env.qmd("query", "-c", "eval", "--no-rerank", "--explain", "-n", "1", ON_TOPIC)
+    assert r.returncode == 0, r.stderr
+    assert f"Score: relevance = {top['score']:.4f}" in r.stdout and "Blend:" not in r.stdout
+    assert "  Relevance: logistic(3.94*" in r.stdout and f") = {top['relevance']:.4f}" in r.stdout
+    reranked = query(d, ON_TOPIC, limit=1, rerank=True, explain=True)["results"][0]["explain"]
+    assert reranked["scoredBy"] in ("blend", "relevance")  # "relevance" when no reranker is configured
 
 
 def test_a_floor_keeps_what_is_relevant_and_names_the_closest_when_nothing_is(embedded: tuple[Env, Daemon]) -> None:

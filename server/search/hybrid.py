@@ -40,7 +40,7 @@ from qmd.server.search.keyword import KeywordHit, fuzzed, lexical_hits
 from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
-from qmd.server.search.relevance import CosineScale, Evidence, relevance, standout
+from qmd.server.search.relevance import CosineScale, Evidence, relevance, standout, terms
 from qmd.server.search.rerank import NOT_BY_DEFAULT, SCORING, CosineScorer, Reranker, reranks
 from qmd.server.search.scope import FilterReport, Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.snippets import best_passage, passage_window
@@ -226,6 +226,11 @@ class _Sub:
 
 RerankScores: TypeAlias = dict[int, tuple[float, float, bool]]
 """doc id → (normalised rerank score, raw score, cached) for the candidates the rerank stage scored."""
+
+
+ScoredBy = Literal["relevance", "fusion", "blend"]
+"""What a hybrid result's score is (`_shape`): its relevance, the fusion, or the fusion blended
+with the rerank."""
 
 
 @dataclass
@@ -730,9 +735,9 @@ class HybridQuery:
         coll = self.config.collections.get(doc.collection)
         return opts.chunk_strategy or (coll.chunk_strategy if coll else DEFAULT_CHUNK_STRATEGY)
 
-    def _relevance(self, run: _Run, out: HybridOutcome) -> tuple[dict[int, float], bool]:
-        """Each candidate's `relevance`, and whether it had vector evidence: without (no vector
-        list ran, or the embedder's scale could not be measured) it comes from keywords alone."""
+    def _relevance(self, run: _Run, out: HybridOutcome) -> tuple[dict[int, Evidence], bool]:
+        """Each candidate's `relevance` evidence, and whether it had vector evidence: without (no
+        vector list ran, or the embedder's scale could not be measured) it comes from keywords alone."""
         cosines = {d: 1.0 - h.distance for d, h in run.vec_hits.items()}
         scale = None
         if cosines and self.legs.vector is not None and self.legs.vector.scale is not None:
@@ -746,8 +751,7 @@ class HybridQuery:
         evidence = {c.doc_id: _evidence(c, cosines.get(c.doc_id, floor), scale) for c in run.candidates}
         keyword = [e.keyword for e in evidence.values() if e.keyword > 0]
         stands = standout(keyword, map(scale, cosines.values()) if scale is not None else [])
-        evidence = {d: replace(e, standout=stands, held=run.held) for d, e in evidence.items()}
-        return {d: relevance(e) for d, e in evidence.items()}, scale is not None
+        return {d: replace(e, standout=stands, held=run.held) for d, e in evidence.items()}, scale is not None
 
     def _shape(self, run: _Run, rerank: RerankScores, out: HybridOutcome) -> None:
         """Order and cut the candidates. Without a rerank, a plain query's candidates are
@@ -757,8 +761,10 @@ class HybridQuery:
         questions MRR 0.940 -> 0.960), and their score is that relevance."""
         opts = run.opts
         reranked = bool(rerank)
-        chance, vector_evidence = self._relevance(run, out)
+        evidence, vector_evidence = self._relevance(run, out)
+        chance = {d: relevance(e) for d, e in evidence.items()}
         by_relevance = not reranked and run.plain and vector_evidence
+        scored_by: ScoredBy = "blend" if reranked else "relevance" if by_relevance else "fusion"
         scored: list[tuple[float, float, Candidate]] = []
         for c in run.candidates:
             if reranked:
@@ -788,7 +794,7 @@ class HybridQuery:
                 max_len=opts.max_len,
                 lines_within=_vector_region(c, run.vec_hits.get(c.doc_id)),
                 intent_terms=run.iterms,
-                explain=_explain(c, got, w, score) if opts.explain else None,
+                explain=_explain(c, got, w, score, scored_by, evidence[c.doc_id]) if opts.explain else None,
             )
             hit.fusion = c.fusion
             hit.rerank = got[0] if got else None
@@ -907,10 +913,25 @@ def _rerank_passage(
     return f"{doc.title}\n{text}" if doc.title and doc.title not in text else text
 
 
-def _explain(c: Candidate, got: tuple[float, float, bool] | None, weight: float, score: float) -> dict:
-    """Why this result ranked where it did, in the original's `--explain` shape (§14.4);
-    `positionScore` is the fused score as a fraction of its maximum (see `qmd.server.search.fusion`)."""
+def _explain(
+    c: Candidate,
+    got: tuple[float, float, bool] | None,
+    weight: float,
+    score: float,
+    scored_by: ScoredBy,
+    evidence: Evidence,
+) -> dict:
+    """Why this result ranked where it did, in the original's `--explain` shape (§14.4), and
+    what its score is (`scoredBy`) with its relevance's terms; `positionScore` is the fused
+    score as a fraction of its maximum (see `qmd.server.search.fusion`)."""
+    summed, bias = terms(evidence)
     return {
+        "scoredBy": scored_by,
+        "relevance": {
+            "probability": round(relevance(evidence), 4),
+            "bias": bias,
+            "terms": [{"name": t.name, "weight": t.weight, "value": round(t.value, 4)} for t in summed],
+        },
         "ftsScores": [round(k.backend_score, 4) for k in c.contributions if k.source == "fts"],
         "vectorScores": [round(k.backend_score, 4) for k in c.contributions if k.source == "vec"],
         "rrf": {

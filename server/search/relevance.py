@@ -206,22 +206,35 @@ class Evidence:
     which have no text of their own)."""
 
 
-def relevance(e: Evidence) -> float:
+@dataclass(frozen=True)
+class Term:
+    """One term of the sum `relevance` passes through the logistic: what `--explain` shows."""
+
+    name: str
+    weight: float
+    value: float
+
+
+def terms(e: Evidence) -> tuple[list[Term], float]:
+    """The terms `relevance` sums for `e`, and the bias: the one place the formula is written."""
     if e.vector is None:
-        return _sigmoid(
-            KEYWORD_ONLY_KEYWORD * e.keyword
-            + KEYWORD_ONLY_STANDOUT * e.standout.keyword
-            + KEYWORD_ONLY_HELD * e.held
-            + KEYWORD_ONLY_BIAS
-        )
-    return _sigmoid(
-        W_KEYWORD * e.keyword
-        + W_VECTOR * e.vector
-        + W_STANDOUT_KEYWORD * e.standout.keyword
-        + W_STANDOUT_VECTOR * e.standout.vector
-        + W_HELD * e.held
-        + BIAS
-    )
+        return [
+            Term("keyword", KEYWORD_ONLY_KEYWORD, e.keyword),
+            Term("standout_keyword", KEYWORD_ONLY_STANDOUT, e.standout.keyword),
+            Term("held", KEYWORD_ONLY_HELD, e.held),
+        ], KEYWORD_ONLY_BIAS
+    return [
+        Term("keyword", W_KEYWORD, e.keyword),
+        Term("vector", W_VECTOR, e.vector),
+        Term("standout_keyword", W_STANDOUT_KEYWORD, e.standout.keyword),
+        Term("standout_vector", W_STANDOUT_VECTOR, e.standout.vector),
+        Term("held", W_HELD, e.held),
+    ], BIAS
+
+
+def relevance(e: Evidence) -> float:
+    summed, bias = terms(e)
+    return _sigmoid(sum(t.weight * t.value for t in summed) + bias)
 
 
 def _sigmoid(x: float) -> float:
