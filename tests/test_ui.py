@@ -423,10 +423,11 @@ def test_a_narrow_window_needs_no_sideways_scrolling(notes_daemon: Env, page: Pa
     page.results_for("money")
     assert page.js("return document.documentElement.scrollWidth <= window.innerWidth")
     page.shot("narrow")
-    # A full query adds the floor's select, and a hit below it a longer head.
-    page.get(env.url + "/?q=money&mode=query&floor=0.99")
+    # A full query adds the floor's select, and a hit below it a longer head: a floor of 1, which
+    # no probability reaches (keywords alone rate "money" 0.99 for the notes all about it)
+    page.get(env.url + "/?q=money&mode=query&floor=1")
     page.results_for("money")
-    page.wait(lambda: "No result above the relevance floor (99%)" in page.text("#notes"), "the closest hit")
+    page.wait(lambda: "No result above the relevance floor (100%)" in page.text("#notes"), "the closest hit")
     assert page.js("return document.documentElement.scrollWidth <= window.innerWidth")
 
 
