@@ -148,7 +148,7 @@ def test_materialize_rewrites_only_what_changed(tmp_path: Path) -> None:
 
 @pytest.fixture
 def eval_env(env: Env, daemon: Daemon) -> Env:
-    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "the eval corpus")), "--name", "eval-docs")
+    env.ok("collection", "add", str(eval_docs_dir()), "--name", "eval-docs")
     return env
 
 
@@ -271,7 +271,7 @@ def test_the_library_benches_in_process(tmp_path: Path) -> None:
     """`import qmd`: the same bench without the daemon, from a fixture file or a BEIR folder."""
     import qmd
 
-    docs = require(EVAL_DIR / "docs", "the eval corpus")
+    docs = eval_docs_dir()
     with qmd.open(tmp_path / "i.sqlite", collections={"eval-docs": {"path": str(docs)}}) as index:
         index.update()
         report = index.bench(EVAL_DIR / "example.json", backends=["bm25"])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, require, write
+from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, eval_docs_dir, require, write
 
 from qmd.server.store import vector_codec, vector_index, vectors
 from qmd.server.store.db import IndexStore, sqlite3
@@ -41,7 +41,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[
     """Eval corpus + notes, embedded once for the read-only tests."""
     env = Env(tmp_path_factory.mktemp("vec"))
     d = start(env, model)
-    env.ok("collection", "add", str(require(EVAL_DIR / "docs", "eval corpus")), "--name", "eval")
+    env.ok("collection", "add", str(eval_docs_dir()), "--name", "eval")
     env.ok("collection", "add", str(write(env.base / "notes", NOTES)), "--name", "notes")
     out = env.ok("embed")
     assert "0 pending" in out
