@@ -147,12 +147,13 @@ def main() -> None:
     )
     held_out(rows, fitting, sets)
     alone = rows_of(lists, keyword_evidence, related, unrelated)
-    wk = fitted([x for x in alone if x[0] not in checked])
+    fitting_alone = [x for x in alone if x[0] not in checked]
+    wk = fitted(fitting_alone)
     print(
         f"\nkeyword evidence alone (no embedder), fitted likewise: KEYWORD_ONLY_KEYWORD {wk[0]:.2f}, "
         f"KEYWORD_ONLY_STANDOUT {wk[1]:.2f}, KEYWORD_ONLY_HELD {wk[2]:.2f}, KEYWORD_ONLY_BIAS {wk[3]:.2f}"
     )
-    held_out(alone, [x for x in alone if x[0] not in checked], sets)
+    held_out(alone, fitting_alone, sets)
     print("nDCG@10: the order fitted without the set (its ratio) / the shipped order / rank fusion")
     ordering = [x for x in rows_of(lists, order_evidence, related, unrelated) if x[0] not in checked]
     for held in sets:

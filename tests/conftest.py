@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import pytest
 from harness import (  # noqa: F401 - daemons_on, free_port: for the test modules
@@ -210,6 +211,11 @@ def embedded_install(base: Path, collections: dict[str, Path], **models: str) ->
 
 def eval_docs_dir() -> Path:
     return require(EVAL_DIR / "docs", "the qmd eval corpus (../shared/eval/qmd-eval)")
+
+
+def eval_spec() -> dict[str, Any]:
+    """The eval corpus's queries.json: its queries and the files each expects."""
+    return cast(dict[str, Any], json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text()))
 
 
 def embedded_eval_and_notes(base: Path, **models: str) -> tuple[Env, Daemon]:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, embedded_install, eval_docs_dir, require, write
+from conftest import EVAL_DIR, embedded_install, eval_docs_dir, eval_spec, require, write
 from harness import Daemon, Env
 
 from qmd.server.errors import InvalidInput
@@ -209,7 +209,7 @@ def test_bench_errors_are_clear_and_change_nothing(eval_env: Env, tmp_path: Path
 
 def eval_as_beir(root: Path) -> Path:
     """The eval corpus and its 24 queries in BEIR format (a file's name is its id)."""
-    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    spec = eval_spec()
     docs = []
     for path in sorted((EVAL_DIR / "docs").glob("*.md")):
         title, _, text = path.read_text().partition("\n")

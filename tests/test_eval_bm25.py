@@ -3,11 +3,10 @@ original's BM25 floors (`thresholds_in_upstream_tests.bm25`). Prints the figures
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, Daemon, Env, require
+from conftest import Daemon, Env, eval_spec
 
 # A real qmdd indexes the eval corpus: integration, outside the fast run (-m "not slow").
 pytestmark = pytest.mark.slow
@@ -30,7 +29,7 @@ def hit_rates(daemon: Daemon, queries: list[dict]) -> dict[str, tuple[int, int, 
 
 
 def test_bm25_reaches_upstream_floors(env: Env, daemon: Daemon, eval_docs: Path) -> None:
-    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    spec = eval_spec()
     floors = spec["thresholds_in_upstream_tests"]["bm25"]
     env.ok("collection", "add", str(eval_docs), "--name", "eval")
     rates = hit_rates(daemon, spec["eval_queries"])

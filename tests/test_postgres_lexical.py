@@ -4,7 +4,6 @@ by the real indexer: the same documents, the same queries, the same hits and sco
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import EVAL_DIR, NOTES, assert_terms_counted, require, write
+from conftest import NOTES, assert_terms_counted, eval_spec, write
 
 import qmd
 from qmd.server.errors import IndexTooNew, Unavailable
@@ -86,7 +85,7 @@ def make_both(tmp_path: Path, pg_url: str) -> Iterator[object]:
 
 def eval_queries() -> list[BenchQuery]:
     """The eval corpus's queries with judgments: the 24 eval, 10 fixture and 25 deep-research ones."""
-    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    spec = eval_spec()
     rows = spec["eval_queries"] + spec["fixture_queries"] + spec["deep_research_queries"]
     return [BenchQuery(q["id"], q["query"], "eval", {f: 1 for f in q["expected_files"]}, 10) for q in rows]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, ROOT, Daemon, Env, embedded_eval_and_notes, embedded_install, eval_docs_dir, require
+from conftest import ROOT, Daemon, Env, embedded_eval_and_notes, embedded_install, eval_docs_dir, eval_spec
 from mcp import Client, types
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
@@ -30,6 +30,12 @@ from qmd.server.search.relevance import (
 
 OFF_TOPIC = "how long should I boil an egg for a runny yolk"
 ON_TOPIC = "Series A fundraising"
+
+
+def everyday_questions() -> list[str]:
+    """bench/data/offtopic_queries.txt: questions no notes of ours answer (a line each, `#` comments)."""
+    lines = (ROOT / "bench" / "data" / "offtopic_queries.txt").read_text().splitlines()
+    return [t for t in lines if t and t[0] != "#"]
 
 
 def test_relevance_grows_with_each_kind_of_evidence() -> None:
@@ -167,11 +173,10 @@ def test_the_agents_floor_on_the_eval_notes_alone(eval_alone: Daemon) -> None:
     least 80% of the everyday questions (bench/data/offtopic_queries.txt) and drops under 5% of
     the 24 eval queries' right first answers, at most one (docs/benchmarks.md#relevance: it
     drops none; before the query's `held` share, a floor that refused as many dropped two)."""
-    lines = (ROOT / "bench" / "data" / "offtopic_queries.txt").read_text().splitlines()
-    everyday = [t for t in lines if t and t[0] != "#"]
+    everyday = everyday_questions()
     answered = [t for t in everyday if query(eval_alone, t, limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)["results"]]
     assert len(answered) <= 0.2 * len(everyday), answered
-    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    spec = eval_spec()
     dropped = []
     for q in spec["eval_queries"]:
         got = query(eval_alone, q["query"], limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)
@@ -221,14 +226,13 @@ def test_the_agents_floor_on_keyword_evidence_alone(tmp_path: Path, env: Env, da
     149, where the keyword score alone refused only those nothing matched, 52), and drops no
     eval query's right first answer; an answer it cut says it read keywords alone."""
     env.ok("collection", "add", str(eval_docs_dir()), "--name", "eval")
-    lines = (ROOT / "bench" / "data" / "offtopic_queries.txt").read_text().splitlines()
-    everyday = [t for t in lines if t and t[0] != "#"]
+    everyday = everyday_questions()
     answers = [query(daemon, t, limit=1, min_relevance=AGENT_RELEVANCE_FLOOR) for t in everyday]
     answered = [t for t, a in zip(everyday, answers, strict=True) if a["results"]]
     assert len(answered) <= 0.4 * len(everyday), answered
     cut = [a for a in answers if a.get("closest")]
     assert cut and all(any("keyword evidence alone" in w for w in a["warnings"]) for a in cut)
-    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    spec = eval_spec()
     dropped = []
     for q in spec["eval_queries"]:
         got = query(daemon, q["query"], limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)

@@ -4,12 +4,11 @@ MiniLM GGUF over the eval corpus and the notes (slow), and the mapping itself (f
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EVAL_DIR, MODELS_DIR, NOTES, Daemon, Env, embedded_eval_and_notes, require, write
+from conftest import MODELS_DIR, NOTES, Daemon, Env, embedded_eval_and_notes, eval_spec, require, write
 
 import qmd
 from qmd.defaults import VSEARCH_MIN_SCORE
@@ -83,7 +82,7 @@ def test_default_vsearch_finds_every_eval_answer(embedded: tuple[Env, Daemon]) -
     """`qmd vsearch` as a user runs it (no flags) puts the right note in the top 3 for all 24
     eval queries; the old 0.3 cosine floor answered nothing for 5 of them."""
     env, _ = embedded
-    spec = json.loads(require(EVAL_DIR / "queries.json", "eval queries").read_text())
+    spec = eval_spec()
     missed = []
     for q in spec["eval_queries"]:
         files = [h["file"].lower() for h in env.json("vsearch", q["query"], "--json", "-c", "eval")]

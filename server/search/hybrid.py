@@ -784,6 +784,7 @@ class HybridQuery:
 
         def pointer(score: float, w: float, c: Candidate) -> Pointer:
             got = rerank.get(c.doc_id)
+            why = _explain(c, got, w, score, scored_by, evidence[c.doc_id], chance[c.doc_id]) if opts.explain else None
             hit = point_at(
                 run.docs[c.doc_id],
                 score,
@@ -794,7 +795,7 @@ class HybridQuery:
                 max_len=opts.max_len,
                 lines_within=_vector_region(c, run.vec_hits.get(c.doc_id)),
                 intent_terms=run.iterms,
-                explain=_explain(c, got, w, score, scored_by, evidence[c.doc_id]) if opts.explain else None,
+                explain=why,
             )
             hit.fusion = c.fusion
             hit.rerank = got[0] if got else None
@@ -920,15 +921,17 @@ def _explain(
     score: float,
     scored_by: ScoredBy,
     evidence: Evidence,
+    probability: float,
 ) -> dict:
     """Why this result ranked where it did, in the original's `--explain` shape (§14.4), and
-    what its score is (`scoredBy`) with its relevance's terms; `positionScore` is the fused
+    what its score is (`scoredBy`) with its relevance (`probability`, from `evidence`) and that
+    relevance's terms; `positionScore` is the fused
     score as a fraction of its maximum (see `qmd.server.search.fusion`)."""
     summed, bias = terms(evidence)
     return {
         "scoredBy": scored_by,
         "relevance": {
-            "probability": round(relevance(evidence), 4),
+            "probability": round(probability, 4),
             "bias": bias,
             "terms": [{"name": t.name, "weight": t.weight, "value": round(t.value, 4)} for t in summed],
         },
