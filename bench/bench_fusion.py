@@ -18,8 +18,8 @@ variant (RRF constants and weights, score-aware combinations), the rank fusion
 lists' embedder is measured to have) among them: the goal (issue 33) is a fused list above
 its better leg on every set.
 
-Each question's row also holds its `held` share (`lexical.held_share`), read from its keyword
-search of the set's index after the daemon stops, for `relevance_fit.py`.
+Each question's row also holds its `held` share (`lexical.Held`), read from its keyword
+search of the set's collection after the daemon stops, for `relevance_fit.py`.
 
 `--base DIR` reuses an installation made by an earlier run (vectors kept); `--lists FILE`
 saves the lists, or reads them when the file exists, so a fusion change is measured again
@@ -98,15 +98,15 @@ def collect(env: Env, sets: list[Path], limit: int, offtopic: list[tuple[str, st
 
 
 def add_held(db: Path, rows: list[dict[str, Any]]) -> None:
-    """Each question's share of idf its set's index holds (`LexHit.held`), read as the hybrid
-    query reads it: from its keyword search of that collection, 0 when that found nothing."""
+    """Each question's share of idf its set's collection holds (`lexical.Held`), read as the
+    hybrid query reads it: from its keyword search of that collection, 0 when that found nothing."""
     import qmd
     from qmd.server.search.lexical import parse_lex, search_fts
 
     with qmd.open(db) as index, index.engine.store.read() as conn:
         for r in rows:
             hits = search_fts(conn, parse_lex(r["text"]), f"bench-{r['set']}", 1, count_matched=False)
-            r["held"] = hits[0].held if hits else 0.0
+            r["held"] = hits[0].held.share if hits else 0.0
 
 
 # -- fusion variants ------------------------------------------------------------------

@@ -22,9 +22,9 @@ from qmd.server.ingest import indexer
 from qmd.server.search import lexical
 from qmd.server.search.lexical import (
     STOP_WORDS,
+    Held,
     LexHit,
     LexQuery,
-    held_share,
     indexed_rows,
     item_idfs,
     parse_lex,
@@ -899,15 +899,25 @@ def test_a_letter_no_document_holds_is_not_a_prefix_in_a_long_query(conn: sqlite
     assert resolve_prefixes(conn, parse_lex("vitamin d")).positives == ('"vitamin"*', '"d"*')  # typed partly: a prefix
 
 
-def test_held_share_is_the_idf_of_what_some_document_holds() -> None:
-    assert held_share([3, 10], 100) == 1.0 and held_share([], 100) == 1.0
-    assert held_share([0, 0], 100) == 0.0
+def test_held_is_the_idf_of_what_some_document_in_scope_holds() -> None:
+    def share(counts: list[int], rows: int, present: list[bool] | None = None) -> float:
+        return Held.of(counts, rows, present).share
+
+    assert share([3, 10], 100) == 1.0 and share([], 100) == 1.0
+    assert share([0, 0], 100) == 0.0
     absent = math.log(100.5 / 0.5)
     rare = math.log((100 - 1 + 0.5) / 1.5)
-    assert held_share([1, 0], 100) == pytest.approx(rare / (rare + absent))
+    assert share([1, 0], 100) == pytest.approx(rare / (rare + absent))
     # a word most documents hold weighs next to nothing either way
-    assert held_share([90, 0], 100) == pytest.approx(0.0, abs=1e-6)
-    assert held_share([0], 0) == 0.0  # an empty index holds nothing
+    assert share([90, 0], 100) == pytest.approx(0.0, abs=1e-6)
+    assert share([0], 0) == 0.0  # an empty index holds nothing
+    # an item the index holds only outside the scope is left out of the share, at its idf
+    assert share([1, 1], 100, [True, False]) == pytest.approx(0.5)
+    assert share([1, 10], 100, [False, True]) == pytest.approx(math.log(90.5 / 10.5) / (rare + math.log(90.5 / 10.5)))
+    assert share([1, 0], 100, [True, True]) == share([1, 0], 100)  # a count of 0 is never held
+    # two collections searched hold what either holds
+    one, other = Held.of([1, 1], 100, [True, False]), Held.of([1, 1], 100, [False, True])
+    assert (one | other).share == 1.0 and (one | other) == Held.of([1, 1], 100)
 
 
 def test_every_hit_carries_how_much_of_the_query_the_index_holds(conn: sqlite3.Connection) -> None:
@@ -917,8 +927,30 @@ def test_every_hit_carries_how_much_of_the_query_the_index_holds(conn: sqlite3.C
     full = search_fts(conn, parse_lex("rules game"), None, 5)
     part = search_fts(conn, parse_lex("rules of blitzchess castlings"), None, 5)
     assert full[0].doc_id == part[0].doc_id == doc
-    assert all(h.held == 1.0 for h in full) and all(0.0 < h.held < 0.5 for h in part)
+    assert all(h.held.share == 1.0 for h in full) and all(0.0 < h.held.share < 0.5 for h in part)
     assert part[0].score == pytest.approx(search_fts(conn, parse_lex("rules"), None, 5)[0].score)  # left out
+
+
+def test_held_is_read_over_the_collection_searched(conn: sqlite3.Connection) -> None:
+    """A word the index holds only in another collection is, to a search of this one, a
+    word no document holds: found among the hits, or looked for where the list is full."""
+    rules = add(conn, "the rules of the game", title="rules", collection="games")
+    add(conn, "castling moves the king two squares", title="chess", collection="chess")
+    add_filler(conn)
+    query = parse_lex("rules castling")
+    whole = search_fts(conn, query, None, 5)[0].held
+    games, chess = (search_fts(conn, query, name, 5)[0].held for name in ("games", "chess"))
+    assert whole.present == (True, True) and whole.share == 1.0
+    assert games.present == (True, False) and chess.present == (False, True) and games.share < 0.6
+    assert games | chess == whole
+    assert search_fts(conn, query, "games", 1)[0].held == games  # a full list: castling looked for
+    assert search_fts(conn, query, "filler", 5) == []
+    add(conn, "after castling, the rook stands beside the king in a long note about openings", collection="games")
+    for limit in (1, 5):  # now held by a second note of the games, found or looked for
+        hits = search_fts(conn, query, "games", limit)
+        assert hits[0].doc_id == rules and hits[0].held.present == (True, True)
+    hits = search_fts(conn, parse_lex("rules castling -rook"), "games", 5)  # left out by the negation, still held
+    assert [h.doc_id for h in hits] == [rules] and hits[0].held.present == (True, True)
 
 
 # --- timing (printed, not asserted) -------------------------------------------------------

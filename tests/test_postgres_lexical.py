@@ -169,7 +169,7 @@ def test_collection_and_id_restrictions_rank_with_the_whole_index(make_both: obj
     a = write(tmp_path / "a", NOTES)
     b = write(tmp_path / "b", {**EXTRA, "more.md": "# Angels\n\nangel angel investors bread\n"})
     both = make_both({"a": a, "b": b})  # type: ignore[operator]
-    for query in ("angel investors", "bread", "investors -sourdough"):
+    for query in ("angel investors", "bread", "investors -sourdough", "angel cafe"):
         everything = both.agree(query, limit=50)
         assert len({both.paths[h.doc_id].split("/")[0] for h in everything}) == 2
         for collection in ("a", "b"):
@@ -179,6 +179,15 @@ def test_collection_and_id_restrictions_rank_with_the_whole_index(make_both: obj
         chosen = search_pg(both.pg, parse_lex(query), 10, doc_ids=ids)
         assert [h.doc_id for h in chosen] == [h.doc_id for h in everything if h.doc_id in ids][:10]
         assert search_pg(both.pg, parse_lex(query), 10, doc_ids=[]) == []
+    # what the collection searched holds, on both: "cafe" only b holds, by a prefix here and
+    # exactly in a longer query; a list of one looks for the item its hit lacks
+    for query in ("angel cafe", "angel investors cafe", "angel investors cafe -bread"):
+        for limit in (1, 10):
+            held = {name: both.agree(query, limit, name)[0].held for name in ("a", "b")}
+            assert held["a"].present[-1] is False and held["b"].present[-1] is True
+            assert held["a"] | held["b"] == both.agree(query, limit)[0].held
+        ids = [h.doc_id for h in both.agree(query, 50, "a")]
+        assert search_pg(both.pg, parse_lex(query), 10, doc_ids=ids)[0].held == both.agree(query, 10, "a")[0].held
 
 
 def test_deletes_and_edits_move_the_statistics(make_both: object, tmp_path: Path) -> None:

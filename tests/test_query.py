@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import EVAL_DIR, Daemon, Env, embedded_eval_and_notes
 
+from qmd.server.search.relevance import KEYWORD_ONLY_KEYWORD
+
 # Every test runs a real qmdd, most with the generate model: outside the fast run (-m "not slow").
 pytestmark = pytest.mark.slow
 
@@ -72,7 +74,7 @@ def test_typed_document_and_explain(env: Env, daemon: Daemon, notes: Path) -> No
     assert ex["scoredBy"] == "fusion" and "Blend: 100%*" in r.stdout and "Score: relevance" not in r.stdout
     assert [t["name"] for t in ex["relevance"]["terms"]] == ["keyword", "standout_keyword", "held"]
     assert ex["relevance"]["probability"] == pytest.approx(body["results"][0]["relevance"], abs=0.01)  # rounded
-    assert "  Relevance: logistic(4.99*" in r.stdout
+    assert f"  Relevance: logistic({KEYWORD_ONLY_KEYWORD:.2f}*" in r.stdout
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from qmd.server.search.relevance import (
     ANCHORS,
     NO_STANDOUT,
     STANDOUT_DEPTH,
+    W_KEYWORD,
     CosineScale,
     Evidence,
     Scales,
@@ -68,7 +69,7 @@ def test_a_best_result_that_stands_out_is_likelier_relevant() -> None:
 
 
 def test_a_question_the_index_holds_little_of_is_likelier_irrelevant() -> None:
-    """`held` (lexical.held_share): a cooking question asked of software docs matches a stray
+    """`held` (lexical.Held): a cooking question asked of software docs matches a stray
     word, and the score leaves out the words no document holds; held says how much that was."""
     assert relevance(Evidence(0.9, 0.3, held=0.2)) < relevance(Evidence(0.9, 0.3, held=1.0))
     assert relevance(Evidence(0.9, 0.3)) == relevance(Evidence(0.9, 0.3, held=1.0))  # unread: all held
@@ -144,7 +145,7 @@ def test_explain_shows_what_the_score_is_and_the_terms_of_the_relevance(embedded
     r = env.qmd("query", "-c", "eval", "--no-rerank", "--explain", "-n", "1", ON_TOPIC)
     assert r.returncode == 0, r.stderr
     assert f"Score: relevance = {top['score']:.4f}" in r.stdout and "Blend:" not in r.stdout
-    assert "  Relevance: logistic(3.94*" in r.stdout and f") = {top['relevance']:.4f}" in r.stdout
+    assert f"  Relevance: logistic({W_KEYWORD:.2f}*" in r.stdout and f") = {top['relevance']:.4f}" in r.stdout
     reranked = query(d, ON_TOPIC, limit=1, rerank=True, explain=True)["results"][0]["explain"]
     assert reranked["scoredBy"] in ("blend", "relevance")  # "relevance" when no reranker is configured
 
@@ -239,6 +240,33 @@ def test_the_agents_floor_on_keyword_evidence_alone(tmp_path: Path, env: Env, da
         if not got["results"] and got.get("closest") and got["closest"]["path"] in q["expected_files"]:
             dropped.append((q["query"], got["closest"]["relevance"]))
     assert not dropped, dropped
+
+
+def test_held_is_read_over_the_collections_searched(tmp_path: Path, env: Env, daemon: Daemon) -> None:
+    """A question's words that only a collection not searched holds count as words no note
+    holds: asked of the baking notes, a question about sourdough and castling holds only
+    part of its idf, and is less likely relevant than asked of the baking and chess notes."""
+    for name, text in {
+        "baking": "# Sourdough\n\nFeed the sourdough starter daily.\n",
+        "chess": "# Castling\n\nCastling moves the king two squares.\n",
+        "errands": "# Errands\n\nBuy stamps.\n",
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.md").write_text(text)
+        env.ok("collection", "add", str(tmp_path / name), "--name", name)
+
+    def held(*names: str) -> tuple[float, float]:
+        [top] = query(daemon, "sourdough starter castling", collections=list(names), explain=True, limit=1)["results"]
+        terms = {t["name"]: t["value"] for t in top["explain"]["relevance"]["terms"]}
+        return terms["held"], top["relevance"]
+
+    both = held("baking", "chess")  # two collections of three: searched one by one, then joined
+    assert both[0] == held("baking", "chess", "errands")[0] == 1.0  # the whole index
+    baking = held("baking")
+    assert (
+        baking[0] == pytest.approx(2 / 3, abs=1e-4) and held("baking", "errands") == baking
+    )  # three words, each in one note
+    assert baking[1] < both[1]
 
 
 def test_keyword_evidence_alone_is_announced_under_a_floor(tmp_path: Path, env: Env, daemon: Daemon) -> None:

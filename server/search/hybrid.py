@@ -254,8 +254,9 @@ class _Run:
     """Only the query's own keyword and vector lists were fused (no expansion, no typed lines):
     what the relevance model was fitted on, so what may be ranked by it."""
     held: float = 1.0
-    """How much of the query's own text the index holds (`lexical.held_share`), from its keyword
-    probe; a probe that found nothing held none of it. Typed lines have no such text: 1."""
+    """How much of the query's own text the collections searched hold (`lexical.Held`), from
+    its keyword probe; a probe that found nothing held none of it. Typed lines have no such
+    text: 1."""
     docs: dict[int, DocRow] = field(default_factory=dict)
 
     @property

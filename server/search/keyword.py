@@ -15,7 +15,7 @@ from typing import cast
 
 from qmd.server.config import Config
 from qmd.server.errors import InvalidInput
-from qmd.server.search.lexical import LexHit, LexQuery, parse_lex, search_fts
+from qmd.server.search.lexical import Held, LexHit, LexQuery, parse_lex, search_fts
 from qmd.server.search.pointers import SearchOptions, SearchOutcome, point_at, within_answer
 from qmd.server.search.scope import Scope, filter_report, filter_warnings, scope_of
 from qmd.server.search.typos import correct
@@ -40,7 +40,7 @@ class KeywordHit:
     coordination: float | None
     """The original's score (`LexHit.coordination`), for spec §13.2's strong-signal test."""
     held: float
-    """The query's share of idf the index holds (`LexHit.held`)."""
+    """The query's share of idf that the documents searched hold (`lexical.Held`)."""
 
 
 def _whole_index(conn: Connection, collections: list[str]) -> bool:
@@ -95,16 +95,21 @@ def lexical_hits(
     """The best `fetch` documents of the scope; `count_matched` for each hit's item count."""
     with store.read() as conn:
         best: dict[int, LexHit] = {}
+        held: Held | None = None
         whole = scope.doc_filter is None and _whole_index(conn, scope.collections)
         names: list[str | None] = [None] if whole else list(scope.collections)
         for name in names:
-            for h in _search(store, conn, query, name, fetch, scope, count_matched):
+            hits = _search(store, conn, query, name, fetch, scope, count_matched)
+            if hits:
+                held = hits[0].held if held is None else held | hits[0].held
+            for h in hits:
                 if h.doc_id not in best or h.score > best[h.doc_id].score:
                     best[h.doc_id] = h
         ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
+    share = held.share if held is not None else 0.0
     return [
-        KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination, h.held)
+        KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination, share)
         for h in ranked
         if h.doc_id in docs
     ]

@@ -81,9 +81,9 @@ __all__ = [
     "LexQuery",
     "STOP_WORDS",
     "FtsVocabulary",
+    "Held",
     "common_tail",
     "held_questions",
-    "held_share",
     "hit_score",
     "identifier_tokens",
     "item_idfs",
@@ -277,6 +277,46 @@ def parse_lex(query: str, max_terms: int = 32) -> LexQuery:
 
 
 @dataclass(frozen=True)
+class Held:
+    """How much of a query the documents searched hold at all (`share`): the idf of the items
+    some document in scope holds over that of every item, one that no document of the index
+    holds counted at bm25's idf for that, ln((N + 0.5) / 0.5).
+
+    `hit_score` leaves such items out, so that a misspelt word lowers no score; a query's
+    relevance (`relevance.Evidence.held`) reads what it left out: in 150 Node sections "what
+    are the rules of chess castling" reaches 0.91 of its attainable score from "rules" alone,
+    and holds 0.2 of its idf. It is read over the scope, not the index: in one index with
+    pydoc and man pages beside them, the other manuals' questions asked of Node's docs held
+    0.95 of their idf in the index and 0.67 in Node's docs, Node's own 0.98 and 0.97
+    (docs/benchmarks.md#relevance). A search of several collections searches each on its own;
+    their `Held`s join with `|`."""
+
+    idfs: tuple[float, ...]
+    """Each positive item's idf in the whole index (the scores' statistics)."""
+    present: tuple[bool, ...]
+    """Whether some document in scope holds each item."""
+
+    @classmethod
+    def of(cls, counts: Sequence[int], rows: int, present: Sequence[bool] | None = None) -> Held:
+        """From how many of the index's `rows` documents hold each item, and whether one in
+        scope does (None: the scope is the index)."""
+        rows = max(rows, *counts, 1)
+        absent = math.log((rows + 0.5) / 0.5)
+        scoped = [True] * len(counts) if present is None else present
+        held = tuple(n > 0 and p for n, p in zip(counts, scoped, strict=True))
+        return cls(tuple(_idf(n, rows) if n else absent for n in counts), held)
+
+    @property
+    def share(self) -> float:
+        total = sum(self.idfs)
+        return sum(v for v, p in zip(self.idfs, self.present, strict=True) if p) / total if total > 0 else 1.0
+
+    def __or__(self, other: Held) -> Held:
+        """Held by the documents of either search (of the same query and index)."""
+        return replace(self, present=tuple(a or b for a, b in zip(self.present, other.present, strict=True)))
+
+
+@dataclass(frozen=True)
 class LexHit:
     """One document found by :func:`search_fts`."""
 
@@ -293,9 +333,8 @@ class LexHit:
     """How many positive items the query has."""
     score: float
     """``|bm25|`` as a fraction of the query's attainable BM25; see the module docstring."""
-    held: float = 1.0
-    """The query's, the same on every hit: the share of its items' idf that some document of
-    the index holds (`held_share`)."""
+    held: Held
+    """The query's, the same on every hit: which of its items the documents searched hold."""
 
     @property
     def coordination(self) -> float | None:
@@ -399,20 +438,6 @@ def _idf(n: int, rows: int) -> float:
 def item_idfs(counts: Sequence[int], rows: int) -> list[float]:
     """The idf of each query item from how many of the index's `rows` documents hold it."""
     return [_idf(n, rows) for n in counts]
-
-
-def held_share(counts: Sequence[int], rows: int) -> float:
-    """How much of a query the index holds at all: the idf of the items some document holds
-    over that of every item, one that no document holds counted at bm25's idf for that,
-    ln((N + 0.5) / 0.5). `hit_score` leaves such items out, so that a misspelt word lowers no
-    score; a query's relevance (`relevance.Evidence.held`) reads what it left out: in 150 Node
-    sections "what are the rules of chess castling" reaches 0.91 of its attainable score from
-    "rules" alone, and holds 0.2 of its idf."""
-    rows = max(rows, *counts, 1)
-    absent = math.log((rows + 0.5) / 0.5)
-    idfs = [_idf(n, rows) if n else absent for n in counts]
-    total = sum(idfs)
-    return sum(v for v, n in zip(idfs, counts, strict=True) if n) / total if total > 0 else 1.0
 
 
 def hit_score(bm25: float, idfs: Sequence[float]) -> float:
@@ -665,6 +690,38 @@ def _matched(conn: sqlite3.Connection, query: LexQuery, found: list[int]) -> dic
     return matched
 
 
+def _present(
+    conn: sqlite3.Connection,
+    query: LexQuery,
+    scope: _Scope | None,
+    counts: Sequence[int],
+    rows: Sequence[tuple[int, float]],
+    limit: int,
+) -> tuple[bool, ...]:
+    """`Held.present`: whether some document in `scope` holds each positive item. Without a
+    scope, whether its count is above 0. In one, an item a found document holds is held;
+    where the search found every document of the scope holding an item (fewer than `limit`,
+    and no negation left one out), an item none of them holds is not; any other item is
+    looked for, stopping at its first document in scope."""
+    if scope is None:
+        return tuple(n > 0 for n in counts)
+    found = [json.dumps([doc_id for doc_id, _ in rows])]
+    complete = len(rows) < limit and not query.negatives
+    present = []
+    for expr, n in zip(query.positives, counts, strict=True):
+        held = n > 0 and _holds(conn, expr, "+documents_fts.rowid IN (SELECT value FROM json_each(?))", found)
+        if n > 0 and not held and not complete:
+            held = _holds(conn, expr, *scope.test(conn, expr, "documents_fts.rowid"))
+        present.append(held)
+    return tuple(present)
+
+
+def _holds(conn: sqlite3.Connection, expression: str, test: str, params: Sequence[object]) -> bool:
+    """Whether a document that meets `test` holds `expression`."""
+    sql = f"SELECT 1 FROM documents_fts WHERE documents_fts MATCH ? AND {test} LIMIT 1"
+    return conn.execute(sql, (expression, *params)).fetchone() is not None
+
+
 def search_fts(
     conn: sqlite3.Connection,
     query: LexQuery,
@@ -702,7 +759,7 @@ def search_fts(
         rows += _ranked(conn, rest, scope, limit - len(rows), [idfs[i] for i in common], halves)
     matched = _matched(conn, query, [doc_id for doc_id, _ in rows]) if count_matched else {}
     total = len(query.positives)
-    held = held_share(counts, rows_total)
+    held = Held.of(counts, rows_total, _present(conn, query, scope, counts, rows, limit))
     return [LexHit(doc_id, bm25, matched.get(doc_id), total, hit_score(bm25, idfs), held) for doc_id, bm25 in rows]
 
 

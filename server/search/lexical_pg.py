@@ -34,11 +34,11 @@ from qmd.server.search.lexical import (
     COLUMN_WEIGHTS,
     K1,
     B,
+    Held,
     LexHit,
     LexQuery,
     common_tail,
     held_questions,
-    held_share,
     hit_score,
     item_idfs,
     ranking_items,
@@ -234,6 +234,27 @@ def _held(conn: psycopg.Connection, query: LexQuery, phrases: _Phrases) -> Calla
     return dict(zip(exact, row)).__getitem__
 
 
+def _present(
+    conn: psycopg.Connection,
+    positives: Sequence[tuple[str, list[object]]],
+    counts: Sequence[int],
+    where: str,
+    params: Sequence[object],
+) -> tuple[bool, ...]:
+    """`Held.present` in a scope (`where`, conditions on ``d``, lex_docs): whether one of its
+    documents holds each item of `positives` (their hits), asked in one statement."""
+    tests, args = [], list[object]()
+    for (sql, more), n in zip(positives, counts, strict=True):
+        if n > 0:
+            tests.append(f"EXISTS (SELECT 1 FROM ({sql}) h JOIN lex_docs d ON d.doc_id = h.doc_id WHERE {where})")
+            args += [*more, *params]
+        else:
+            tests.append("false")
+    row = conn.execute("SELECT " + ", ".join(tests), args).fetchone()
+    assert row is not None
+    return tuple(bool(v) for v in row)
+
+
 def search_pg(
     conn: psycopg.Connection,
     query: LexQuery,
@@ -271,8 +292,11 @@ def search_pg(
             where.append("d.doc_id = ANY(%s::bigint[])")
             params.append(list(doc_ids))
         excluding = [_hits(phrases(expr)) for expr in query.negatives]
-        rows = _Ranking(positives, idfs, stats.avgdl, " AND ".join(where), params, excluding, limit).best(conn)
-    total, held = len(query.positives), held_share(row[2:], stats.docs)
+        scope = " AND ".join(where)
+        rows = _Ranking(positives, idfs, stats.avgdl, scope, params, excluding, limit).best(conn)
+        holding = tuple(int(n) for n in row[2:])
+        present = None if len(where) == 1 else _present(conn, positives, holding, scope, params)
+    total, held = len(query.positives), Held.of(holding, stats.docs, present)
     return [LexHit(doc_id, bm25, matched, total, hit_score(bm25, idfs), held) for doc_id, bm25, matched in rows]
 
 

@@ -18,10 +18,11 @@ query:
              matched nothing and counts 0 there): a question the collection answers has a
              document that stands out; a question about something else, even on the same
              subject, finds many about as near
-    held     the share of the query's idf that some document of the index holds
-             (`lexical.held_share`): the keyword score leaves out the words no document
+    held     the share of the query's idf that some document of the collections searched
+             holds (`lexical.Held`): the keyword score leaves out the words no document
              holds, so that a misspelt word lowers nothing, and an everyday question asked of
-             software docs can reach 0.9 of its attainable score from one stray word
+             software docs can reach 0.9 of its attainable score from one stray word; a
+             word only a collection not searched holds is, to this search, such a word
 
     relevance = 1 / (1 + exp(-(W_KEYWORD * keyword + W_VECTOR * vector
                                + W_STANDOUT_KEYWORD * standout.keyword
@@ -36,17 +37,19 @@ MiniLM): each set's first results for its own questions (one relevant document e
 the other two sets' questions and for 149 everyday questions no software manual answers
 (bench/data/offtopic_queries.txt). Held out one set at a time, the agents' floor
 (`AGENT_FLOOR`, 0.025: the lowest floor at which each set, indexed alone as a user's folder is,
-refused at least 80% of the everyday questions) refused 81-90% of them while dropping 0-2% of
-the right first answers. On the eval notes in an index of their own (six notes, never fitted
-on) it refused 130 of the 149 everyday questions and dropped 3 of 47 right first answers, hard
-paraphrases written without the notes' words that MiniLM puts at cosines of 0.2-0.3
+refused at least 80% of the everyday questions) refused 82-93% of them while dropping 0-2% of
+the right first answers. Asked of one collection of an index holding all three, the other
+sets' questions were refused 43-70%. On the eval notes in an index of their own (six notes,
+never fitted on) it refused 132 of the 149 everyday questions and dropped 3 of 47 right first
+answers, hard paraphrases written without the notes' words that MiniLM puts at cosines of 0.2-0.3
 (docs/benchmarks.md#relevance). A floor cuts, so the closest result is still named: a
 question phrased unlike the notes can score low and be right.
 
 Without vector evidence (no embedder, nothing embedded yet) the keyword score, its standout
-and held are fitted alone (`KEYWORD_ONLY_*`): held out, 0.025 refused 59-65% of the everyday
-questions on the sets alone and dropped 0-1%; on the eval notes 100 of 149 and none of 41.
-The keyword score alone, as before, refused only what nothing matched (52 of 149).
+and held are fitted alone (`KEYWORD_ONLY_*`): held out, 0.025 refused 63-66% of the everyday
+questions on the sets alone and dropped 0-1%, and 41-63% of the other sets' questions asked
+of one collection (16-35% while held was read over the whole index); on the eval notes 93 of
+149 and none of 41. The keyword score alone refused only what nothing matched (52 of 149).
 """
 
 from __future__ import annotations
@@ -61,18 +64,18 @@ import numpy as np
 
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
 
-W_KEYWORD = 3.94
-W_VECTOR = 5.77
-W_STANDOUT_KEYWORD = 4.67
-W_STANDOUT_VECTOR = 4.64
-W_HELD = 1.68
-BIAS = -10.35
+W_KEYWORD = 3.64
+W_VECTOR = 5.33
+W_STANDOUT_KEYWORD = 4.38
+W_STANDOUT_VECTOR = 4.99
+W_HELD = 2.15
+BIAS = -10.21
 STANDOUT_DEPTH = 9
 """How many of each list's next results the best one is measured against, at most."""
-KEYWORD_ONLY_KEYWORD = 4.99
-KEYWORD_ONLY_STANDOUT = 7.72
-KEYWORD_ONLY_HELD = 5.64
-KEYWORD_ONLY_BIAS = -10.43
+KEYWORD_ONLY_KEYWORD = 2.52
+KEYWORD_ONLY_STANDOUT = 8.85
+KEYWORD_ONLY_HELD = 6.24
+KEYWORD_ONLY_BIAS = -9.76
 """The weights when the query had no vector evidence (no embedder, nothing embedded yet):
 fitted on the same lists, the keyword list's order and first result, without the vector
 terms. It separates less well, and an answer a floor cut says relevance came from keywords
@@ -202,8 +205,8 @@ class Evidence:
     standout: Standout = NO_STANDOUT
     """Its query's (`standout`); the vector part is read with vector evidence only."""
     held: float = 1.0
-    """Its query's share of idf that the index holds (`lexical.held_share`; 1 for typed lines,
-    which have no text of their own)."""
+    """Its query's share of idf that the collections searched hold (`lexical.Held`; 1 for
+    typed lines, which have no text of their own)."""
 
 
 @dataclass(frozen=True)
