@@ -3,6 +3,7 @@ fitting on some sets and checking on others (with the real embedder's scale)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import subprocess
@@ -92,6 +93,44 @@ def test_page_titles_are_queries_with_every_section_of_the_page_relevant(
     assert q.query == "Crypto" and len(q.expected) == PAGE_SECTIONS  # "Path" has one section: not asked
     by_file = {d.file: d for d in docs}
     assert all("about ciphers" in by_file[f].text for f in q.expected)  # sections are kept whole
+
+
+INFO = (
+    "\x1f\nFile: demo.info,  Node: Top,  Next: wc invocation\n\nThe demo manual.\n\n* Menu:\n\n* wc::\n"
+    "\x1f\nFile: demo.info,  Node: wc invocation,  Next: Index,  Up: Top\n\n"
+    "1 'wc': Print newline, word, and byte counts\n============================================\n\n"
+    "'wc' counts the number of bytes, characters, words, and newlines in\neach given FILE, or standard input"
+    " if none are given.  It prints one line\nof counts per file.\n\n     wc [OPTION]... [FILE]...\n\n"
+    + "   Each count is printed right-justified in a field with at least one\nspace between fields.\n"
+    * 4
+    + "\n* Menu:\n\n* wc options::\n"
+    "\x1f\nFile: demo.info,  Node: Index,  Prev: wc invocation\n\nIndex\n*****\n\n"
+    + "* wc:   wc invocation.   (line 6)\n" * 40
+    + "\x1f\nTag Table:\nNode: Top\x7f1\n\x1f\nEnd Tag Table\n"
+)
+
+
+def test_info_manuals_are_nodes_asked_by_their_first_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """infodocs_beir.py: a node is a document titled by its name, without its own underlined
+    title and its menu; the first sentence of its first paragraph of prose is its query, and
+    is taken out of it. Top, index nodes and the tag table are not documents."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import infodocs_beir
+
+    (node,) = infodocs_beir.nodes(INFO, max_chars=20_000)
+    assert node.title == "wc invocation" and "=====" not in node.text and "Menu" not in node.text
+    assert node.sentence is not None and node.sentence[2] == (
+        "'wc' counts the number of bytes, characters, words, and newlines in each given FILE, or standard input"
+        " if none are given."
+    )
+    (tmp_path / "info").mkdir()
+    with gzip.open(tmp_path / "info" / "demo.info.gz", "wt") as f:
+        f.write(INFO)
+    monkeypatch.setattr(infodocs_beir, "ROOT", tmp_path / "info")
+    assert infodocs_beir.build(tmp_path / "set", docs=10, queries=10, seed=1, max_chars=20_000) == (1, 1)
+    docs, fixture, warnings = load_beir(tmp_path / "set")
+    assert warnings == [] and fixture.queries[0].query == node.sentence[2]
+    assert docs[0].text.startswith("It prints one line of counts per file.")  # the rest of its paragraph stays
 
 
 def test_relevance_fit_says_which_lists_are_missing(tmp_path: Path) -> None:
