@@ -245,9 +245,10 @@ def test_the_agents_floor_on_keyword_evidence_alone(tmp_path: Path, env: Env, da
 def test_held_is_read_over_the_collections_searched(tmp_path: Path, env: Env, daemon: Daemon) -> None:
     """A question's words that only a collection not searched holds count as words no note
     holds: asked of the baking notes, a question about sourdough and castling holds only
-    part of its idf, and is less likely relevant than asked of the baking and chess notes."""
+    part of its idf, and is less likely relevant than asked of the baking and chess notes.
+    A floor that cuts every result names those words, so an agent knows to search wider."""
     for name, text in {
-        "baking": "# Sourdough\n\nFeed the sourdough starter daily.\n",
+        "baking": "---\nqmd:\n  metadata:\n    kind: bread\n---\n# Sourdough\n\nFeed the sourdough starter daily.\n",
         "chess": "# Castling\n\nCastling moves the king two squares.\n",
         "errands": "# Errands\n\nBuy stamps.\n",
     }.items():
@@ -267,6 +268,26 @@ def test_held_is_read_over_the_collections_searched(tmp_path: Path, env: Env, da
         baking[0] == pytest.approx(2 / 3, abs=1e-4) and held("baking", "errands") == baking
     )  # three words, each in one note
     assert baking[1] < both[1]
+
+    def warnings(floor: float, **scope: object) -> list[str]:
+        answer = query(daemon, "sourdough starter castling", min_relevance=floor, limit=1, **scope)
+        return answer["warnings"] if not answer["results"] else ["(answered)"]
+
+    named = "hold 'castling': searching them may answer it"
+    assert any(w == f"only collections not searched {named}" for w in warnings(1.0, collections=["baking"]))
+    assert not any(named in w for w in warnings(1.0, collections=["baking", "chess"]))
+    assert not any(named in w for w in warnings(0.0, collections=["baking"]))  # nothing cut: nothing to say
+    kind = {"field": "kind", "operator": "eq", "value": "bread"}
+    filtered = warnings(1.0, collections=["baking", "chess", "errands"], filter=kind)
+    assert f"only documents the filter or scope left out {named}" in filtered
+    r = env.qmd("query", "-c", "baking", "--min-relevance", "1", "sourdough starter castling")
+    assert r.returncode == 0 and f"only collections not searched {named}" in r.stderr
+    # nothing searched matched at all: the words held elsewhere are still named, without a floor
+    nothing = query(daemon, "castling kings", collections=["baking"])
+    assert nothing["results"] == [] and "only collections not searched hold 'castling', 'kings'" in " ".join(
+        nothing["warnings"]
+    )
+    assert not any("collections not searched" in w for w in query(daemon, "zebras", collections=["baking"])["warnings"])
 
 
 def test_keyword_evidence_alone_is_announced_under_a_floor(tmp_path: Path, env: Env, daemon: Daemon) -> None:

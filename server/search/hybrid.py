@@ -36,8 +36,8 @@ from qmd.server.models.worker import wait_at_most
 from qmd.server.search.expansion import Expander, Expansion, strong_signal
 from qmd.server.search.filters import Filter
 from qmd.server.search.fusion import Candidate, RankedList, blend, fuse
-from qmd.server.search.keyword import KeywordHit, fuzzed, lexical_hits
-from qmd.server.search.lexical import identifier_tokens, intent_terms, parse_lex
+from qmd.server.search.keyword import KeywordHit, fuzzed, held_outside, lexical_hits
+from qmd.server.search.lexical import LexQuery, identifier_tokens, intent_terms, parse_lex
 from qmd.server.search.pointers import Pointer, point_at, within_answer
 from qmd.server.search.querydoc import QueryDoc, SubQueryType
 from qmd.server.search.relevance import CosineScale, Evidence, relevance, standout, terms
@@ -257,6 +257,9 @@ class _Run:
     """How much of the query's own text the collections searched hold (`lexical.Held`), from
     its keyword probe; a probe that found nothing held none of it. Typed lines have no such
     text: 1."""
+    elsewhere: str = ""
+    """What an answer that keeps no result adds (`HybridQuery._outside`): the query's words
+    that only documents outside the search hold, where it has any."""
     docs: dict[int, DocRow] = field(default_factory=dict)
 
     @property
@@ -377,6 +380,7 @@ class HybridQuery:
         expander = self.legs.expander
         probe = self._fts(query, scope, count_matched=self._may_expand(opts))
         run.held = probe[0].held if probe else 0.0
+        run.elsewhere = self._outside(query, scope, probe)
         weight = 2.0 * (IDENTIFIER_BOOST if idents else 1.0)
         lists.append(RankedList("fts", "original", query, weight, [(h.doc.id, h.score) for h in probe]))
         detail = f"{len(probe)} keyword hits"
@@ -463,10 +467,26 @@ class HybridQuery:
                 f"SELECT COUNT(*) FROM documents WHERE active = 1 AND collection IN ({marks})", scope.collections
             ).fetchone()[0]
 
-    def _fts(self, text: str, scope: Scope, *, count_matched: bool = False) -> list[KeywordHit]:
+    def _lexq(self, text: str) -> LexQuery:
         lexq = parse_lex(text)
-        if self._typos is not None:
-            lexq = fuzzed(self.store, lexq, self._typos)
+        return lexq if self._typos is None else fuzzed(self.store, lexq, self._typos)
+
+    def _outside(self, text: str, scope: Scope, probe: list[KeywordHit]) -> str:
+        """What an answer that keeps no result says of the query's words that only documents
+        outside the search hold (`KeywordHit.elsewhere`; `held_outside` when the probe found
+        nothing), or ""."""
+        if probe:
+            words = probe[0].elsewhere
+        else:
+            lexq = self._lexq(text)
+            words = held_outside(self.store, lexq, scope) if lexq.positives else ()
+        if not words:
+            return ""
+        outside = "collections not searched" if scope.doc_filter is None else "documents the filter or scope left out"
+        return f"only {outside} hold {', '.join(repr(w) for w in words)}: searching them may answer it"
+
+    def _fts(self, text: str, scope: Scope, *, count_matched: bool = False) -> list[KeywordHit]:
+        lexq = self._lexq(text)
         if not lexq.positives:
             return []
         t = time.perf_counter()
@@ -807,6 +827,7 @@ class HybridQuery:
             out.closest = pointer(*max(above, key=lambda x: chance[x[2].doc_id]))
         out.hits, cut = within_answer((pointer(*x) for x in kept), len(kept))
         out.warnings += [cut] if cut else []
+        out.warnings += [run.elsewhere] if run.elsewhere and not kept else []
 
 
 def _evidence(c: Candidate, cosine: float, scale: CosineScale | None) -> Evidence:

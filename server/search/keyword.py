@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from qmd.server.config import Config
@@ -41,6 +41,8 @@ class KeywordHit:
     """The original's score (`LexHit.coordination`), for spec §13.2's strong-signal test."""
     held: float
     """The query's share of idf that the documents searched hold (`lexical.Held`)."""
+    elsewhere: tuple[str, ...] = ()
+    """The query's words that only collections not searched hold (`lexical.Held.elsewhere`)."""
 
 
 def _whole_index(conn: Connection, collections: list[str]) -> bool:
@@ -107,12 +109,22 @@ def lexical_hits(
                     best[h.doc_id] = h
         ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
-    share = held.share if held is not None else 0.0
+    share, elsewhere = (held.share, held.elsewhere(query)) if held is not None else (0.0, ())
     return [
-        KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination, share)
+        KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination, share, elsewhere)
         for h in ranked
         if h.doc_id in docs
     ]
+
+
+def held_outside(store: IndexStore, query: LexQuery, scope: Scope) -> tuple[str, ...]:
+    """For a search of `scope` that found nothing: the words of `query` that documents outside
+    it hold (`KeywordHit.elsewhere` where it found something), from one hit of the whole index."""
+    with store.read() as conn:
+        if scope.doc_filter is None and _whole_index(conn, scope.collections):
+            return ()
+        hits = _search(store, conn, query, None, 1, replace(scope, doc_filter=None), False)
+    return replace(hits[0].held, present=(False,) * len(query.positives)).elsewhere(query) if hits else ()
 
 
 def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, index_name: str | None) -> SearchOutcome:

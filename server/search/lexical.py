@@ -87,6 +87,7 @@ __all__ = [
     "hit_score",
     "identifier_tokens",
     "item_idfs",
+    "item_text",
     "intent_terms",
     "indexed_rows",
     "parse_lex",
@@ -295,6 +296,8 @@ class Held:
     """Each positive item's idf in the whole index (the scores' statistics)."""
     present: tuple[bool, ...]
     """Whether some document in scope holds each item."""
+    indexed: tuple[bool, ...]
+    """Whether some document of the whole index holds each item."""
 
     @classmethod
     def of(cls, counts: Sequence[int], rows: int, present: Sequence[bool] | None = None) -> Held:
@@ -304,7 +307,7 @@ class Held:
         absent = math.log((rows + 0.5) / 0.5)
         scoped = [True] * len(counts) if present is None else present
         held = tuple(n > 0 and p for n, p in zip(counts, scoped, strict=True))
-        return cls(tuple(_idf(n, rows) if n else absent for n in counts), held)
+        return cls(tuple(_idf(n, rows) if n else absent for n in counts), held, tuple(n > 0 for n in counts))
 
     @property
     def share(self) -> float:
@@ -314,6 +317,12 @@ class Held:
     def __or__(self, other: Held) -> Held:
         """Held by the documents of either search (of the same query and index)."""
         return replace(self, present=tuple(a or b for a, b in zip(self.present, other.present, strict=True)))
+
+    def elsewhere(self, query: LexQuery) -> tuple[str, ...]:
+        """The words of `query` (whose search this is) that only documents outside the scope
+        hold: what a search of the other collections might answer."""
+        held = zip(query.positives, self.present, self.indexed, strict=True)
+        return tuple(item_text(expr) for expr, present, indexed in held if indexed and not present)
 
 
 @dataclass(frozen=True)
@@ -395,6 +404,11 @@ def held_questions(query: LexQuery) -> list[str]:
         return []
     exact = (expr[:-1] for expr in query.positives if expr.endswith('"*'))  # '"word"*' -> '"word"'
     return [e for e in exact if len(e) - 2 >= MIN_PREFIX_CHARS]
+
+
+def item_text(expr: str) -> str:
+    """The text inside a query item's quotes (`parse_lex` never puts a quote inside)."""
+    return expr.rstrip("*")[1:-1]
 
 
 def resolve_prefixes_by(query: LexQuery, held: Callable[[str], bool]) -> LexQuery:

@@ -41,6 +41,7 @@ from qmd.server.search.lexical import (
     held_questions,
     hit_score,
     item_idfs,
+    item_text,
     ranking_items,
     resolve_prefixes_by,
     successor,
@@ -110,17 +111,14 @@ class _Phrases:
     """Every item's tokens, cut in one call to the tokenizer."""
 
     def __init__(self, query: LexQuery, tokenize: PhraseTokenizer) -> None:
-        texts = {_text(expr) for expr in (*query.positives, *query.negatives)}  # a prefix's exact form: the same text
+        texts = {
+            item_text(expr) for expr in (*query.positives, *query.negatives)
+        }  # a prefix's exact form: the same text
         order = sorted(texts)
         self.tokens = dict(zip(order, tokenize(order)))
 
     def __call__(self, expr: str) -> _Phrase:
-        return _Phrase(self.tokens[_text(expr)], expr.endswith("*"))
-
-
-def _text(expr: str) -> str:
-    """The text inside an item's quotes (`parse_lex` never puts a quote inside)."""
-    return expr.rstrip("*")[1:-1]
+        return _Phrase(self.tokens[item_text(expr)], expr.endswith("*"))
 
 
 def _union(queries: Sequence[tuple[str, list[object]]], among: str = "") -> tuple[str, list[object]]:
