@@ -944,6 +944,7 @@ def test_held_is_read_over_the_collection_searched(conn: sqlite3.Connection) -> 
     assert games.present == (True, False) and chess.present == (False, True) and games.share < 0.6
     assert games | chess == whole
     assert games.elsewhere(query) == ("castling",) and whole.elsewhere(query) == () == (games | chess).elsewhere(query)
+    assert games.elsewhere(parse_lex("rules castling -openings")) == ()  # a negation may have left its holders out
     assert search_fts(conn, query, "games", 1)[0].held == games  # a full list: castling looked for
     assert search_fts(conn, query, "filler", 5) == []
     add(conn, "after castling, the rook stands beside the king in a long note about openings", collection="games")

@@ -320,7 +320,10 @@ class Held:
 
     def elsewhere(self, query: LexQuery) -> tuple[str, ...]:
         """The words of `query` (whose search this is) that only documents outside the scope
-        hold: what a search of the other collections might answer."""
+        hold: what a search of the other collections might answer. None for a query with a
+        negation: a collection whose every match it left out found nothing, yet holds them."""
+        if query.negatives:
+            return ()
         held = zip(query.positives, self.present, self.indexed, strict=True)
         return tuple(item_text(expr) for expr, present, indexed in held if indexed and not present)
 

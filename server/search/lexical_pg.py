@@ -111,9 +111,8 @@ class _Phrases:
     """Every item's tokens, cut in one call to the tokenizer."""
 
     def __init__(self, query: LexQuery, tokenize: PhraseTokenizer) -> None:
-        texts = {
-            item_text(expr) for expr in (*query.positives, *query.negatives)
-        }  # a prefix's exact form: the same text
+        # a prefix's exact form has the same text
+        texts = {item_text(expr) for expr in (*query.positives, *query.negatives)}
         order = sorted(texts)
         self.tokens = dict(zip(order, tokenize(order)))
 
