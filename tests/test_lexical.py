@@ -900,8 +900,11 @@ def test_a_letter_no_document_holds_is_not_a_prefix_in_a_long_query(conn: sqlite
 
 
 def test_held_is_the_idf_of_what_some_document_in_scope_holds() -> None:
+    def held(counts: list[int], rows: int, present: list[bool] | None = None) -> Held:
+        return Held.of(parse_lex(" ".join(f"w{i}" for i in range(len(counts)))), counts, rows, present)
+
     def share(counts: list[int], rows: int, present: list[bool] | None = None) -> float:
-        return Held.of(counts, rows, present).share
+        return held(counts, rows, present).share
 
     assert share([3, 10], 100) == 1.0 and share([], 100) == 1.0
     assert share([0, 0], 100) == 0.0
@@ -916,8 +919,8 @@ def test_held_is_the_idf_of_what_some_document_in_scope_holds() -> None:
     assert share([1, 10], 100, [False, True]) == pytest.approx(math.log(90.5 / 10.5) / (rare + math.log(90.5 / 10.5)))
     assert share([1, 0], 100, [True, True]) == share([1, 0], 100)  # a count of 0 is never held
     # two collections searched hold what either holds
-    one, other = Held.of([1, 1], 100, [True, False]), Held.of([1, 1], 100, [False, True])
-    assert (one | other).share == 1.0 and (one | other) == Held.of([1, 1], 100)
+    one, other = held([1, 1], 100, [True, False]), held([1, 1], 100, [False, True])
+    assert (one | other).share == 1.0 and (one | other) == held([1, 1], 100)
 
 
 def test_every_hit_carries_how_much_of_the_query_the_index_holds(conn: sqlite3.Connection) -> None:
@@ -943,8 +946,10 @@ def test_held_is_read_over_the_collection_searched(conn: sqlite3.Connection) -> 
     assert whole.present == (True, True) and whole.share == 1.0
     assert games.present == (True, False) and chess.present == (False, True) and games.share < 0.6
     assert games | chess == whole
-    assert games.elsewhere(query) == ("castling",) and whole.elsewhere(query) == () == (games | chess).elsewhere(query)
-    assert games.elsewhere(parse_lex("rules castling -openings")) == ()  # a negation may have left its holders out
+    assert games.elsewhere() == ("castling",) and whole.elsewhere() == () == (games | chess).elsewhere()
+    assert games.nowhere_in_scope().elsewhere() == ("rules", "castling")
+    negated = search_fts(conn, parse_lex("rules castling -openings"), "games", 5)[0].held
+    assert negated.present == (True, False) and negated.elsewhere() == ()  # a negation may have left holders out
     assert search_fts(conn, query, "games", 1)[0].held == games  # a full list: castling looked for
     assert search_fts(conn, query, "filler", 5) == []
     add(conn, "after castling, the rook stands beside the king in a long note about openings", collection="games")
@@ -953,6 +958,9 @@ def test_held_is_read_over_the_collection_searched(conn: sqlite3.Connection) -> 
         assert hits[0].doc_id == rules and hits[0].held.present == (True, True)
     hits = search_fts(conn, parse_lex("rules castling -rook"), "games", 5)  # left out by the negation, still held
     assert [h.doc_id for h in hits] == [rules] and hits[0].held.present == (True, True)
+    # a quoted word and the same word plain are one item once the prefix is made exact
+    twice = search_fts(conn, parse_lex('the "castling" rules of castling openings'), "chess", 5)[0].held
+    assert len(twice.items) == len(twice.present) == 3 and twice.elsewhere() == ("rules", "openings")
 
 
 # --- timing (printed, not asserted) -------------------------------------------------------

@@ -288,6 +288,11 @@ def test_held_is_read_over_the_collections_searched(tmp_path: Path, env: Env, da
         nothing["warnings"]
     )
     assert not any("collections not searched" in w for w in query(daemon, "zebras", collections=["baking"])["warnings"])
+    # a quoted word and the same word plain (one item once searched), on the keyword and hybrid routes
+    twice = 'the "castling" moves and castling rules of the king'
+    for route in ("/v1/keyword", "/v1/query"):
+        r = daemon.http.post(route, json={"query": twice, "collections": ["baking"], "min_score": 0})
+        assert r.status_code == 200, r.text
 
 
 def test_keyword_evidence_alone_is_announced_under_a_floor(tmp_path: Path, env: Env, daemon: Daemon) -> None:

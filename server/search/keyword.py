@@ -109,7 +109,7 @@ def lexical_hits(
                     best[h.doc_id] = h
         ranked = sorted(best.values(), key=lambda h: (-h.score, h.doc_id))[:fetch]
         docs = fetch_ids(conn, [h.doc_id for h in ranked])
-    share, elsewhere = (held.share, held.elsewhere(query)) if held is not None else (0.0, ())
+    share, elsewhere = (held.share, held.elsewhere()) if held is not None else (0.0, ())
     return [
         KeywordHit(docs[h.doc_id], h.score, h.matched, h.total, h.coordination, share, elsewhere)
         for h in ranked
@@ -124,7 +124,7 @@ def held_outside(store: IndexStore, query: LexQuery, scope: Scope) -> tuple[str,
         if scope.doc_filter is None and _whole_index(conn, scope.collections):
             return ()
         hits = _search(store, conn, query, None, 1, replace(scope, doc_filter=None), False)
-    return replace(hits[0].held, present=(False,) * len(query.positives)).elsewhere(query) if hits else ()
+    return hits[0].held.nowhere_in_scope().elsewhere() if hits else ()
 
 
 def search(store: IndexStore, config: Config, query: str, opts: SearchOptions, index_name: str | None) -> SearchOutcome:

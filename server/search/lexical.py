@@ -292,22 +292,28 @@ class Held:
     (docs/benchmarks.md#relevance). A search of several collections searches each on its own;
     their `Held`s join with `|`."""
 
+    items: tuple[str, ...]
+    """The query's positive items as they were searched (`resolve_prefixes_by`: a prefix made
+    exact may join an item already there, so there may be fewer than the query was given)."""
+    negated: bool
+    """The query has a negation, which leaves out documents that hold its items."""
     idfs: tuple[float, ...]
-    """Each positive item's idf in the whole index (the scores' statistics)."""
+    """Each item's idf in the whole index (the scores' statistics)."""
     present: tuple[bool, ...]
     """Whether some document in scope holds each item."""
     indexed: tuple[bool, ...]
     """Whether some document of the whole index holds each item."""
 
     @classmethod
-    def of(cls, counts: Sequence[int], rows: int, present: Sequence[bool] | None = None) -> Held:
-        """From how many of the index's `rows` documents hold each item, and whether one in
-        scope does (None: the scope is the index)."""
+    def of(cls, query: LexQuery, counts: Sequence[int], rows: int, present: Sequence[bool] | None = None) -> Held:
+        """For `query` as searched, from how many of the index's `rows` documents hold each
+        item, and whether one in scope does (None: the scope is the index)."""
         rows = max(rows, *counts, 1)
         absent = math.log((rows + 0.5) / 0.5)
         scoped = [True] * len(counts) if present is None else present
         held = tuple(n > 0 and p for n, p in zip(counts, scoped, strict=True))
-        return cls(tuple(_idf(n, rows) if n else absent for n in counts), held, tuple(n > 0 for n in counts))
+        idfs = tuple(_idf(n, rows) if n else absent for n in counts)
+        return cls(query.positives, bool(query.negatives), idfs, held, tuple(n > 0 for n in counts))
 
     @property
     def share(self) -> float:
@@ -318,14 +324,18 @@ class Held:
         """Held by the documents of either search (of the same query and index)."""
         return replace(self, present=tuple(a or b for a, b in zip(self.present, other.present, strict=True)))
 
-    def elsewhere(self, query: LexQuery) -> tuple[str, ...]:
-        """The words of `query` (whose search this is) that only documents outside the scope
-        hold: what a search of the other collections might answer. None for a query with a
-        negation: a collection whose every match it left out found nothing, yet holds them."""
-        if query.negatives:
+    def elsewhere(self) -> tuple[str, ...]:
+        """The words that only documents outside the scope hold: what a search of the other
+        collections might answer. None for a query with a negation: a collection whose every
+        match it left out found nothing, yet holds them."""
+        if self.negated:
             return ()
-        held = zip(query.positives, self.present, self.indexed, strict=True)
+        held = zip(self.items, self.present, self.indexed, strict=True)
         return tuple(item_text(expr) for expr, present, indexed in held if indexed and not present)
+
+    def nowhere_in_scope(self) -> Held:
+        """The same, for a search of a scope that found no document at all."""
+        return replace(self, present=tuple(False for _ in self.present))
 
 
 @dataclass(frozen=True)
@@ -776,7 +786,7 @@ def search_fts(
         rows += _ranked(conn, rest, scope, limit - len(rows), [idfs[i] for i in common], halves)
     matched = _matched(conn, query, [doc_id for doc_id, _ in rows]) if count_matched else {}
     total = len(query.positives)
-    held = Held.of(counts, rows_total, _present(conn, query, scope, counts, rows, limit))
+    held = Held.of(query, counts, rows_total, _present(conn, query, scope, counts, rows, limit))
     return [LexHit(doc_id, bm25, matched.get(doc_id), total, hit_score(bm25, idfs), held) for doc_id, bm25 in rows]
 
 

@@ -293,7 +293,7 @@ def search_pg(
         rows = _Ranking(positives, idfs, stats.avgdl, scope, params, excluding, limit).best(conn)
         holding = tuple(int(n) for n in row[2:])
         present = None if len(where) == 1 else _present(conn, positives, holding, scope, params)
-    total, held = len(query.positives), Held.of(holding, stats.docs, present)
+    total, held = len(query.positives), Held.of(query, holding, stats.docs, present)
     return [LexHit(doc_id, bm25, matched, total, hit_score(bm25, idfs), held) for doc_id, bm25, matched in rows]
 
 
