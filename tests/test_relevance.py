@@ -11,11 +11,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Daemon, Env, embedded_eval_and_notes, embedded_install, eval_docs_dir, eval_spec
+from conftest import (
+    MODELS_DIR,
+    ROOT,
+    Daemon,
+    Env,
+    embedded_eval_and_notes,
+    embedded_install,
+    eval_docs_dir,
+    eval_spec,
+    require,
+)
 from mcp import Client, types
 
+import qmd
 from qmd.defaults import AGENT_RELEVANCE_FLOOR
 from qmd.server.http.mcp import TOOLS
+from qmd.server.search import hybrid
+from qmd.server.search.keyword import held_outside
 from qmd.server.search.relevance import (
     ANCHORS,
     NO_STANDOUT,
@@ -293,6 +306,38 @@ def test_held_is_read_over_the_collections_searched(tmp_path: Path, env: Env, da
     for route in ("/v1/keyword", "/v1/query"):
         r = daemon.http.post(route, json={"query": twice, "collections": ["baking"], "min_score": 0})
         assert r.status_code == 200, r.text
+
+
+def test_words_held_elsewhere_are_looked_for_only_when_nothing_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that found nothing in a narrowed search leaves the look-up over the whole index
+    (`held_outside`) to an answer that keeps no result: when the vector leg's results are kept,
+    the words are never shown, so the look-up is never run."""
+    embed = require(MODELS_DIR / "all-MiniLM-L6-v2-Q8_0.gguf", "the MiniLM test embedder (../shared/models)")
+    for name, text in {
+        "baking": "# Sourdough\n\nFeed the sourdough starter daily.\n",
+        "chess": "# Castling\n\nCastling moves the king two squares.\n",
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.md").write_text(text)
+    looked: list[str] = []
+
+    def counted(store: object, lexq: object, scope: object) -> tuple[str, ...]:
+        words = held_outside(store, lexq, scope)  # type: ignore[arg-type]
+        looked.append(",".join(words))
+        return words
+
+    monkeypatch.setattr(hybrid, "held_outside", counted)
+    folders = {name: {"path": str(tmp_path / name)} for name in ("baking", "chess")}
+    with qmd.open(tmp_path / "i.sqlite", collections=folders, models={"embed": str(embed)}) as index:
+        index.update()
+        index.embed()
+        kept = index.query("castling kings", collections=["baking"], rerank=False)
+        assert kept.hits and looked == [] and not any("not searched" in w for w in kept.warnings)
+        cut = index.query("castling kings", collections=["baking"], rerank=False, min_relevance=1.0)
+        assert not cut.hits and looked == ["castling,kings"]
+        assert "only collections not searched hold 'castling', 'kings': searching them may answer it" in cut.warnings
 
 
 def test_keyword_evidence_alone_is_announced_under_a_floor(tmp_path: Path, env: Env, daemon: Daemon) -> None:

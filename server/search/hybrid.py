@@ -257,15 +257,25 @@ class _Run:
     """How much of the query's own text the collections searched hold (`lexical.Held`), from
     its keyword probe; a probe that found nothing held none of it. Typed lines have no such
     text: 1."""
-    elsewhere: str = ""
-    """What an answer that keeps no result adds (`HybridQuery._outside`): the query's words
-    that only documents outside the search hold, where it has any."""
+    outside: _Outside | None = None
+    """What the probe searched, for an answer that keeps no result (`HybridQuery._elsewhere`)."""
     docs: dict[int, DocRow] = field(default_factory=dict)
 
     @property
     def rerank_query(self) -> str:
         """The intent goes first: it says what the query is for, which its words alone may not."""
         return f"{self.intent}\n\n{self.query}" if self.intent else self.query
+
+
+@dataclass(frozen=True)
+class _Outside:
+    """The probe's query and scope, kept so that only an answer that keeps no result looks
+    for the words that documents outside the search hold (`HybridQuery._elsewhere`)."""
+
+    lexq: LexQuery
+    scope: Scope
+    words: tuple[str, ...] | None
+    """From the probe's hits (`KeywordHit.elsewhere`); None when it found nothing."""
 
 
 @dataclass
@@ -378,9 +388,10 @@ class HybridQuery:
         idents = identifier_tokens(query)
         t = time.perf_counter()
         expander = self.legs.expander
-        probe = self._fts(query, scope, count_matched=self._may_expand(opts))
+        lexq = self._lexq(query)
+        probe = self._fts(lexq, scope, count_matched=self._may_expand(opts))
         run.held = probe[0].held if probe else 0.0
-        run.elsewhere = self._outside(query, scope, probe)
+        run.outside = _Outside(lexq, scope, probe[0].elsewhere if probe else None) if lexq.positives else None
         weight = 2.0 * (IDENTIFIER_BOOST if idents else 1.0)
         lists.append(RankedList("fts", "original", query, weight, [(h.doc.id, h.score) for h in probe]))
         detail = f"{len(probe)} keyword hits"
@@ -471,22 +482,20 @@ class HybridQuery:
         lexq = parse_lex(text)
         return lexq if self._typos is None else fuzzed(self.store, lexq, self._typos)
 
-    def _outside(self, text: str, scope: Scope, probe: list[KeywordHit]) -> str:
-        """What an answer that keeps no result says of the query's words that only documents
-        outside the search hold (`KeywordHit.elsewhere`; `held_outside` when the probe found
-        nothing), or ""."""
-        if probe:
-            words = probe[0].elsewhere
-        else:
-            lexq = self._lexq(text)
-            words = held_outside(self.store, lexq, scope) if lexq.positives else ()
+    def _elsewhere(self, outside: _Outside) -> list[str]:
+        """The words of the query that only documents outside the search hold, as a warning;
+        a probe that found nothing asks the whole index (`held_outside`)."""
+        words = outside.words
+        if words is None:
+            words = held_outside(self.store, outside.lexq, outside.scope)
         if not words:
-            return ""
-        outside = "collections not searched" if scope.doc_filter is None else "documents the filter or scope left out"
-        return f"only {outside} hold {', '.join(repr(w) for w in words)}: searching them may answer it"
+            return []
+        scope = (
+            "collections not searched" if outside.scope.doc_filter is None else "documents the filter or scope left out"
+        )
+        return [f"only {scope} hold {', '.join(repr(w) for w in words)}: searching them may answer it"]
 
-    def _fts(self, text: str, scope: Scope, *, count_matched: bool = False) -> list[KeywordHit]:
-        lexq = self._lexq(text)
+    def _fts(self, lexq: LexQuery, scope: Scope, *, count_matched: bool = False) -> list[KeywordHit]:
         if not lexq.positives:
             return []
         t = time.perf_counter()
@@ -512,7 +521,7 @@ class HybridQuery:
         for sub in subs:
             if sub.kind != "lex":
                 continue
-            hits = self._fts(sub.text, scope)
+            hits = self._fts(self._lexq(sub.text), scope)
             idents = identifier_tokens(sub.text) if typed else ()
             boosted += idents
             weight = sub.weight * (IDENTIFIER_BOOST if idents else 1.0)
@@ -827,7 +836,8 @@ class HybridQuery:
             out.closest = pointer(*max(above, key=lambda x: chance[x[2].doc_id]))
         out.hits, cut = within_answer((pointer(*x) for x in kept), len(kept))
         out.warnings += [cut] if cut else []
-        out.warnings += [run.elsewhere] if run.elsewhere and not kept else []
+        if not kept and run.outside is not None:
+            out.warnings += self._elsewhere(run.outside)
 
 
 def _evidence(c: Candidate, cosine: float, scale: CosineScale | None) -> Evidence:
