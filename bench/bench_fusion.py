@@ -1,7 +1,7 @@
 """Fusion measured from each leg's own ranked lists on BEIR-format sets.
 
     .venv/bin/python bench/bench_fusion.py /tmp/node /tmp/pydoc /tmp/man [--queries 200] [--base DIR] [--lists FILE]
-                                           [--offtopic bench/data/offtopic_queries.txt]
+                                           [--offtopic bench/data/offtopic_queries.txt] [--ask DIR ...]
 
 Each set is indexed and embedded (MiniLM) into an isolated daemon as its own collection
 (`qmd bench --beir DIR --embed --keep`), and every query is sent to both legs as the
@@ -10,7 +10,9 @@ their scores, of which fusion reads the first `LIST_FETCH`). The set's own queri
 asked, whose one relevant document is known, and the other sets' queries too, which have
 no relevant document there ("questions about another corpus"): kept in the saved lists
 for measuring a relevance floor. So are the
-`--offtopic` questions (everyday topics no software manual answers), asked of every set.
+`--offtopic` questions (everyday topics no software manual answers), asked of every set, and
+the questions of each `--ask` set, asked as another set's but not indexed (a small folder cut
+by `small_beir.py`, indexed alone, is asked the questions of the other sets that way).
 
 From those lists, offline and in the same run, nDCG@10 of each leg and of each fusion
 variant (RRF constants and weights, score-aware combinations), the rank fusion
@@ -70,12 +72,16 @@ def leg(client: httpx.Client, route: str, collection: str, text: str) -> list[tu
     return [(Path(h["path"]).stem, h["score"]) for h in r.json()["results"]]
 
 
-def collect(env: Env, sets: list[Path], limit: int, offtopic: list[tuple[str, str, list[str]]]) -> list[dict[str, Any]]:
+def collect(
+    env: Env, sets: list[Path], limit: int, offtopic: list[tuple[str, str, list[str]]], also: Sequence[Path] = ()
+) -> list[dict[str, Any]]:
+    """Each set's lists for its own questions, the other sets' and `also`'s (asked, never
+    indexed) and the `offtopic` ones."""
     rows = []
     with httpx.Client(base_url=env.url) as client:
         for home in sets:
             collection = f"bench-{home.name}"
-            asked = [(other, q) for other in sets for q in queries_of(other, limit)]
+            asked = [(other, q) for other in (*sets, *also) for q in queries_of(other, limit)]
             for other, (qid, text, relevant) in asked + [(None, q) for q in offtopic]:
                 own = other == home
                 lists = {
@@ -262,6 +268,13 @@ def main() -> None:
     ap.add_argument("--model", help="embed GGUF (default: the shared MiniLM)")
     ap.add_argument("--lists", type=Path, help="save the collected lists here, or read them if it exists")
     ap.add_argument("--offtopic", type=Path, help="everyday questions to ask of every set too (a line each)")
+    ap.add_argument(
+        "--ask",
+        type=Path,
+        action="append",
+        default=[],
+        help="a set whose questions are asked of every set, not indexed",
+    )
     a = ap.parse_args()
     if a.lists and a.lists.exists():
         rows = json.loads(a.lists.read_text())
@@ -274,7 +287,7 @@ def main() -> None:
                 r = env.qmd("bench", "--beir", str(home), "--embed", "--keep", "-b", "bm25", timeout=7200)
                 if r.returncode != 0:
                     sys.exit(f"indexing {home} failed: {r.stderr}")
-            rows = collect(env, a.sets, a.queries, offtopic_queries(a.offtopic) if a.offtopic else [])
+            rows = collect(env, a.sets, a.queries, offtopic_queries(a.offtopic) if a.offtopic else [], a.ask)
         finally:
             daemon.stop()
         add_held(env.db, rows)

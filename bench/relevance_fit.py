@@ -1,6 +1,7 @@
 """Fit and check `relevance` (server/search/relevance.py) on bench_fusion.py's saved lists.
 
-    .venv/bin/python bench/relevance_fit.py --lists FILE [--check SET ...] [--check-lists FILE ...] [--model GGUF]
+    .venv/bin/python bench/relevance_fit.py --lists FILE [--check SET ...] [--check-lists FILE ...]
+                                            [--small-lists FILE ...] [--model GGUF]
 
 The lists (`bench/bench_fusion.py SETS... --offtopic bench/data/offtopic_queries.txt --lists
 FILE`) hold each question's keyword and vector lists on each set: its own questions (one
@@ -12,7 +13,9 @@ query's `relevance.standout`. A logistic regression on the fitted sets gives the
 weights, with the order's ratio W_KEYWORD / W_VECTOR held; held out one set at a time (and on
 each `--check` set, and every set of each `--check-lists` file, never fitted: a set made by
 `bench_fusion.py` alone, in an index of its own as a user's folder is, held out together with
-the same set in the shared index), what each floor refuses of the questions with no answer
+the same set in the shared index; and the sets of each `--small-lists` file, small folders cut
+from a set by `small_beir.py`, grouped as `SET (small)` and held out with SET), what each
+floor refuses of the questions with no answer
 there and drops of the right first answers, and the set's nDCG@10 in that order next to the
 rank fusion's. The same for keyword evidence alone (no embedder, nothing embedded yet): the
 keyword list's first result, its score, the list's standout and the held share
@@ -34,16 +37,19 @@ from bench_fusion import LIST_FETCH, as_fused, by_relevance, cosines_of, ndcg10,
 
 from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, standout
 
-FLOORS = (0.025, 0.04, 0.05, 0.06, 0.1)
+FLOORS = (0.015, 0.02, 0.025, 0.04, 0.05, 0.1)
 RATIO = W_KEYWORD / W_VECTOR
 OWN_INDEX = " (own index)"
 """How the sets of `--check-lists` are named: each was indexed alone, as a user's folder is."""
+SMALL = " (small)"
+"""How the folders `small_beir.py` cut from a set (`<set>-<size>-<k>`) are named together."""
 
 
 def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
-    """The default order's first result, and what its relevance reads: (the order's sum with
-    W_VECTOR as 1, the query's keyword standout, its vector standout, the share of its idf
-    the index holds); None when nothing was found."""
+    """The default order's first result, and what its relevance reads (`relevance.terms`):
+    (the order's sum with W_VECTOR as 1, the query's keyword standout times its held share,
+    its vector standout, its held share: the share of its idf the collection holds); None
+    when nothing was found."""
     lists = as_fused(row)
     order = by_relevance(related, unrelated)(lists)
     if not order:
@@ -54,17 +60,19 @@ def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str
     scaled = {d: scale(c) for d, c in cosines_of(lists).items()}
     vector = scaled.get(top, min(scaled.values(), default=0.0))
     stands = standout(keyword.values(), scaled.values())
-    return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword, stands.vector, row["held"]]
+    held = row["held"]
+    return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword * held, stands.vector, held]
 
 
 def keyword_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
     """Without vector evidence (no embedder, nothing embedded yet) the order is the keyword
-    list's: its first result and what `relevance` then reads (its keyword score, the list's
-    standout, the query's held share)."""
+    list's: its first result and what `relevance` then reads (its keyword score and the list's
+    standout, each times the query's held share, and that share)."""
     keyword = row["fts"][:LIST_FETCH]
     if not keyword:
         return None
-    return keyword[0][0], [keyword[0][1], standout([s for _, s in keyword], []).keyword, row["held"]]
+    held = row["held"]
+    return keyword[0][0], [keyword[0][1] * held, standout([s for _, s in keyword], []).keyword * held, held]
 
 
 def order_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
@@ -121,9 +129,16 @@ def main() -> None:
         default=[],
         help="more lists whose sets are checked, never fitted (a set each in an index of its own; repeatable)",
     )
+    ap.add_argument(
+        "--small-lists",
+        type=Path,
+        action="append",
+        default=[],
+        help="lists of a small folder small_beir.py cut from a set, each indexed alone: checked, never fitted",
+    )
     ap.add_argument("--model", help="embed GGUF the lists were made with (default: the shared MiniLM)")
     a = ap.parse_args()
-    for given in (a.lists, *a.check_lists):
+    for given in (a.lists, *a.check_lists, *a.small_lists):
         if not given.is_file():
             sys.exit(f"no lists at {given}: make them with bench/bench_fusion.py ... --lists {given}")
     related, unrelated = scale_of(embed_model_path(a.model))
@@ -134,6 +149,10 @@ def main() -> None:
         more = [{**r, "set": f"{r['set']}{OWN_INDEX}"} for r in json.loads(path.read_text())]
         checked |= {r["set"] for r in more}
         lists += more
+    for path in a.small_lists:
+        more = [{**r, "set": f"{r['set'].rsplit('-', 2)[0]}{SMALL}"} for r in json.loads(path.read_text())]
+        checked |= {r["set"] for r in more}
+        lists += more
     if any("held" not in r for r in lists):
         sys.exit("these lists hold no `held` share (made before stop 50): make them again with bench/bench_fusion.py")
     rows = rows_of(lists, evidence, related, unrelated)
@@ -142,16 +161,16 @@ def main() -> None:
     w = fitted(fitting)
     print(
         f"fitted on {', '.join(s for s in sets if s not in checked)}: W_KEYWORD {w[0] * RATIO:.2f}, "
-        f"W_VECTOR {w[0]:.2f}, W_STANDOUT_KEYWORD {w[1]:.2f}, W_STANDOUT_VECTOR {w[2]:.2f}, W_HELD {w[3]:.2f}, "
-        f"BIAS {w[4]:.2f}"
+        f"W_VECTOR {w[0]:.2f}, W_HELD_STANDOUT_KEYWORD {w[1]:.2f}, W_STANDOUT_VECTOR {w[2]:.2f}, "
+        f"W_HELD {w[3]:.2f}, BIAS {w[4]:.2f}"
     )
     held_out(rows, fitting, sets)
     alone = rows_of(lists, keyword_evidence, related, unrelated)
     fitting_alone = [x for x in alone if x[0] not in checked]
     wk = fitted(fitting_alone)
     print(
-        f"\nkeyword evidence alone (no embedder), fitted likewise: KEYWORD_ONLY_KEYWORD {wk[0]:.2f}, "
-        f"KEYWORD_ONLY_STANDOUT {wk[1]:.2f}, KEYWORD_ONLY_HELD {wk[2]:.2f}, KEYWORD_ONLY_BIAS {wk[3]:.2f}"
+        f"\nkeyword evidence alone (no embedder), fitted likewise: KEYWORD_ONLY_HELD_KEYWORD {wk[0]:.2f}, "
+        f"KEYWORD_ONLY_HELD_STANDOUT {wk[1]:.2f}, KEYWORD_ONLY_HELD {wk[2]:.2f}, KEYWORD_ONLY_BIAS {wk[3]:.2f}"
     )
     held_out(alone, fitting_alone, sets)
     print("nDCG@10: the order fitted without the set (its ratio) / the shipped order / rank fusion")
@@ -171,8 +190,8 @@ def held_out(rows: list[tuple[Any, ...]], fitting: list[tuple[Any, ...]], sets: 
     print("held out: everyday refused / other sets' refused / right first answers dropped (of n)")
     print("set | " + " | ".join(f"floor {f}" for f in FLOORS))
     for held in sets:
-        # a set in its own index is held out with the same set in the shared one
-        wh = fitted([x for x in fitting if x[0] not in (held, held.removesuffix(OWN_INDEX))])
+        # a set in its own index, or cut small, is held out with the same set in the shared one
+        wh = fitted([x for x in fitting if x[0] not in (held, held.removesuffix(OWN_INDEX).removesuffix(SMALL))])
         test = [x for x in rows if x[0] == held]
 
         def p(e: list[float], wh: np.ndarray = wh) -> float:

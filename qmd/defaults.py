@@ -31,7 +31,7 @@ MCP_BUDGET_MS: Final = 4000
 """The MCP `query` tool's default `budgetMs`: agents call it in loops, so it answers within ~4 s,
 dropping expansion, then reranking, then vectors as needed, each drop reported."""
 
-AGENT_RELEVANCE_FLOOR: Final = 0.025
+AGENT_RELEVANCE_FLOOR: Final = 0.02
 """MCP `query`'s default `minRelevance`: results less likely than this to be relevant are
 dropped, and an answer left empty names the closest one (server/search/relevance.py says
 how the probability is made and what this floor measured)."""

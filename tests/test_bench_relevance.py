@@ -58,20 +58,23 @@ def test_relevance_fit_fits_on_some_sets_and_checks_the_others(tmp_path: Path) -
     (tmp_path / "lists.json").write_text(json.dumps(lists(["a", "b", "c", "notes"], rng)))
     (tmp_path / "alone.json").write_text(json.dumps(lists(["notes"], rng, ("own", "off"))))
     (tmp_path / "a-alone.json").write_text(json.dumps(lists(["a"], rng, ("own", "off"))))
+    for k in range(2):  # folders small_beir.py cut from b, each indexed alone
+        (tmp_path / f"b-6-{k}.json").write_text(json.dumps(lists([f"b-6-{k}"], rng)))
     r = bench(
         "relevance_fit.py",
         *("--lists", str(tmp_path / "lists.json"), "--check", "notes"),
         *("--check-lists", str(tmp_path / "alone.json"), "--check-lists", str(tmp_path / "a-alone.json")),
+        *("--small-lists", str(tmp_path / "b-6-0.json"), "--small-lists", str(tmp_path / "b-6-1.json")),
         *("--model", str(model)),
     )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "fitted on a, b, c: W_KEYWORD" in out and "W_STANDOUT_VECTOR" in out and "W_HELD" in out
     full, alone = out.split("keyword evidence alone (no embedder)")
-    assert "KEYWORD_ONLY_STANDOUT" in alone and "KEYWORD_ONLY_HELD" in alone and "W_VECTOR" not in alone
+    assert "KEYWORD_ONLY_HELD_STANDOUT" in alone and "KEYWORD_ONLY_HELD" in alone and "W_VECTOR" not in alone
     for table in (full, alone):
         held = {line.split(" | ")[0]: line for line in table.splitlines() if " | " in line and "%" in line}
-        assert set(held) == {"a", "b", "c", "notes", "notes (own index)", "a (own index)"}
+        assert set(held) == {"a", "b", "c", "notes", "notes (own index)", "a (own index)", "b (small)"}
         assert " / - / " in held["notes (own index)"]  # no other sets' questions were asked of it alone
         # separable lists: a high floor refuses every question without an answer
         assert held["a"].split(" | ")[-1].startswith("100% / 100% / ")
@@ -131,6 +134,38 @@ def test_info_manuals_are_nodes_asked_by_their_first_sentence(tmp_path: Path, mo
     docs, fixture, warnings = load_beir(tmp_path / "set")
     assert warnings == [] and fixture.queries[0].query == node.sentence[2]
     assert docs[0].text.startswith("It prints one line of counts per file.")  # the rest of its paragraph stays
+
+
+def test_small_folders_are_cut_around_judged_questions(tmp_path: Path) -> None:
+    """small_beir.py: each folder holds its size in documents, every question asked of it
+    has all its relevant documents there, and the same seed cuts the same folders."""
+    home = tmp_path / "set"
+    (home / "qrels").mkdir(parents=True)
+    (home / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "text": f"doc {i}"}) + "\n" for i in range(40))
+    )
+    (home / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": f"q {i}"}) + "\n" for i in range(20))
+    )
+    qrels = "".join(f"q{i}\td{2 * i}\t1\n" for i in range(20)) + "q0\td1\t1\nq1\td3\t0\n"  # two for q0; d3 judged 0
+    (home / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
+    for out in ("a", "b"):
+        r = bench("small_beir.py", str(home), str(tmp_path / out), "--sizes", "5,12")
+        assert r.returncode == 0, r.stderr
+    for name in ("set-5-0", "set-12-1"):
+        docs, fixture, warnings = load_beir(tmp_path / "a" / name)
+        assert len(docs) == int(name.split("-")[1]) and warnings == []
+        assert len(fixture.queries) >= 2 and all(set(q.expected) <= {d.file for d in docs} for q in fixture.queries)
+        assert (tmp_path / "a" / name / "corpus.jsonl").read_text() == (
+            tmp_path / "b" / name / "corpus.jsonl"
+        ).read_text()
+    for bad in ("1,5", "five", ""):
+        r = bench("small_beir.py", str(home), str(tmp_path / "c"), "--sizes", bad)
+        assert (
+            r.returncode != 0 and "--sizes takes whole numbers of 2 or more" in r.stderr and "Traceback" not in r.stderr
+        )
+    r = bench("small_beir.py", str(tmp_path / "none"), str(tmp_path / "c"))
+    assert r.returncode != 0 and "is not a BEIR-format set" in r.stderr and not (tmp_path / "c").exists()
 
 
 def test_relevance_fit_says_which_lists_are_missing(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from qmd.server.search.relevance import (
     Standout,
     relevance,
     standout,
+    terms,
 )
 
 OFF_TOPIC = "how long should I boil an egg for a runny yolk"
@@ -87,6 +88,19 @@ def test_a_question_the_index_holds_little_of_is_likelier_irrelevant() -> None:
     assert relevance(Evidence(0.9, 0.3, held=0.2)) < relevance(Evidence(0.9, 0.3, held=1.0))
     assert relevance(Evidence(0.9, 0.3)) == relevance(Evidence(0.9, 0.3, held=1.0))  # unread: all held
     assert relevance(Evidence(0.9, None, held=0.2)) < relevance(Evidence(0.9, None))  # keywords alone read it too
+
+
+def test_a_keyword_match_stands_out_only_as_far_as_the_question_is_held() -> None:
+    """Among six notes one stray word is the only keyword hit, so it stands out by the whole of
+    its score; it matched a tenth of the question's idf. The standout is read times held."""
+    alone = standout([0.84], [])  # "what documents do I need to rent an apartment": one note, one word
+    stray, matched = Evidence(0.84, None, alone, held=0.07), Evidence(0.84, None, alone, held=0.9)
+    assert relevance(stray) < AGENT_RELEVANCE_FLOOR < 0.5 < relevance(matched)
+    summed, _ = terms(Evidence(0.5, 0.4, alone, held=0.5))
+    read = {t.name: t for t in summed}["held_standout_keyword"]
+    assert read.value == pytest.approx(0.84 * 0.5) and read.weight > 0
+    with_vectors = [Evidence(0.84, 0.1, standout([0.84], [0.1, 0.05]), held=h) for h in (0.07, 0.9)]
+    assert relevance(with_vectors[0]) < AGENT_RELEVANCE_FLOOR < relevance(with_vectors[1])
 
 
 def test_a_cosine_scale_is_measured_once_per_embedder() -> None:
@@ -152,13 +166,14 @@ def test_explain_shows_what_the_score_is_and_the_terms_of_the_relevance(embedded
     ex = top["explain"]
     assert ex["scoredBy"] == "relevance" and ex["blendedScore"] == pytest.approx(top["score"], abs=1e-4)
     chance = ex["relevance"]
-    assert [t["name"] for t in chance["terms"]] == ["keyword", "vector", "standout_keyword", "standout_vector", "held"]
+    names = ["keyword", "vector", "held_standout_keyword", "standout_vector", "held"]
+    assert [t["name"] for t in chance["terms"]] == names
     logit = sum(t["weight"] * t["value"] for t in chance["terms"]) + chance["bias"]
     assert 1 / (1 + math.exp(-logit)) == pytest.approx(top["relevance"], abs=1e-3) == chance["probability"]
     r = env.qmd("query", "-c", "eval", "--no-rerank", "--explain", "-n", "1", ON_TOPIC)
     assert r.returncode == 0, r.stderr
     assert f"Score: relevance = {top['score']:.4f}" in r.stdout and "Blend:" not in r.stdout
-    assert f"  Relevance: logistic({W_KEYWORD:.2f}*" in r.stdout and f") = {top['relevance']:.4f}" in r.stdout
+    assert f"  Relevance: logistic({W_KEYWORD:g}*" in r.stdout and f") = {top['relevance']:.4f}" in r.stdout
     reranked = query(d, ON_TOPIC, limit=1, rerank=True, explain=True)["results"][0]["explain"]
     assert reranked["scoredBy"] in ("blend", "relevance")  # "relevance" when no reranker is configured
 
