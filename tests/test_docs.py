@@ -46,6 +46,28 @@ def test_cli_reference_covers_every_command() -> None:
     assert {"qmd", "qmd collection add", "qmd daemon stop", "qmd index copy", "qmd trust revoke", "qmdd"} <= headings
 
 
+def test_the_mcp_reference_names_every_parameter_of_every_tool() -> None:
+    """docs/reference/mcp-tools.md has a section per tool and a row per parameter, with the
+    default the tool's schema gives where it gives one."""
+    from qmd.server.http.mcp import TOOLS
+
+    page = (DOCS / "reference" / "mcp-tools.md").read_text()
+    sections = dict(re.findall(r"^## (\S+)\n(.*?)(?=^## |\Z)", page, re.M | re.S))
+    for name, spec in TOOLS.items():
+        assert name in sections, f"docs/reference/mcp-tools.md has no section for the '{name}' tool"
+        rows = {
+            param: row
+            for row in re.findall(r"^\| (`.*)$", sections[name], re.M)
+            for param in re.findall(r"`(\w+)`", row.split(" | ")[0])
+        }
+        for param, schema in (spec.definition.input_schema or {}).get("properties", {}).items():
+            assert param in rows, f"the '{name}' tool's '{param}' has no row in docs/reference/mcp-tools.md"
+            default = schema.get("default")
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                given = re.findall(r"[\d.]+", rows[param].split(" | ")[1])  # "50, 0" for a row of two
+                assert f"{default:g}" in given, f"'{name}' '{param}': the schema's default is {default:g}"
+
+
 def code_variables() -> set[str]:
     found: set[str] = set()
     for folder in CODE:

@@ -327,7 +327,8 @@ class GetRequest(Request):
     from_line: int | None = Field(None, ge=1, description="First line to return (wins over the suffix).")
     max_lines: int | None = Field(None, ge=1, description="Number of lines (wins over the suffix).")
     full: bool = Field(
-        False, description="The whole document, whatever line range `file` names (not with from_line/max_lines)."
+        False,
+        description="The whole document, whatever line range `file` names (not with a first line or a line count).",
     )
     line_numbers: bool = Field(True, description="Prefix each line with its number.")
 
