@@ -41,8 +41,9 @@ the other two sets' questions and for 149 everyday questions no software manual 
 (`AGENT_FLOOR`, 0.02: the lowest floor at which each set, indexed alone as a user's folder is,
 refused at least 80% of the everyday questions) refused 83-99% of them while dropping 0-2% of
 the right first answers. Asked of one collection of an index holding all three, the other
-sets' questions were refused 39-66%; small folders of 5 to 30 documents cut from each set
-(bench/small_beir.py), held out with it, 90-99% refused and 0-2% dropped. Never fitted nor
+sets' questions were refused 39-66% (19-61% asked of a set indexed alone); small folders of 5
+to 30 documents cut from each set (bench/small_beir.py), held out with it, refused 90-99%
+and dropped 0-2%. Never fitted nor
 used to choose the floor: GNU info manuals (bench/infodocs_beir.py) 88% refused and none of
 71 dropped; the eval notes in an index of their own (six notes) 95% and 2 of 47, hard
 paraphrases written without the notes' words that MiniLM puts at cosines of 0.2-0.3
