@@ -199,19 +199,25 @@ def eval_alone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 def test_the_agents_floor_on_the_eval_notes_alone(eval_alone: Daemon) -> None:
     """Issue 33's goal where a user's notes are indexed alone: the floor answers "nothing" to at
-    least 80% of the everyday questions (bench/data/offtopic_queries.txt) and drops under 5% of
-    the 24 eval queries' right first answers, at most one (docs/benchmarks.md#relevance: it
-    drops none; before the query's `held` share, a floor that refused as many dropped two)."""
+    least 80% of the everyday questions (bench/data/offtopic_queries.txt; it answers 142 of
+    149 so, docs/benchmarks.md#relevance, and this holds 90%) and drops under 5% of the right
+    first answers of all 49 questions, the 25 hard ones written without the notes' words
+    included (it drops 2 of 47); of the 24 eval queries at most one is not answered right."""
     everyday = everyday_questions()
     answered = [t for t in everyday if query(eval_alone, t, limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)["results"]]
-    assert len(answered) <= 0.2 * len(everyday), answered
+    assert len(answered) <= 0.1 * len(everyday), answered
     spec = eval_spec()
-    dropped = []
-    for q in spec["eval_queries"]:
+    wrong, right, dropped = [], [], []
+    for q in spec["eval_queries"] + spec["deep_research_queries"]:
         got = query(eval_alone, q["query"], limit=1, min_relevance=AGENT_RELEVANCE_FLOOR)
-        if not got["results"] or got["results"][0]["path"] not in q["expected_files"]:
-            dropped.append((q["query"], (got.get("closest") or got["results"][0])["relevance"]))
-    assert len(dropped) <= 1, dropped
+        first = got["results"][0] if got["results"] else got["closest"]
+        if first["path"] in q["expected_files"]:
+            right.append(q["query"])
+            dropped += [] if got["results"] else [(q["query"], first["relevance"])]
+        if q in spec["eval_queries"] and not (got["results"] and first["path"] in q["expected_files"]):
+            wrong.append((q["query"], first["relevance"]))
+    assert len(wrong) <= 1, wrong
+    assert len(right) >= 45 and len(dropped) < 0.05 * len(right), dropped
 
 
 def test_the_cli_says_nothing_is_above_the_floor(embedded: tuple[Env, Daemon]) -> None:
@@ -251,14 +257,14 @@ def test_agents_get_the_floor_by_default(embedded: tuple[Env, Daemon]) -> None:
 def test_the_agents_floor_on_keyword_evidence_alone(tmp_path: Path, env: Env, daemon: Daemon) -> None:
     """No embedder (or nothing embedded yet): the floor reads the keyword score, how far it
     stands out and how much of the question the notes hold. It refuses fewer everyday
-    questions than with vectors (docs/benchmarks.md#relevance: on the eval notes alone 100 of
-    149, where the keyword score alone refused only those nothing matched, 52), and drops no
-    eval query's right first answer; an answer it cut says it read keywords alone."""
+    questions than with vectors (docs/benchmarks.md#relevance: on the eval notes alone 120 of
+    149, where the keyword score alone refused only those nothing matched, 52; this holds 75%),
+    and drops no eval query's right first answer; an answer it cut says it read keywords alone."""
     env.ok("collection", "add", str(eval_docs_dir()), "--name", "eval")
     everyday = everyday_questions()
     answers = [query(daemon, t, limit=1, min_relevance=AGENT_RELEVANCE_FLOOR) for t in everyday]
     answered = [t for t, a in zip(everyday, answers, strict=True) if a["results"]]
-    assert len(answered) <= 0.4 * len(everyday), answered
+    assert len(answered) <= 0.25 * len(everyday), answered
     cut = [a for a in answers if a.get("closest")]
     assert cut and all(any("keyword evidence alone" in w for w in a["warnings"]) for a in cut)
     spec = eval_spec()
