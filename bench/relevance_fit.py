@@ -35,7 +35,7 @@ import numpy as np
 from _common import embed_model_path
 from bench_fusion import LIST_FETCH, as_fused, by_relevance, cosines_of, ndcg10, rrf_fused, scale_of
 
-from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, standout
+from qmd.server.search.relevance import W_KEYWORD, W_VECTOR, CosineScale, Evidence, standout, terms
 
 FLOORS = (0.015, 0.02, 0.025, 0.04, 0.05, 0.1)
 RATIO = W_KEYWORD / W_VECTOR
@@ -46,10 +46,9 @@ SMALL = " (small)"
 
 
 def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
-    """The default order's first result, and what its relevance reads (`relevance.terms`):
-    (the order's sum with W_VECTOR as 1, the query's keyword standout times its held share,
-    its vector standout, its held share: the share of its idf the collection holds); None
-    when nothing was found."""
+    """The default order's first result, and what its relevance reads (`relevance.terms`, the
+    one place the formula is written): the order's sum with W_VECTOR as 1, then the terms
+    that are the query's (its standouts, its held share); None when nothing was found."""
     lists = as_fused(row)
     order = by_relevance(related, unrelated)(lists)
     if not order:
@@ -59,20 +58,21 @@ def evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str
     scale = CosineScale(related, unrelated)
     scaled = {d: scale(c) for d, c in cosines_of(lists).items()}
     vector = scaled.get(top, min(scaled.values(), default=0.0))
-    stands = standout(keyword.values(), scaled.values())
-    held = row["held"]
-    return top, [RATIO * keyword.get(top, 0.0) + vector, stands.keyword * held, stands.vector, held]
+    read = _values(Evidence(keyword.get(top, 0.0), vector, standout(keyword.values(), scaled.values()), row["held"]))
+    return top, [RATIO * read[0] + read[1], *read[2:]]
 
 
 def keyword_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:
     """Without vector evidence (no embedder, nothing embedded yet) the order is the keyword
-    list's: its first result and what `relevance` then reads (its keyword score and the list's
-    standout, each times the query's held share, and that share)."""
+    list's: its first result and what `relevance.terms` then reads of it."""
     keyword = row["fts"][:LIST_FETCH]
     if not keyword:
         return None
-    held = row["held"]
-    return keyword[0][0], [keyword[0][1] * held, standout([s for _, s in keyword], []).keyword * held, held]
+    return keyword[0][0], _values(Evidence(keyword[0][1], None, standout([s for _, s in keyword], []), row["held"]))
+
+
+def _values(e: Evidence) -> list[float]:
+    return [t.value for t in terms(e)[0]]
 
 
 def order_evidence(row: dict[str, Any], related: float, unrelated: float) -> tuple[str, list[float]] | None:

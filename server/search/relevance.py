@@ -43,13 +43,11 @@ refused at least 80% of the everyday questions) refused 83-99% of them while dro
 the right first answers. Asked of one collection of an index holding all three, the other
 sets' questions were refused 39-66% (19-61% asked of a set indexed alone); small folders of 5
 to 30 documents cut from each set (bench/small_beir.py), held out with it, refused 90-99%
-and dropped 0-2%. Never fitted nor
-used to choose the floor: GNU info manuals (bench/infodocs_beir.py) 88% refused and none of
-71 dropped; the eval notes in an index of their own (six notes) 95% and 2 of 47, hard
-paraphrases written without the notes' words that MiniLM puts at cosines of 0.2-0.3
-(docs/benchmarks.md#relevance). A floor cuts, so
-the closest result is still named: a question phrased unlike the notes can score low and be
-right.
+and dropped 0-2%. Never fitted nor used to choose the floor: GNU info manuals
+(bench/infodocs_beir.py) 88% refused and none of 71 dropped; the eval notes in an index of
+their own (six notes) 95% and 2 of 47, hard paraphrases written without the notes' words that
+MiniLM puts at cosines of 0.2-0.3 (docs/benchmarks.md#relevance). A floor cuts, so the
+closest result is still named: a question phrased unlike the notes can score low and be right.
 
 Without vector evidence (no embedder, nothing embedded yet) the keyword score and its
 standout, each times held, and held are fitted alone (`KEYWORD_ONLY_*`): held out, 0.02
