@@ -36,6 +36,7 @@ from qmd.server.search.pointers import SearchOptions
 from qmd.server.store import cores
 from qmd.server.store.db import sqlite3 as sqlite_index
 from qmd.server.store.fts import FtsDoc, fts_delete, fts_put, repair_fts_totals
+from qmd.server.store.fts_tokens import fts5_varints
 from qmd.server.store.schema import FTS_TABLE
 from qmd.server.store.sqlite import ReadConnection, Store
 from qmd.server.text.cjk import norm_cjk
@@ -707,6 +708,35 @@ def test_score_is_bm25_over_the_attainable(conn: sqlite3.Connection) -> None:
             for expr in lq.positives
         )
         assert h.matched == have and h.total == 4
+
+
+def test_k1_is_reached_through_the_column_weights(conn: sqlite3.Connection) -> None:
+    """FTS5 fixes k1 at 1.2; `Bm25(k1=...)` scales the column weights instead, which ranks as
+    textbook bm25 at that k1: every hit's raw bm25 is the textbook's times (1.2 + 1) / (k1 + 1),
+    computed here from the lengths FTS5 records. The score stays a share of the attainable."""
+    for i in range(40):
+        words = ["alpha"] * (i % 5) * (i % 3 == 0) + ["beta"] * (i % 4 == 1) + ["gamma", "gamma"] * (i % 10 == 7)
+        words += ["filler"] * (1 + i * 7 % 23)
+        add(conn, " ".join(words))
+    lengths = {doc: sum(fts5_varints(sz)) for doc, sz in conn.execute("SELECT id, sz FROM documents_fts_docsize")}
+    avgdl = sum(lengths.values()) / len(lengths)
+    idfs = {word: idf(conn, f'"{word}"') for word in ("alpha", "beta", "gamma")}
+
+    def textbook(doc: int, k1: float) -> float:
+        body = conn.execute("SELECT body FROM documents_fts WHERE rowid = ?", (doc,)).fetchone()
+        counts = {word: (body[0].split().count(word) if body else 0) for word in idfs}
+        norm = k1 * (1 - 0.75 + 0.75 * lengths[doc] / avgdl)
+        return sum(idfs[w] * f * (k1 + 1) / (f + norm) for w, f in counts.items())
+
+    lq = resolve_prefixes(conn, parse_lex("alpha beta gamma"))
+    for k1 in (1.2, 2.0, 3.0):
+        hits = search_fts(conn, lq, None, 100, bm25=lexical.Bm25(k1=k1))
+        assert len(hits) == len(match(conn, "alpha OR beta OR gamma")) > 15
+        for h in hits:
+            assert abs(h.bm25) == pytest.approx(textbook(h.doc_id, k1) * 2.2 / (k1 + 1), rel=1e-9)
+            assert 0 < h.score < 1
+    with pytest.raises(ValueError, match="FTS5 fixes bm25's b"):
+        search_fts(conn, lq, None, 10, bm25=lexical.Bm25(b=0.5))
 
 
 def test_a_word_no_document_holds_leaves_the_scores_alone(conn: sqlite3.Connection) -> None:

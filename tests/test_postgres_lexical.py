@@ -16,10 +16,11 @@ from conftest import NOTES, assert_terms_counted, eval_spec, write
 import qmd
 from qmd.server.errors import IndexTooNew, Unavailable
 from qmd.server.quality import BenchQuery, score
-from qmd.server.search.lexical import LexHit, indexed_rows, parse_lex, search_fts
+from qmd.server.search.lexical import BM25, Bm25, LexHit, indexed_rows, parse_lex, search_fts
 from qmd.server.search.lexical_pg import search_pg
 from qmd.server.store import pg
 from qmd.server.store.db import sqlite3
+from qmd.server.store.fts_tokens import other_tokenizer, tokenize_phrases
 from qmd.server.store.pg_lexical import LexDoc, Totals, delete_documents, put_documents, sqlite_documents, totals
 
 
@@ -50,16 +51,20 @@ class Both:
         put_documents(self.pg, docs)
         self.paths = {d.doc_id: d.filepath for d in docs}
 
-    def both(self, query: str, limit: int = 10, collection: str | None = None) -> tuple[list[LexHit], list[LexHit]]:
+    def both(
+        self, query: str, limit: int = 10, collection: str | None = None, bm25: Bm25 = BM25
+    ) -> tuple[list[LexHit], list[LexHit]]:
         lq = parse_lex(query)
-        return search_fts(self.sqlite, lq, collection, limit), search_pg(self.pg, lq, limit, collection)
+        return search_fts(self.sqlite, lq, collection, limit, bm25=bm25), search_pg(
+            self.pg, lq, limit, collection, bm25=bm25
+        )
 
-    def agree(self, query: str, limit: int = 10, collection: str | None = None) -> list[LexHit]:
+    def agree(self, query: str, limit: int = 10, collection: str | None = None, bm25: Bm25 = BM25) -> list[LexHit]:
         """Assert the two legs return the same hits: the same documents in the same order,
         the same match counts, and bm25 and scores equal to the last bit (both sum FTS5's
         terms in the same order, so equal scores stay ties that fall to the lower id);
         the SQLite hits."""
-        lite, post = self.both(query, limit, collection)
+        lite, post = self.both(query, limit, collection, bm25)
         assert post == lite, (query, lite, post)
         return lite
 
@@ -163,6 +168,51 @@ def test_items_most_documents_hold_follow_on_both(make_both: object, tmp_path: P
         assert all(h.score > 0.1 for h in hits[:6]) and all(h.score < 1e-5 for h in hits[6:])
     assert len(both.agree("river stone otters -beaver", 40)) == 27
     assert len(both.agree("river mill", 40)) == 30
+
+
+def test_other_bm25_parameters_rank_alike_on_both(make_both: object, tmp_path: Path) -> None:
+    """k1 and the column weights move both backends the same way (k1 through the weights,
+    `Bm25.fts5_weights`); b moves Postgres only, and SQLite refuses it rather than
+    rank by FTS5's b while claiming another (bench/bench_bm25.py measures them)."""
+    files = {
+        **NOTES,
+        **EXTRA,
+        "angels.md": "# Notes\n\nangel " * 6 + "investors\n",
+        "pitch.md": "# Angel investors\n\nA pitch deck for angel investors, and a long tail of words about"
+        " bread, flour, water and salt that makes this note longer than most.\n",
+    }
+    both = make_both({"notes": write(tmp_path / "notes", files)})  # type: ignore[operator]
+    other = Bm25(k1=3.0, weights=(1.0, 8.0, 1.0))
+    moved = 0
+    for query in ("angel investors", "angel investors pitch bread", "running runners", "notes angel", "cafe"):
+        lite, post = both.both(query, 20, bm25=other)
+        # weights such as 0.4 are inexact in binary, and the two sum a document's columns in
+        # different orders: equal to rounding, where the shipped weights are equal to the bit
+        assert [(h.doc_id, h.matched) for h in post] == [(h.doc_id, h.matched) for h in lite]
+        assert [h.bm25 for h in post] == pytest.approx([h.bm25 for h in lite], rel=1e-12)
+        moved += [h.bm25 for h in lite] != [h.bm25 for h in both.agree(query, 20)]
+        assert all(0 < h.score < 1 for h in lite)
+    assert moved >= 4
+    flat = Bm25(b=0.3)
+    lq = parse_lex("angel investors pitch bread")
+    assert [h.bm25 for h in search_pg(both.pg, lq, 20, bm25=flat)] != [
+        h.bm25 for h in both.agree("angel investors pitch bread", 20)
+    ]
+    with pytest.raises(ValueError, match="FTS5 fixes bm25's b at 0.75"):
+        search_fts(both.sqlite, lq, None, 20, bm25=flat)
+
+
+def test_postings_cut_by_another_tokenizer_search_as_it_cuts(pg_url: str) -> None:
+    """`other_tokenizer("unicode61")` (no stemmer) feeds and searches a Postgres index the way
+    bench_bm25.py measures porter's worth: `running` then finds only the word as written."""
+    docs, phrases = other_tokenizer("unicode61")
+    rows = [LexDoc(1, "notes", "notes/a.md", "", "running fast"), LexDoc(2, "notes", "notes/b.md", "", "she runs")]
+    with pg.connect(pg_url) as conn:
+        put_documents(conn, rows, docs)
+        assert [h.doc_id for h in search_pg(conn, parse_lex("running"), 10, tokenize=phrases)] == [1]
+        assert [h.doc_id for h in search_pg(conn, parse_lex("runs"), 10, tokenize=phrases)] == [2]
+    assert phrases(["Running runs"]) == [("running", "runs")]
+    assert tokenize_phrases(["Running runs"]) == [("run", "run")]  # the index's own: porter
 
 
 def test_collection_and_id_restrictions_rank_with_the_whole_index(make_both: object, tmp_path: Path) -> None:

@@ -39,8 +39,8 @@ Score (what ``LexHit.score`` holds)::
     idf(p)  = ln((N - n_p + 0.5) / (n_p + 0.5)), 1e-6 where that is not positive
     score   = |bm25| / ((k1 + 1) * sum over positive items p of idf(p))
 
-with ``N`` the documents in the index, ``n_p`` those holding item ``p`` and k1 = 1.2,
-exactly the terms FTS5's bm25 sums. Each item adds ``idf(p)`` times a saturation in
+with ``N`` the documents in the index, ``n_p`` those holding item ``p`` and k1 = 1.2 (FTS5's
+frame, whatever `Bm25` ranks by), exactly the terms FTS5's bm25 sums. Each item adds ``idf(p)`` times a saturation in
 ``[0, k1 + 1)``, so the score is the fraction of the query's attainable BM25 a document
 reaches: in [0, 1), monotone in BM25 within a query, and independent of corpus size
 (a one-word query on three documents, where every idf is clamped, still scores its
@@ -74,9 +74,10 @@ from qmd.server.store.sqlite import remembered
 from qmd.server.text.cjk import CJK_RUN, norm_cjk
 
 __all__ = [
-    "B",
-    "COLUMN_WEIGHTS",
-    "K1",
+    "BM25",
+    "FTS5_B",
+    "FTS5_K1",
+    "Bm25",
     "LexHit",
     "LexQuery",
     "STOP_WORDS",
@@ -345,7 +346,7 @@ class LexHit:
     doc_id: int
     """``documents.id`` (= ``documents_fts.rowid``)."""
     bm25: float
-    """Raw FTS5 bm25 with column weights (1.5, 4.0, 1.0) over the items that rank the hit
+    """Raw FTS5 bm25 (`Bm25`, in FTS5's frame) over the items that rank the hit
     (`ranking_items`): negative, lower is better."""
     matched: int | None
     """How many positive items the document contains; None unless the search counted them
@@ -369,13 +370,38 @@ class LexHit:
         return (self.matched - 1 + b) / self.total
 
 
-COLUMN_WEIGHTS = (1.5, 4.0, 1.0)
-"""bm25's weights of the filepath, title and body columns: a hit's frequency is their weighted sum."""
-_BM25 = f"bm25(documents_fts, {', '.join(map(str, COLUMN_WEIGHTS))})"
-K1 = 1.2
-"""FTS5's bm25 k1; the score's normaliser needs it."""
-B = 0.75
-"""FTS5's bm25 b, for a backend that computes FTS5's bm25 itself (search/lexical_pg.py)."""
+FTS5_K1 = 1.2
+"""FTS5's bm25 k1, fixed in SQLite (``fts5Bm25Function``): the frame every raw bm25 is in,
+so the score's normaliser and the MaxScore bounds use it, whatever `Bm25.k1` is."""
+FTS5_B = 0.75
+"""FTS5's bm25 b, also fixed in SQLite."""
+
+
+@dataclass(frozen=True)
+class Bm25:
+    """bm25's parameters: k1, b and the weights of the filepath, title and body columns (a
+    hit's frequency is their weighted sum).
+
+    SQLite's FTS5 takes only the weights; k1 is reached through them: scaling every weight
+    by c makes each frequency f into c·f, and c·f / (c·f + 1.2·L) = f / (f + (1.2 / c)·L),
+    bm25 at k1 = 1.2 / c up to a factor the same for every document of a query. So any k1
+    ranks alike on both backends, with the raw bm25 in FTS5's frame (`FTS5_K1`); b moves
+    only on Postgres, which computes the formula itself. bench/bench_bm25.py measures them
+    (docs/benchmarks.md#keyword-ranking)."""
+
+    k1: float = FTS5_K1
+    b: float = FTS5_B
+    weights: tuple[float, float, float] = (1.5, 4.0, 1.0)
+
+    def fts5_weights(self) -> tuple[float, ...]:
+        """The column weights FTS5 is given: `weights` scaled to reach `k1` from FTS5's own."""
+        scale = self.k1 / FTS5_K1  # exactly 1.0 at FTS5's k1: the weights as given, to the bit
+        return tuple(w / scale for w in self.weights)
+
+
+BM25 = Bm25()
+"""What the index ranks by: FTS5's k1 and b, and the original's column weights (measured
+against others in docs/benchmarks.md#keyword-ranking)."""
 _IDF_FLOOR = 1e-6
 """What FTS5 uses for an item in more than half the documents, whose idf would be negative."""
 PREFIX_ITEMS = 2
@@ -472,7 +498,7 @@ def hit_score(bm25: float, idfs: Sequence[float]) -> float:
 
     Every idf can read 0 for a hit when a write lands between the item counts and the ranking
     (sixteen clients during a full index did it): the sum is floored as each idf is, never 0."""
-    return min(1.0, abs(bm25) / ((K1 + 1) * max(sum(idfs), _IDF_FLOOR)))
+    return min(1.0, abs(bm25) / ((FTS5_K1 + 1) * max(sum(idfs), _IDF_FLOOR)))
 
 
 def successor(prefix: str) -> str | None:
@@ -664,8 +690,9 @@ def _ranked(
     limit: int,
     idfs: list[float],
     halves: _Halves | None = None,
+    bm25: Bm25 = BM25,
 ) -> list[tuple[int, float]]:
-    """Best ``limit`` documents holding any positive item and no negative one, by bm25.
+    """Best ``limit`` documents holding any positive item and no negative one, by `bm25`.
 
     bm25 is the expensive part (about 1 µs per matching row and item), so a first pass
     scores only the documents holding one of the rarer items (MaxScore): an item adds
@@ -684,7 +711,11 @@ def _ranked(
     if scope is not None:
         test, args = scope.test(conn, expression, "documents_fts.rowid")
         within = f" AND {test}"
-    select = f"SELECT rowid, {_BM25} AS s FROM documents_fts WHERE documents_fts MATCH ?{_RANGE}{within}"
+    weights = ", ".join(map(repr, bm25.fts5_weights()))
+    select = (
+        f"SELECT rowid, bm25(documents_fts, {weights}) AS s"
+        f" FROM documents_fts WHERE documents_fts MATCH ?{_RANGE}{within}"
+    )
 
     def run(sql: str, params: Sequence[object]) -> list[tuple[int, float]]:
         return _whole(conn, sql, params) if halves is None else halves.rows(conn, sql, params, limit)
@@ -697,7 +728,7 @@ def _ranked(
             f" (SELECT rowid FROM documents_fts WHERE documents_fts MATCH ?{_RANGE}) ORDER BY s, rowid LIMIT ?",
             (expression, *args, rarer, limit),
         )
-        bound = (K1 + 1) * sum(idfs[i] for i in tail)
+        bound = (FTS5_K1 + 1) * sum(idfs[i] for i in tail)
         if len(rows) == limit and abs(rows[-1][1]) >= bound:
             return rows
     return run(f"{select} ORDER BY s, rowid LIMIT ?", (expression, *args, limit))
@@ -758,9 +789,10 @@ def search_fts(
     *,
     count_matched: bool = True,
     beside: Callable[[], AbstractContextManager[sqlite3.Connection]] | None = None,
+    bm25: Bm25 = BM25,
 ) -> list[LexHit]:
-    """Return the best ``limit`` documents for ``query`` by disjunctive BM25, each with how
-    many of its items it holds when `count_matched`.
+    """Return the best ``limit`` documents for ``query`` by disjunctive BM25 (`bm25`: any
+    k1 and weights, FTS5's b), each with how many of its items it holds when `count_matched`.
 
     Expects ``documents_fts`` (rowid = ``documents.id``, active documents only) and
     ``documents``. The collection and the metadata filter sit inside the ranking statement,
@@ -771,6 +803,8 @@ def search_fts(
     second reading connection of the same index (`Store.read`, in another thread): a large
     ranking then runs in two halves at once (`_Halves`).
     """
+    if bm25.b != FTS5_B:
+        raise ValueError(f"FTS5 fixes bm25's b at {FTS5_B}; {bm25.b} can be measured on Postgres only")
     if limit <= 0 or not query.positives:
         return []
     query = resolve_prefixes(conn, query)
@@ -780,10 +814,10 @@ def search_fts(
     scope = None if collection is None and doc_filter is None else _Scope(collection, doc_filter)
     ranked, common = ranking_items(idfs)
     halves = _halves(conn, beside, [counts[i] for i in ranked])
-    rows = _ranked(conn, query.of_items(ranked), scope, limit, [idfs[i] for i in ranked], halves)
+    rows = _ranked(conn, query.of_items(ranked), scope, limit, [idfs[i] for i in ranked], halves, bm25)
     if common and len(rows) < limit:
         rest = query.of_items(common, excluding=ranked)
-        rows += _ranked(conn, rest, scope, limit - len(rows), [idfs[i] for i in common], halves)
+        rows += _ranked(conn, rest, scope, limit - len(rows), [idfs[i] for i in common], halves, bm25)
     matched = _matched(conn, query, [doc_id for doc_id, _ in rows]) if count_matched else {}
     total = len(query.positives)
     held = Held.of(query, counts, rows_total, _present(conn, query, scope, counts, rows, limit))

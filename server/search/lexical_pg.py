@@ -9,7 +9,7 @@ so a prefix is stemmed as FTS5 stems it (``running*`` is ``run*``).
 
 The ranking is FTS5's bm25 to the letter (``fts5Bm25Function`` in SQLite's fts5_aux.c),
 which is not quite textbook BM25F: per item, the frequency is the sum over its instances
-of their column's weight (path 1.5, title 4.0, body 1.0); the document length ``D`` and
+of their column's weight (`Bm25.fts5_weights`: path 1.5, title 4.0, body 1.0 as shipped); the document length ``D`` and
 the average length are over all columns together, unweighted; the idf is FTS5's, over
 ``N`` = all indexed documents and the documents holding the item anywhere in the index,
 whatever the search is restricted to, clamped to 1e-6 where it is not positive::
@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 import psycopg
 
 from qmd.server.search.lexical import (
-    COLUMN_WEIGHTS,
-    K1,
-    B,
+    BM25,
+    FTS5_K1,
+    Bm25,
     Held,
     LexHit,
     LexQuery,
@@ -145,6 +145,7 @@ class _Ranking:
     """The hits of the items whose documents are left out (the negations), collected once and
     anti-joined (a correlated NOT EXISTS over their union planned as a loop: 3.7 s for one query)."""
     limit: int
+    bm25: Bm25
 
     def rows(self, conn: psycopg.Connection, among: Sequence[int] | None = None) -> list[tuple[int, float, int]]:
         """(doc_id, bm25, matched) of the best documents, or of the best that hold one of the
@@ -172,7 +173,19 @@ class _Ranking:
             " count(*) AS matched"
             f" FROM freq f JOIN lex_docs d ON d.doc_id = f.doc_id WHERE {self.where}{anti}"
             " GROUP BY f.doc_id ORDER BY bm25, f.doc_id LIMIT %s",
-            [*params, *more, list(COLUMN_WEIGHTS), self.idfs, K1, K1, B, B, self.avgdl, *self.where_params, self.limit],
+            [
+                *params,
+                *more,
+                list(self.bm25.fts5_weights()),
+                self.idfs,
+                FTS5_K1,
+                FTS5_K1,
+                self.bm25.b,
+                self.bm25.b,
+                self.avgdl,
+                *self.where_params,
+                self.limit,
+            ],
         ).fetchall()
 
     def best(self, conn: psycopg.Connection) -> list[tuple[int, float, int]]:
@@ -206,7 +219,7 @@ class _Ranking:
             conn.execute("SET LOCAL enable_nestloop = off")
             rows = self.rows(conn, rarer)
             conn.execute("SET LOCAL enable_nestloop TO DEFAULT")
-            if len(rows) == self.limit and abs(rows[-1][1]) >= (K1 + 1) * sum(self.idfs[i] for i in tail):
+            if len(rows) == self.limit and abs(rows[-1][1]) >= (FTS5_K1 + 1) * sum(self.idfs[i] for i in tail):
                 return rows
         return self.rows(conn, items)
 
@@ -259,11 +272,13 @@ def search_pg(
     collection: str | None = None,
     doc_ids: Sequence[int] | None = None,
     tokenize: PhraseTokenizer = tokenize_phrases,
+    bm25: Bm25 = BM25,
 ) -> list[LexHit]:
     """The best `limit` documents for `query` by FTS5's bm25, as `search_fts` returns them
     from SQLite: restricted to `collection` and to `doc_ids` when given (None: no
     restriction), ranked with the whole index's statistics either way. `tokenize` cuts the
-    query's phrases: the tokenizer the index was written with."""
+    query's phrases: the tokenizer the index was written with. `bm25` may move b too, which
+    FTS5 cannot."""
     if limit <= 0 or not query.positives:
         return []
     phrases = _Phrases(query, tokenize)
@@ -290,7 +305,7 @@ def search_pg(
             params.append(list(doc_ids))
         excluding = [_hits(phrases(expr)) for expr in query.negatives]
         scope = " AND ".join(where)
-        rows = _Ranking(positives, idfs, stats.avgdl, scope, params, excluding, limit).best(conn)
+        rows = _Ranking(positives, idfs, stats.avgdl, scope, params, excluding, limit, bm25).best(conn)
         holding = tuple(int(n) for n in row[2:])
         present = None if len(where) == 1 else _present(conn, positives, holding, scope, params)
     total, held = len(query.positives), Held.of(query, holding, stats.docs, present)

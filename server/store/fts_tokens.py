@@ -22,9 +22,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 from qmd.server.store.db import sqlite3
-from qmd.server.store.schema import FTS_TABLE
+from qmd.server.store.schema import FTS_TABLE, fts_table
 from qmd.server.text.cjk import norm_cjk
 
 COLUMNS = ("filepath", "title", "body")
@@ -63,14 +64,14 @@ PhraseTokenizer = Callable[[Sequence[str]], list[tuple[str, ...]]]
 class _Tokenizer:
     """One in-memory FTS5 table per thread (a sqlite3 connection is not shared)."""
 
-    def __init__(self) -> None:
+    def __init__(self, statement: str = FTS_TABLE) -> None:
         self.conn = sqlite3.connect(":memory:", isolation_level=None)
-        self.conn.execute(FTS_TABLE)
+        self.conn.execute(statement)
         self.conn.execute("CREATE VIRTUAL TABLE documents_vocab USING fts5vocab(documents_fts, 'instance')")
         self.conn.execute("CREATE VIRTUAL TABLE documents_terms USING fts5vocab(documents_fts, 'row')")
         # 'delete-all' empties a contentless table at once; SQLite before 3.43 makes a table
         # with content (schema.py), which only DELETE empties.
-        contentless = "content=''" in FTS_TABLE
+        contentless = "content=''" in statement
         self.clear = "INSERT INTO documents_fts(documents_fts) VALUES ('delete-all')" if contentless else None
 
     def batch(self, rows: Sequence[tuple[int, str, str, str]]) -> TokenBatch:
@@ -131,8 +132,7 @@ def _tokenizer() -> _Tokenizer:
 
 def tokenize_documents(docs: Sequence[tuple[int, str, str, str]]) -> TokenBatch:
     """Each (id, filepath, title, body) as ``documents_fts`` would index it; ids distinct."""
-    rows = [(doc_id, filepath, norm_cjk(title), norm_cjk(body)) for doc_id, filepath, title, body in docs]
-    return _tokenizer().batch(rows) if rows else TokenBatch({}, "")
+    return _documents(_tokenizer(), docs)
 
 
 def term_documents(docs: Sequence[tuple[int, str, str, str]]) -> list[tuple[str, int]]:
@@ -145,8 +145,24 @@ def term_documents(docs: Sequence[tuple[int, str, str, str]]) -> list[tuple[str,
 def tokenize_phrases(phrases: Sequence[str]) -> list[tuple[str, ...]]:
     """The tokens of each query phrase, in order, as FTS5 cuts the text of a quoted string
     (the query side of porter unicode61 is the document side: a prefix is stemmed too)."""
+    return _phrases(_tokenizer(), phrases)
+
+
+def other_tokenizer(tokenize: str) -> tuple[DocumentTokenizer, PhraseTokenizer]:
+    """Documents and phrases cut by FTS5 with another ``tokenize`` option (``unicode61``: no
+    stemmer), for a Postgres index fed to measure it (bench/bench_bm25.py); this thread's only."""
+    tok = _Tokenizer(fts_table(tokenize))
+    return partial(_documents, tok), partial(_phrases, tok)
+
+
+def _documents(tok: _Tokenizer, docs: Sequence[tuple[int, str, str, str]]) -> TokenBatch:
+    rows = [(doc_id, filepath, norm_cjk(title), norm_cjk(body)) for doc_id, filepath, title, body in docs]
+    return tok.batch(rows) if rows else TokenBatch({}, "")
+
+
+def _phrases(tok: _Tokenizer, phrases: Sequence[str]) -> list[tuple[str, ...]]:
     out = []
-    for postings in _tokenizer().run([("", "", text) for text in phrases]) if phrases else []:
+    for postings in tok.run([("", "", text) for text in phrases]) if phrases else []:
         at = {offset: term for (term, _), offsets in postings.items() for offset in offsets}
         out.append(tuple(at[offset] for offset in sorted(at)))
     return out
