@@ -1721,7 +1721,10 @@ def trust_revoke(c: Ctx, path: Path | None) -> None:
     """Drop the approval of this project (or the one at PATH)."""
     if path is not None:
         real = Path(os.path.realpath(path))
-        root = find_project(real) or real
+        try:
+            root = find_project(real) or real
+        except ValueError as e:  # a broken config link
+            raise ClientError(str(e)) from e
     elif c.daemon.project is not None:
         root = c.daemon.project
     else:

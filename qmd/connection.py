@@ -131,6 +131,8 @@ def current_project() -> Path | None:
         return find_project(Path.cwd())
     except OSError:  # the working directory was deleted
         return None
+    except ValueError as e:  # a broken config link
+        raise ClientError(str(e)) from e
 
 
 class Daemon:

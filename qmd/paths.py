@@ -197,16 +197,31 @@ def is_project_root(path: Path | str, environ: dict[str, str] | os._Environ = os
     path = Path(path)
     if not path.is_absolute() or project_config(path) is None:
         return False
+    return not _users_config(path, environ)
+
+
+def _users_config(path: Path, environ: dict[str, str] | os._Environ) -> bool:
     try:
-        return (path / PROJECT_DIR).resolve() != config_root(environ).resolve()
+        return (path / PROJECT_DIR).resolve() == config_root(environ).resolve()
     except OSError:
-        return False
+        return True
+
+
+def _broken_config(path: Path, environ: dict[str, str] | os._Environ) -> Path | None:
+    """A project config at `path`, or its `.qmd` folder, that is a link to nothing of its
+    kind (the target moved, or never came with a clone): the folder means to be a project
+    and cannot be read as one."""
+    folder = path / PROJECT_DIR
+    links = [folder] if folder.is_symlink() and not folder.exists() else []
+    links += [config for name in PROJECT_CONFIGS if (config := folder / name).is_symlink() and not config.is_file()]
+    return links[0] if links and not _users_config(path, environ) else None
 
 
 def find_project(start: Path, environ: dict[str, str] | os._Environ = os.environ) -> Path | None:
     """The nearest folder at or above `start` that is a project root, or None. The walk
     stops below the home folder's parent: a `.qmd` in /home (another user's, or one
-    planted in a shared parent) must not capture every command run under $HOME."""
+    planted in a shared parent) must not capture every command run under $HOME. Raises
+    ValueError, saying what to mend, at a project config that is a broken link."""
     here = Path(os.path.realpath(start))
     stop = Path(os.path.realpath(home())).parent
     for folder in (here, *here.parents):
@@ -214,4 +229,11 @@ def find_project(start: Path, environ: dict[str, str] | os._Environ = os.environ
             return None
         if is_project_root(folder, environ):
             return folder
+        if (broken := _broken_config(folder, environ)) is not None:
+            # read as no project, every command would use the default index instead
+            raise ValueError(
+                f"{broken} is a link to {os.readlink(broken)}, which qmd cannot read as"
+                f" {'a folder' if broken.name == PROJECT_DIR else 'a config file'}:"
+                " fix the link, or remove it if this folder is no qmd project"
+            )
     return None

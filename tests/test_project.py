@@ -67,6 +67,40 @@ def test_only_absolute_folders_with_a_config_are_projects(home: Path) -> None:
     assert not is_project_root(home / "empty")
 
 
+def test_a_config_link_to_nothing_is_an_error_not_the_default_index(home: Path) -> None:
+    """A project whose `.qmd/index.yml` (or `.qmd`) is a link to nothing means to be a
+    project: read as none, every command would use the default index instead."""
+    repo = home / "repo"
+    (repo / ".qmd").mkdir(parents=True)
+    (repo / "sub").mkdir()
+    (repo / ".qmd" / "index.yml").symlink_to(home / "moved.yml")
+    with pytest.raises(ValueError, match=r"index\.yml is a link to .*moved\.yml, which qmd cannot read as a config"):
+        find_project(repo / "sub")
+    assert not is_project_root(repo)
+    (home / "moved.yml").write_text("collections: {}\n")  # the link mended: a project
+    assert find_project(repo / "sub") == repo
+    (home / "moved.yml").unlink()
+    (home / "moved.yml").mkdir()  # a link to a folder is no config either
+    with pytest.raises(ValueError, match="cannot read as a config file"):
+        find_project(repo)
+
+    other = home / "other"
+    other.mkdir()
+    (other / ".qmd").symlink_to(home / "gone")
+    with pytest.raises(ValueError, match=r"\.qmd is a link to .*gone, which qmd cannot read as a folder"):
+        find_project(other)
+
+
+def test_a_broken_link_where_the_walk_does_not_look_is_ignored(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (home.parent / ".qmd").symlink_to(home / "nowhere")  # above the walk's stop
+    assert find_project(home) is None
+    dots = home / "dots"
+    (dots / ".qmd").mkdir(parents=True)
+    (dots / ".qmd" / "index.yml").symlink_to(home / "nowhere.yml")
+    monkeypatch.setenv("QMD_CONFIG_DIR", str(dots / ".qmd"))  # the user's own configs
+    assert find_project(dots) is None
+
+
 def test_a_projects_files_live_in_its_dot_qmd(home: Path) -> None:
     root = project(home / "p", "index.yaml")
     paths = IndexPaths.for_project(root)
@@ -104,6 +138,22 @@ def test_init_makes_a_project_that_every_command_inside_it_adopts(env: Env, daem
     assert env.json("--index", "index", "status", "--json", cwd=sub)["collections"] == []
     outside = env.qmd("search", "zanzibar", "--files", cwd=env.home)
     assert outside.returncode == 1 and "no collections to search" in outside.stderr
+
+
+def test_a_command_in_a_project_with_a_broken_config_link_says_what_to_mend(env: Env, daemon: Daemon) -> None:
+    repo = write(env.home / "repo", {"notes/a.md": "# A\n\nzanzibar\n"})
+    (repo / ".qmd").mkdir()
+    (repo / ".qmd" / "index.yml").symlink_to(env.home / "elsewhere" / "index.yml")
+    for args in (("search", "zanzibar"), ("collection", "add", "notes"), ("status",)):
+        r = env.qmd(*args, cwd=repo / "notes")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"{repo / '.qmd' / 'index.yml'} is a link to {env.home / 'elsewhere' / 'index.yml'}" in r.stderr
+        assert "fix the link, or remove it" in r.stderr
+    assert env.json("status", "--json")["collections"] == []  # nothing went to the default index
+    r = env.qmd("trust", "revoke", str(repo / "notes"))  # named from outside the project
+    assert r.returncode == 1 and "is a link to" in r.stderr and "Traceback" not in r.stderr
+    (repo / ".qmd" / "index.yml").unlink()
+    assert env.json("status", "--json", cwd=repo)["index"] == "index"  # removed: no project
 
 
 def test_init_refuses_a_folder_that_is_a_project_or_not_a_folder(env: Env, daemon: Daemon) -> None:
