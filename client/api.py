@@ -231,6 +231,8 @@ class EmbedProgress(TypedDict):
     chunks_embedded: int
     chunks_per_s: float
     eta_s: float | None
+    notices: NotRequired[list[str]]
+    notices_total: NotRequired[int]
 
 
 class ExpandedOut(TypedDict):

@@ -906,12 +906,19 @@ def follow_embed(c: Ctx, as_json: bool) -> None:
     bar = ProgressBar()
     followed = False
     printed = 0.0
+    said: tuple[str, int] = ("", 0)  # the run followed (its start) and how many of its notices are shown
     try:
         while True:
             state: api.EmbedProgressOut = c.call("GET", "/v1/embed/progress")
             run = state["running"]
             if run is None:
                 break
+            shown = said[1] if said[0] == run["started_at"] else 0
+            total = run.get("notices_total", 0)
+            for message in run.get("notices", [])[shown - total :] if total > shown else []:
+                bar.clear()
+                click.echo(message, err=True)
+            said = (run["started_at"], total)
             line = formats.embed_progress_line(run)
             if bar.enabled:
                 bar.draw(run["documents_done"], run["documents_total"], line.split(" · ", 1)[-1])

@@ -146,6 +146,24 @@ def test_a_users_embed_runs_ahead_of_a_background_embed(env: Env, tmp_path: Path
         d.stop()
 
 
+def test_follow_shows_what_the_running_embed_says(env: Env, tmp_path: Path, minilm: Path) -> None:
+    """`qmd embed --follow` shows the running embed's notices, as the embed's own stream does:
+    here the background embed's model crashing the worker, and its batch sent again."""
+    env.vars.update({**FAST, "QMD_EMBED_MODEL": str(minilm), "QMD_TEST_WORKER_FAULT": "crash:MiniLM"})
+    d = Daemon(env)
+    env.vars["QMD_NO_AUTOSTART"] = "1"
+    try:
+        out = env.ok("collection", "add", str(notes(tmp_path / "big", 1500, 5)), "--name", "big")
+        assert "Embedding 1500 documents in the background" in out, out
+        eventually(lambda: d.http.get("/v1/embed/progress").json()["running"], 60, "the background embed")
+        r = env.qmd("embed", "--follow", timeout=600)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "crashed (SIGSEGV) while " in r.stderr and r.stderr.count("again (try 2 of 3)") == 1, r.stderr
+        assert pending(d, "big") == 0
+    finally:
+        d.stop()
+
+
 def test_a_model_that_crashes_the_worker_twice_is_reloaded_safely(env: Env, tmp_path: Path, minilm: Path) -> None:
     """The child's own fault: SIGSEGV on loading MiniLM unless with safe settings, as AMX repacking does."""
     env.vars.update({"QMD_EMBED_MODEL": str(minilm), "QMD_TEST_WORKER_FAULT": "crash:MiniLM"})

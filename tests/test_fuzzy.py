@@ -136,3 +136,9 @@ def test_library_search_and_query_take_fuzzy(tmp_path: Path) -> None:
         assert index.search("kuberentes").hits == []
         hybrid = index.query(searches=[("lex", "kuberentes")], fuzzy=True)
         assert hybrid.hits and NOTE in hybrid.warnings
+        # the passage is found by the word searched, not the one typed
+        (docs / "long.md").write_text("# Cluster notes\n\n" + "Some other line.\n" * 30 + "Then kubernetes.\n")
+        index.update()
+        for answer in (index.query("kuberentes", fuzzy=True), index.search("kuberentes", fuzzy=True)):
+            [long] = [h for h in answer.hits if h.doc.path == "long.md"]
+            assert long.line == 33 and "kubernetes" in long.snippet, long

@@ -131,6 +131,14 @@ class EmbedProgress:
     chunks_per_s: float
     eta_s: float | None
     """Seconds left at the rate so far (None before the first document is done)."""
+    notices: tuple[str, ...] = ()
+    """What it said on the way (a batch sent again to a new worker), the last `NOTICES_KEPT`:
+    `qmd embed --follow` shows them as the embed's own stream does."""
+    notices_total: int = 0
+    """How many it said in all, so a follower knows which of `notices` it has not shown."""
+
+
+NOTICES_KEPT = 20
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,12 @@ class EmbedTracker:
             self._running = EmbedProgress(source, model, collections, utcnow(), 0, 0, 0, 0.0, None)
 
         def seen(ev: dict) -> None:
+            if ev.get("event") == "notice":
+                with self._lock:
+                    if self._running is not None:
+                        notices = (*self._running.notices, ev["message"])[-NOTICES_KEPT:]
+                        total = self._running.notices_total + 1
+                        self._running = replace(self._running, notices=notices, notices_total=total)
             if ev.get("event") == "progress":
                 with self._lock:
                     if self._running is not None:

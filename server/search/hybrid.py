@@ -320,6 +320,7 @@ class HybridQuery:
         """Each embedded sub-query's vector by its text (one query per instance): cosine reranking reuses one."""
         self._typos: list[str] | None = None
         """`--fuzzy`: the notes of the words corrected in this query's keyword searches."""
+        self._parsed: dict[str, LexQuery] = {}
 
     def run(self, doc: QueryDoc, opts: QueryOptions) -> HybridOutcome:
         clock = _Clock(opts.budget_ms)
@@ -331,7 +332,7 @@ class HybridQuery:
             stages=[],
             query=primary,
             intent=doc.intent,
-            terms=parse_lex(primary).terms,
+            terms=self._lexq(primary).terms,  # a corrected word is what a passage holds
             iterms=intent_terms(doc.intent),
         )
         stages = run.stages
@@ -479,8 +480,12 @@ class HybridQuery:
             ).fetchone()[0]
 
     def _lexq(self, text: str) -> LexQuery:
-        lexq = parse_lex(text)
-        return lexq if self._typos is None else fuzzed(self.store, lexq, self._typos)
+        """`text` parsed and, with `--fuzzy`, corrected: once a text, for the probe, the
+        keyword lines and the words a passage is found by alike."""
+        if text not in self._parsed:
+            lexq = parse_lex(text)
+            self._parsed[text] = lexq if self._typos is None else fuzzed(self.store, lexq, self._typos)
+        return self._parsed[text]
 
     def _elsewhere(self, outside: _Outside) -> list[str]:
         """The words of the query that only documents outside the search hold, as a warning;
