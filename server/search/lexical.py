@@ -40,11 +40,11 @@ Score (what ``LexHit.score`` holds)::
     score   = |bm25| / ((k1 + 1) * sum over positive items p of idf(p))
 
 with ``N`` the documents in the index, ``n_p`` those holding item ``p`` and k1 = 1.2 (FTS5's
-frame, whatever `Bm25` ranks by), exactly the terms FTS5's bm25 sums. Each item adds ``idf(p)`` times a saturation in
-``[0, k1 + 1)``, so the score is the fraction of the query's attainable BM25 a document
-reaches: in [0, 1), monotone in BM25 within a query, and independent of corpus size
-(a one-word query on three documents, where every idf is clamped, still scores its
-hits by how often and where they hold the word). A document holding every item once in
+frame, whatever `Bm25` ranks by), exactly the terms FTS5's bm25 sums. Each item adds
+``idf(p)`` times a saturation in ``[0, k1 + 1)``, so the score is the fraction of the
+query's attainable BM25 a document reaches: in [0, 1), monotone in BM25 within a query,
+and independent of corpus size (a one-word query on three documents, where every idf is
+clamped, still scores its hits by how often and where they hold the word). A document holding every item once in
 its body, at average length, scores about 0.45; in its title as well, about 0.8.
 
 Ranking is exact: the returned hits are the top ``limit`` of all matching

@@ -9,10 +9,11 @@ so a prefix is stemmed as FTS5 stems it (``running*`` is ``run*``).
 
 The ranking is FTS5's bm25 to the letter (``fts5Bm25Function`` in SQLite's fts5_aux.c),
 which is not quite textbook BM25F: per item, the frequency is the sum over its instances
-of their column's weight (`Bm25.fts5_weights`: path 1.5, title 4.0, body 1.0 as shipped); the document length ``D`` and
-the average length are over all columns together, unweighted; the idf is FTS5's, over
-``N`` = all indexed documents and the documents holding the item anywhere in the index,
-whatever the search is restricted to, clamped to 1e-6 where it is not positive::
+of their column's weight (`Bm25.fts5_weights`: path 1.5, title 4.0, body 1.0 as shipped);
+the document length ``D`` and the average length are over all columns together,
+unweighted; the idf is FTS5's, over ``N`` = all indexed documents and the documents
+holding the item anywhere in the index, whatever the search is restricted to, clamped to
+1e-6 where it is not positive::
 
     bm25 = -Σ_items idf · (f · (k1 + 1)) / (f + k1 · (1 - b + b · D / avgdl))
 
