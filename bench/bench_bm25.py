@@ -40,16 +40,14 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 from _common import code_line, machine, pg_database, table, write_json  # noqa: E402
+from bench_postgres_lexical import feed, sqlite_set  # noqa: E402
 from pg_server import embedded_postgres  # noqa: E402 - tests/ is on the path through _common
 
-import qmd  # noqa: E402
-from qmd.server.quality import Fixture, load_beir, materialize, score  # noqa: E402
+from qmd.server.quality import Fixture, load_beir, score  # noqa: E402
 from qmd.server.search.lexical import BM25, Bm25, LexHit, parse_lex, search_fts  # noqa: E402
 from qmd.server.search.lexical_pg import search_pg  # noqa: E402
 from qmd.server.store import pg  # noqa: E402
-from qmd.server.store.db import sqlite3  # noqa: E402
-from qmd.server.store.fts_tokens import PhraseTokenizer, other_tokenizer, tokenize_phrases  # noqa: E402
-from qmd.server.store.pg_lexical import put_documents, sqlite_documents  # noqa: E402
+from qmd.server.store.fts_tokens import PhraseTokenizer, other_tokenizer, tokenize_documents, tokenize_phrases  # noqa: E402
 
 K1S = (0.9, 1.2, 1.6, 2.0, 2.4, 3.0)
 BS = (0.3, 0.5, 0.75, 0.9)
@@ -62,6 +60,7 @@ WEIGHTS = {
     "body 2": (1.5, 4.0, 2.0),
 }
 DEPTH = 100
+Search = Callable[[str], list[LexHit]]
 
 
 @dataclass(frozen=True)
@@ -93,9 +92,6 @@ class SetResult:
     """Variant name → its figures; "shipped" first."""
 
 
-Search = Callable[[str], list[LexHit]]
-
-
 def on_postgres(conn: psycopg.Connection, bm25: Bm25, tokenize: PhraseTokenizer = tokenize_phrases) -> Search:
     return lambda text: search_pg(conn, parse_lex(text), DEPTH, "bench", tokenize=tokenize, bm25=bm25)
 
@@ -104,27 +100,17 @@ def one_set(beir: Path, url: str, number: int, max_queries: int | None, stack: E
     docs, fixture, warnings = load_beir(beir, max_queries=max_queries)
     for w in warnings:
         print(f"warning: {beir}: {w}", file=sys.stderr)
-    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qmd-bench-bm25-")))
-    materialize(docs, tmp / "corpus")
-    with qmd.open(tmp / "i.sqlite", collections={"bench": {"path": str(tmp / "corpus")}}) as index:
-        index.update()
-    lite = sqlite3.connect(str(tmp / "i.sqlite"))
-    rows = list(sqlite_documents(lite))
+    lite, rows = sqlite_set(docs, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qmd-bench-bm25-"))))
     paths = {d.doc_id: d.filepath for d in rows}
     porter = stack.enter_context(pg.connect(pg_database(url, f"qmd_bench_bm25_{number}_porter")))
     plain = stack.enter_context(pg.connect(pg_database(url, f"qmd_bench_bm25_{number}_plain")))
     plain_docs, plain_phrases = other_tokenizer("unicode61")
-    for i in range(0, len(rows), 200):
-        put_documents(porter, rows[i : i + 200])
-        put_documents(plain, rows[i : i + 200], plain_docs)
-    for conn in (porter, plain):
-        conn.execute("VACUUM ANALYZE")
+    feed(porter, rows, tokenize_documents)
+    feed(plain, rows, plain_docs)
 
-    same = sum(
-        search_fts(lite, parse_lex(q.query), "bench", DEPTH) == on_postgres(porter, BM25)(q.query)
-        for q in fixture.queries
-    )
-    figures = {"shipped": measure(fixture, paths, on_postgres(porter, BM25))}
+    shipped = {q.query: on_postgres(porter, BM25)(q.query) for q in fixture.queries}
+    same = sum(search_fts(lite, parse_lex(q.query), "bench", DEPTH) == shipped[q.query] for q in fixture.queries)
+    figures = {"shipped": measure(fixture, paths, shipped.__getitem__)}
     for k1 in K1S:
         for b in BS:
             if (k1, b) != (BM25.k1, BM25.b):

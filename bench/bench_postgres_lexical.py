@@ -37,13 +37,13 @@ from _common import code_line, machine, percentile, pg_database, table, write_js
 from pg_server import embedded_postgres  # noqa: E402 - tests/ is on the path through _common
 
 import qmd  # noqa: E402
-from qmd.server.quality import load_beir, materialize, score  # noqa: E402
+from qmd.server.quality import BeirDoc, load_beir, materialize, score  # noqa: E402
 from qmd.server.search.lexical import parse_lex, search_fts  # noqa: E402
 from qmd.server.search.lexical_pg import search_pg  # noqa: E402
 from qmd.server.store import pg  # noqa: E402
 from qmd.server.store.db import sqlite3  # noqa: E402
-from qmd.server.store.fts_tokens import TokenBatch, copy_line  # noqa: E402
-from qmd.server.store.pg_lexical import put_documents, sqlite_documents  # noqa: E402
+from qmd.server.store.fts_tokens import DocumentTokenizer, TokenBatch, copy_line, tokenize_documents  # noqa: E402
+from qmd.server.store.pg_lexical import LexDoc, put_documents, sqlite_documents  # noqa: E402
 from qmd.server.text.cjk import norm_cjk  # noqa: E402
 
 TS_CONFIG = """
@@ -93,6 +93,23 @@ class TsvectorTokenizer:
         ]
 
 
+def sqlite_set(docs: list[BeirDoc], tmp: Path) -> tuple[sqlite3.Connection, list[LexDoc]]:
+    """A set's documents indexed into SQLite under `tmp` through the library (`qmd.open`, the
+    real indexer), and that index's document rows as a copy to Postgres reads them."""
+    materialize(docs, tmp / "corpus")
+    with qmd.open(tmp / "i.sqlite", collections={"bench": {"path": str(tmp / "corpus")}}) as index:
+        index.update()
+    lite = sqlite3.connect(str(tmp / "i.sqlite"))
+    return lite, list(sqlite_documents(lite))
+
+
+def feed(conn: psycopg.Connection, rows: Sequence[LexDoc], tokenize: DocumentTokenizer) -> None:
+    """Postgres fed `rows` in batches, as a copy feeds it, and analysed."""
+    for i in range(0, len(rows), 200):
+        put_documents(conn, rows[i : i + 200], tokenize)
+    conn.execute("VACUUM ANALYZE")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("beir", type=Path, help="a BEIR-format folder (bench/manpages_beir.py makes one)")
@@ -107,14 +124,9 @@ def main() -> None:
         print(f"warning: {w}", file=sys.stderr)
     print(code_line())
     with tempfile.TemporaryDirectory(prefix="qmd-bench-pg-") as tmp, ExitStack() as stack:
-        folder = Path(tmp) / "corpus"
-        materialize(docs, folder)
         started = time.perf_counter()
-        with qmd.open(Path(tmp) / "i.sqlite", collections={"bench": {"path": str(folder)}}) as index:
-            index.update()
+        lite, rows = sqlite_set(docs, Path(tmp))
         sqlite_fill = time.perf_counter() - started
-        lite = sqlite3.connect(str(Path(tmp) / "i.sqlite"))
-        rows = list(sqlite_documents(lite))
         paths = {d.doc_id: d.filepath for d in rows}
 
         url = args.url or stack.enter_context(embedded_postgres())
@@ -123,12 +135,10 @@ def main() -> None:
         ts.execute(TS_CONFIG)
         tsvector = TsvectorTokenizer(ts)
         fill: dict[str, float] = {}
-        for name, conn, tokenize in (("fts5", fts5, None), ("tsvector", ts, tsvector.documents)):
+        for name, conn, tokenize in (("fts5", fts5, tokenize_documents), ("tsvector", ts, tsvector.documents)):
             started = time.perf_counter()
-            for i in range(0, len(rows), 200):
-                put_documents(conn, rows[i : i + 200], *([tokenize] if tokenize else []))
+            feed(conn, rows, tokenize)
             fill[name] = time.perf_counter() - started
-            conn.execute("VACUUM ANALYZE")
 
         ndcg = {"sqlite": 0.0, "fts5": 0.0, "tsvector": 0.0}
         same = {"fts5": 0, "tsvector": 0}
